@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One-command environment setup for sparseclip_d2 (CPU machines with access to
+# the package registries only; no GitHub, no model hubs).
+#
+#   bash scripts/setup.sh            # creates ./.venv
+#   SPARSECLIP_VENV=/path/venv bash scripts/setup.sh
+#
+# Steps: venv -> torch/torchvision -> detectron2 0.6 from the PyPI sdist
+# `pb1-detectron2` (sha256 checked, patched: no C++ extension, pure-Python
+# `_C` stand-in, packaged model-zoo configs, numpy>=1.24 / Pillow>=10 aliases
+# rewritten, no `black` pin, no pkg_resources) -> this package in editable
+# mode with the `test` extra -> `pip check`.  Idempotent: when the venv is
+# already complete for the current setup inputs it only verifies and exits.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SPARSECLIP_VENV:-$REPO/.venv}"
+PY_BOOT="${SPARSECLIP_PYTHON:-python3}"
+TORCH_SPEC="torch==2.14.1 torchvision==0.29.1"
+D2_SDIST="pb1-detectron2==0.6"
+D2_SHA256="5d2e9e51e523ec72f6a31cca04b0a515492e9514b773a3d134cedc0677170b29"
+STAMP="$VENV/.sparseclip_setup_stamp"
+
+log() { printf '[setup] %s\n' "$*"; }
+fail() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# The stamp records the inputs of this setup; when they change, setup reruns.
+inputs_hash() {
+  cat "$REPO/scripts/setup.sh" "$REPO/setup.py" | sha256sum | cut -d' ' -f1
+}
+
+verify() {
+  "$VENV/bin/python" - <<'PY'
+import importlib
+for name in ("torch", "torchvision", "detectron2", "open_clip", "entmax", "sparseclip_d2", "pytest", "imgviz"):
+    importlib.import_module(name)
+import detectron2.data, detectron2.engine, detectron2.evaluation, detectron2.utils.visualizer  # noqa: F401
+PY
+  "$VENV/bin/python" -m pip check >/dev/null
+}
+
+WANT="$(inputs_hash)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  if verify; then
+    log "environment at $VENV is complete and up to date (nothing changed)"
+    exit 0
+  fi
+  log "stamp present but verification failed; reinstalling"
+fi
+
+command -v "$PY_BOOT" >/dev/null || fail "python interpreter '$PY_BOOT' not found (set SPARSECLIP_PYTHON)"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating virtual environment at $VENV"
+  "$PY_BOOT" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+log "installing $TORCH_SPEC"
+"${PIP[@]}" install -q $TORCH_SPEC
+
+D2_OK=0
+if "$VENV/bin/python" -c "import detectron2, detectron2._C, detectron2.model_zoo as m, os; assert os.path.isdir(os.path.join(os.path.dirname(m.__file__), 'configs'))" 2>/dev/null; then
+  D2_OK=1
+  log "detectron2 already installed ($("$VENV/bin/python" -c 'import detectron2; print(detectron2.__version__)'))"
+fi
+
+if [[ "$D2_OK" == 0 ]]; then
+  WORK="$(mktemp -d)"
+  trap 'rm -rf "$WORK"' EXIT
+  log "downloading the $D2_SDIST sdist"
+  # The sdist's setup.py imports torch, hence --no-build-isolation after torch.
+  "${PIP[@]}" download -q --no-deps --no-binary=:all: --no-build-isolation "$D2_SDIST" -d "$WORK"
+  TARBALL="$(ls "$WORK"/pb1-detectron2-0.6.tar.gz)"
+  GOT="$(sha256sum "$TARBALL" | cut -d' ' -f1)"
+  [[ "$GOT" == "$D2_SHA256" ]] || fail "sha256 mismatch for $TARBALL: got $GOT, expected $D2_SHA256"
+  tar -xzf "$TARBALL" -C "$WORK"
+  SRC="$WORK/pb1-detectron2-0.6"
+  log "patching detectron2 sources for a pure-Python build"
+  "$VENV/bin/python" "$REPO/scripts/patch_detectron2.py" "$SRC"
+  "${PIP[@]}" install -q --no-build-isolation "$SRC"
+fi
+
+log "installing sparseclip_d2 (editable, with the test extra)"
+"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test]"
+
+log "pip check"
+"${PIP[@]}" check
+
+verify || fail "verification import failed after install"
+echo "$WANT" > "$STAMP"
+log "done: activate with 'source $VENV/bin/activate'"

@@ -1,0 +1,37 @@
+"""sparseclip_d2: training-free sparse (alpha-entmax) CLIP attention for dense
+open-vocabulary prediction, as a detectron2 plugin."""
+from setuptools import find_packages, setup
+
+setup(
+    name="sparseclip_d2",
+    version="0.1.0",
+    description="Training-free sparse CLIP attention for dense open-vocabulary prediction (detectron2 plugin)",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=("sparseclip_d2", "sparseclip_d2.*")),
+    package_data={"sparseclip_d2": ["data/classnames/*.txt", "data/templates/*.txt", "reference/*.csv"]},
+    install_requires=[
+        "torch>=2.1",
+        "torchvision>=0.16",
+        "open_clip_torch>=2.24",
+        "entmax>=1.3",
+        "fvcore>=0.1.5,<0.1.6",
+        "pycocotools>=2.0.2",
+        "opencv-python-headless",
+        "numpy",
+        "Pillow",
+        "PyYAML",
+        "tqdm",
+        "matplotlib",
+        "imgviz>=1.7",
+        # detectron2 (>=0.6) is required but not declared here: it is not on PyPI under
+        # its own name and has two valid distributions - the patched `pb1-detectron2==0.6`
+        # sdist that scripts/setup.sh installs, or upstream from its repository
+        # (pip install 'git+https://github.com/facebookresearch/detectron2.git').
+        # `import sparseclip_d2` fails with install instructions when it is missing.
+    ],
+    extras_require={
+        "test": ["pytest>=7", "imgviz>=1.7"],
+    },
+)

@@ -1,0 +1,119 @@
+"""Config defaults of sparseclip_d2 (detectron2 ``CfgNode``).
+
+Call :func:`add_sparseclip_config` on a detectron2 default config before merging
+a sparseclip_d2 YAML file::
+
+    from detectron2.config import get_cfg
+    from sparseclip_d2 import add_sparseclip_config
+    cfg = get_cfg(); add_sparseclip_config(cfg); cfg.merge_from_file("configs/entmax_qq_l14.yaml")
+
+Every key has a comment; the method is training-free, so there are no solver keys.
+"""
+from detectron2.config import CfgNode as CN
+
+__all__ = ["add_sparseclip_config"]
+
+
+def add_sparseclip_config(cfg):
+    """Add the ``MODEL.SPARSECLIP``, ``TEST.SLIDING_WINDOW`` and related keys to ``cfg`` in place."""
+    _C = cfg
+    _C.MODEL.SPARSECLIP = CN()
+    # The CLIP model.
+    _C.MODEL.SPARSECLIP.CLIP = CN()
+    # open_clip model name. OpenAI weights were trained with QuickGELU: use the
+    # "-quickgelu" names (ViT-B-16-quickgelu, ViT-L-14-quickgelu).
+    _C.MODEL.SPARSECLIP.CLIP.NAME = "ViT-B-16-quickgelu"
+    # open_clip pretrained tag ("openai"), a local checkpoint file, or "none" for
+    # random weights (a smoke run whose numbers mean nothing; logged loudly).
+    _C.MODEL.SPARSECLIP.CLIP.PRETRAINED = "openai"
+    # Force QuickGELU even when NAME lacks the "-quickgelu" suffix.
+    _C.MODEL.SPARSECLIP.CLIP.FORCE_QUICK_GELU = False
+    # Model weights dtype: "fp32", "fp16" or "bf16". Attention scores and
+    # normalisers are always computed in float32.
+    _C.MODEL.SPARSECLIP.CLIP.PRECISION = "fp32"
+    # Directory where open_clip caches downloaded weights ("" = open_clip default).
+    _C.MODEL.SPARSECLIP.CLIP.CACHE_DIR = ""
+
+    # The modified attention of the final block(s) (see sparseclip_d2.clip.AttentionSpec).
+    _C.MODEL.SPARSECLIP.ATTENTION = CN()
+    # Score source of the last block: qk, qq, kk, vv, identity, or sums like qq+kk.
+    _C.MODEL.SPARSECLIP.ATTENTION.SOURCE = "qk"
+    # Row normaliser of the last NUM_LAYERS blocks: softmax, entmax, sparsemax, random_matched.
+    _C.MODEL.SPARSECLIP.ATTENTION.NORMALIZER = "softmax"
+    # alpha of alpha-entmax, in [1, 2] (1 = softmax, 1.5 = entmax15, 2 = sparsemax).
+    # Also the reference sparsity of the random_matched control.
+    _C.MODEL.SPARSECLIP.ATTENTION.ALPHA = 1.2
+    # Scores are divided by this temperature before normalising (paper control: 0.5).
+    _C.MODEL.SPARSECLIP.ATTENTION.TEMPERATURE = 1.0
+    # Number of final blocks whose softmax is replaced by NORMALIZER (paper: 1..5).
+    _C.MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS = 1
+    # Additive score prior of the last block: "none" or "gaussian" (NACLIP).
+    _C.MODEL.SPARSECLIP.ATTENTION.PRIOR = "none"
+    # Standard deviation of the gaussian prior, in patches (NACLIP: 5).
+    _C.MODEL.SPARSECLIP.ATTENTION.PRIOR_STD = 5.0
+    # How sum sources (qq+kk) combine: "normalize_then_sum" (SCLIP, rows sum to the
+    # number of terms) or "sum_then_normalize".
+    _C.MODEL.SPARSECLIP.ATTENTION.SUM_MODE = "normalize_then_sum"
+    # Seed of the random_matched control's generator.
+    _C.MODEL.SPARSECLIP.ATTENTION.SEED = 0
+
+    # The last block's structure.
+    _C.MODEL.SPARSECLIP.BLOCK = CN()
+    # Keep the residual connection around the last attention (ClearCLIP/NACLIP: False).
+    _C.MODEL.SPARSECLIP.BLOCK.RESIDUAL = True
+    # Keep the last block's FFN (MLP) branch (ClearCLIP/NACLIP: False).
+    _C.MODEL.SPARSECLIP.BLOCK.FFN = True
+
+    # The text classifier.
+    _C.MODEL.SPARSECLIP.TEXT = CN()
+    # Prompt templates: "single" ("a photo of a {}."), "openai_imagenet" (80 templates),
+    # or the path of a text file with one template per line containing "{}".
+    _C.MODEL.SPARSECLIP.TEXT.TEMPLATES = "single"
+    # On-disk cache of class embeddings ("" = ~/.cache/sparseclip_d2/text; "off" disables).
+    _C.MODEL.SPARSECLIP.TEXT.CACHE_DIR = ""
+    # Prompts encoded per text-encoder batch.
+    _C.MODEL.SPARSECLIP.TEXT.BATCH_SIZE = 256
+
+    # Logits = LOGIT_SCALE * cosine(patch, class). Paper: unknown; SCLIP 40, ClearCLIP 50.
+    _C.MODEL.SPARSECLIP.LOGIT_SCALE = 50.0
+    # Background rule: pixels whose max class probability is below this become the
+    # background class (index 0) of datasets that have one. 0 disables.
+    _C.MODEL.SPARSECLIP.PROB_THRESHOLD = 0.0
+    # SCLIP's area rule: classes covering less than this fraction of the image's
+    # pixels in the prediction are suppressed. 0 disables.
+    _C.MODEL.SPARSECLIP.AREA_THRESHOLD = 0.0
+
+    # FG-OVD region retrieval.
+    _C.MODEL.SPARSECLIP.FGOVD = CN()
+    # "dense": RoIAlign on the modified dense features; "crop": encode each box crop
+    # with the unmodified image encoder (baseline protocol).
+    _C.MODEL.SPARSECLIP.FGOVD.PROTOCOL = "dense"
+    # Working resolution: the whole image is resized to RESOLUTION x RESOLUTION.
+    _C.MODEL.SPARSECLIP.FGOVD.RESOLUTION = 224
+    # RoIAlign output size (pooled then averaged) and aligned flag.
+    _C.MODEL.SPARSECLIP.FGOVD.POOLER_RESOLUTION = 1
+    _C.MODEL.SPARSECLIP.FGOVD.ALIGNED = True
+    # Caption templates ("none" = caption text as is).
+    _C.MODEL.SPARSECLIP.FGOVD.TEMPLATES = "none"
+    # Negatives per box; -1 = the split's default (10; pattern 7; transparency 2).
+    _C.MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES = -1
+    # With proposals: IoU needed to match a ground-truth box.
+    _C.MODEL.SPARSECLIP.FGOVD.IOU_THRESHOLD = 0.5
+
+    # Sliding-window inference (MMSeg "slide" mode).
+    _C.TEST.SLIDING_WINDOW = CN()
+    _C.TEST.SLIDING_WINDOW.ENABLED = False
+    # Square crop size and stride in pixels of the resized image.
+    _C.TEST.SLIDING_WINDOW.CROP_SIZE = 448
+    _C.TEST.SLIDING_WINDOW.STRIDE = 224
+    # Windows encoded together per encoder call.
+    _C.TEST.SLIDING_WINDOW.BATCH_SIZE = 8
+
+    # Attention statistics (same-class / non-class mass, support, perplexity).
+    _C.TEST.ATTENTION_STATS = CN()
+    _C.TEST.ATTENTION_STATS.ENABLED = False
+
+    # Evaluate only the first N images of each test dataset (0 = all). Recorded in
+    # results.json so a partial number is never mistaken for a full one.
+    _C.TEST.MAX_IMAGES = 0
+    return cfg
