@@ -1,0 +1,29 @@
+"""Layer 1 of sparseclip_d2: configurable attention in pure torch.
+
+Score sources (:mod:`.sources`), row normalisers (:mod:`.normalizers`), additive priors
+(:mod:`.priors`) are fvcore registries; :func:`attention_weights` combines them.
+No open_clip or detectron2 import here.
+"""
+from .entmax import alpha_entmax
+from .functional import SUM_MODES, apply_attention, attention_weights
+from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
+from .priors import PRIOR_REGISTRY, build_prior, get_prior
+from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, parse_source
+
+__all__ = [
+    "alpha_entmax",
+    "attention_weights",
+    "apply_attention",
+    "SUM_MODES",
+    "SCORE_SOURCE_REGISTRY",
+    "NORMALIZER_REGISTRY",
+    "PRIOR_REGISTRY",
+    "SOURCE_ALIASES",
+    "get_score_source",
+    "get_normalizer",
+    "get_prior",
+    "build_prior",
+    "parse_source",
+    "canonical_source",
+    "support_size",
+]

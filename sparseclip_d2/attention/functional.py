@@ -1,0 +1,111 @@
+"""``attention_weights``: score source x normaliser x prior, computed in float32."""
+from typing import Optional
+
+import torch
+
+from .normalizers import get_normalizer
+from .sources import SCORE_SOURCE_REGISTRY, parse_source
+
+__all__ = ["attention_weights", "apply_attention", "SUM_MODES"]
+
+#: How sum sources combine. ``normalize_then_sum``: each term is normalised separately
+#: and the weights are added (rows sum to the number of terms; SCLIP's convention).
+#: ``sum_then_normalize``: the scores are added and normalised once (rows sum to 1).
+SUM_MODES = ("normalize_then_sum", "sum_then_normalize")
+
+
+def _check_alpha(alpha) -> float:
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha must be a number in [1, 2], got {alpha!r}") from None
+    if not 1.0 <= a <= 2.0:
+        raise ValueError(f"alpha must be in [1, 2] (1 = softmax, 2 = sparsemax), got {alpha!r}")
+    return a
+
+
+def attention_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    source: str = "qk",
+    normalizer: str = "softmax",
+    alpha: float = 1.2,
+    temperature: float = 1.0,
+    prior: Optional[torch.Tensor] = None,
+    sum_mode: str = "normalize_then_sum",
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Attention weights of a (possibly summed) score source under a normaliser.
+
+    For each term ``t`` of ``source`` (e.g. ``qq`` and ``kk`` of ``"qq+kk"``) the scores are
+    ``S_t = (a @ b^T) * d**-0.5 / temperature + prior`` in float32. With one term, or
+    ``sum_mode="normalize_then_sum"``, the result is ``sum_t normalizer(S_t)`` (rows sum to
+    the number of terms); with ``"sum_then_normalize"`` it is
+    ``normalizer(sum_t (a_t @ b_t^T) * d**-0.5 / temperature + prior)`` (rows sum to 1).
+    ``identity`` alone gives the identity matrix whatever the normaliser.
+
+    Args:
+        q, k, v: ``(B, H, L, d)`` per-head projections (any float dtype).
+        source: ``qk``, ``qq``, ``kk``, ``vv``, ``identity`` or sums like ``qq+kk``.
+        normalizer: ``softmax``, ``entmax``, ``sparsemax`` or ``random_matched``.
+        alpha: entmax alpha in [1, 2] (also the reference of ``random_matched``).
+        temperature: scores are divided by it (> 0).
+        prior: optional additive score bias, ``(L, L)`` or broadcastable to ``(B, H, L, L)``.
+        sum_mode: one of :data:`SUM_MODES`.
+        generator: ``torch.Generator`` for ``random_matched``.
+    Returns:
+        ``(B, H, L, L)`` float32 weights.
+    """
+    terms = parse_source(source)
+    norm = get_normalizer(normalizer)
+    alpha = _check_alpha(alpha)
+    if sum_mode not in SUM_MODES:
+        raise ValueError(f"unknown sum_mode {sum_mode!r}; valid: {', '.join(SUM_MODES)}")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            f"q, k, v must share a (B, H, L, d) shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, L, _ = q.shape
+    if prior is not None:
+        if prior.dim() < 2 or tuple(prior.shape[-2:]) != (L, L):
+            raise ValueError(f"prior must end in ({L}, {L}) to match the {L} tokens, got {tuple(prior.shape)}")
+        prior = prior.to(device=q.device, dtype=torch.float32)
+
+    if terms == ("identity",):
+        eye = torch.eye(L, dtype=torch.float32, device=q.device)
+        return eye.expand(B, H, L, L).contiguous()
+
+    temperature = float(temperature)
+
+    def finish(s: torch.Tensor) -> torch.Tensor:
+        if temperature != 1.0:
+            s = s / temperature
+        if prior is not None:
+            s = s + prior
+        return s
+
+    raw = [SCORE_SOURCE_REGISTRY.get(t)(q, k, v) for t in terms]
+    if len(terms) == 1 or sum_mode == "normalize_then_sum":
+        out = None
+        for s in raw:
+            w = norm(finish(s), alpha=alpha, generator=generator)
+            out = w if out is None else out + w
+        return out.float()
+    total = raw[0]
+    for s in raw[1:]:
+        total = total + s
+    return norm(finish(total), alpha=alpha, generator=generator).float()
+
+
+def apply_attention(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Weighted sum of values in float32, cast back to ``v``'s dtype.
+
+    Args:
+        weights: ``(B, H, L, L)`` float32.
+        v: ``(B, H, L, d)``.
+    Returns:
+        ``(B, H, L, d)`` in ``v.dtype``.
+    """
+    return torch.matmul(weights.float(), v.float()).to(v.dtype)
