@@ -1,0 +1,99 @@
+"""FG-OVD evaluator: ranks, ties, medians, drop rule and mHME, with planted scores."""
+import math
+
+import pytest
+import torch
+
+from sparseclip_d2.data.datasets import fgovd as fgovd_data  # noqa: F401  (registers splits)
+from sparseclip_d2.evaluation.fgovd_evaluation import (
+    FGOVDEvaluator,
+    add_mhme,
+    fgovd_metrics,
+    fgovd_ranks,
+    median,
+)
+
+
+def test_ranks_pessimistic_ties_and_misses():
+    scores = torch.tensor(
+        [
+            [0.9, 0.1, 0.2, 0.3],  # clear first -> 1
+            [0.5, 0.5, 0.1, 0.2],  # tie with one negative -> 2 (pessimistic)
+            [0.1, 0.2, 0.3, 0.4],  # last -> 4
+            [0.3, 0.3, 0.3, 0.3],  # all tied -> 4
+            [0.3, 0.1, 0.4, 0.3],  # one above, one tie -> 3
+            [float("nan")] * 4,    # unmatched -> worst rank N + 1 = 4
+        ]
+    )
+    matched = torch.tensor([True, True, True, True, True, False])
+    assert fgovd_ranks(scores, matched).tolist() == [1, 2, 4, 4, 3, 4]
+
+
+def test_ranks_reject_nan_for_matched_box():
+    with pytest.raises(ValueError, match="rows \\[1\\]"):
+        fgovd_ranks(torch.tensor([[1.0, 0.0], [float("nan"), 0.0]]))
+
+
+def test_median_odd_even_empty():
+    assert median([3, 1, 2]) == 2.0
+    assert median([4, 1, 3, 2]) == 2.5  # mean of the two middle ranks
+    assert median([1, 1, 11, 11]) == 6.0
+    assert math.isnan(median([]))
+
+
+def test_metrics_exact():
+    m = fgovd_metrics([1, 2, 4, 4, 3, 4], num_dropped=2, num_missed=1)
+    assert m["top1"] == pytest.approx(100.0 / 6)
+    assert m["mean_rank"] == pytest.approx(18 / 6)
+    assert m["median_rank"] == 3.5  # sorted 1 2 3 4 4 4 -> (3 + 4) / 2
+    assert (m["num_boxes"], m["num_dropped"], m["num_missed"]) == (6, 2, 1)
+
+
+def _out(scores, matched, ann_ids):
+    return {"fgovd": {"scores": torch.tensor(scores), "matched": torch.tensor(matched),
+                      "ann_ids": torch.tensor(ann_ids)}}
+
+
+def test_evaluator_process_evaluate(tmp_path):
+    ev = FGOVDEvaluator("sparseclip_fgovd_hard", output_dir=str(tmp_path))
+    ev.reset()
+    ev.process(
+        [{"image_id": 1, "fgovd_num_dropped": 1}, {"image_id": 2, "fgovd_num_dropped": 0}],
+        [
+            _out([[0.9, 0.1, 0.2], [0.2, 0.2, 0.1]], [True, True], [10, 11]),  # ranks 1, 2
+            _out([[0.1, 0.5, 0.3]], [True], [20]),  # rank 3
+        ],
+    )
+    ev.process([{"image_id": 3, "fgovd_num_dropped": 2}],
+               [_out([[float("nan")] * 3], [False], [30])])  # miss -> rank 3
+    res = ev.evaluate()["fgovd"]
+    assert res["top1"] == 25.0
+    assert res["mean_rank"] == pytest.approx(9 / 4)
+    assert res["median_rank"] == 2.5  # 1 2 3 3
+    assert (res["num_boxes"], res["num_dropped"], res["num_missed"]) == (4, 3, 1)
+    assert (tmp_path / "fgovd_ranks.json").exists()
+    ev.reset()
+    assert math.isnan(ev.evaluate()["fgovd"]["top1"])
+
+
+def test_evaluator_image_without_boxes():
+    ev = FGOVDEvaluator("sparseclip_fgovd_hard")
+    ev.process([{"image_id": 5, "fgovd_num_dropped": 3}],
+               [{"fgovd": {"scores": torch.zeros(0, 11), "matched": torch.zeros(0, dtype=torch.bool),
+                           "ann_ids": torch.zeros(0, dtype=torch.long)}}])
+    res = ev.evaluate()["fgovd"]
+    assert (res["num_boxes"], res["num_dropped"]) == (0, 3)
+
+
+def test_add_mhme():
+    res = {
+        "sparseclip_fgovd_hard": {"fgovd": {"top1": 10.0}},
+        "sparseclip_fgovd_medium": {"fgovd": {"top1": 20.0}},
+        "sparseclip_fgovd_easy": {"fgovd": {"top1": 36.0}},
+        "sparseclip_fgovd_trivial": {"fgovd": {"top1": 90.0}},
+    }
+    out = add_mhme(res)
+    assert out["fgovd_mHME"]["fgovd"]["mHME"] == pytest.approx(22.0)
+    assert "fgovd_mHME" not in res  # input untouched
+    partial = {k: v for k, v in res.items() if "easy" not in k}
+    assert add_mhme(partial) == partial
