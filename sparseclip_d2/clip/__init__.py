@@ -1,0 +1,32 @@
+"""Layer 2 of sparseclip_d2: open_clip models, the dense encoder and the text classifier.
+
+torch + open_clip only (no detectron2 import).
+"""
+from .builder import PRECISIONS, build_clip, get_tokenizer, is_random_weights, tokenizer
+from .encoder import DenseCLIPEncoder, interpolate_pos_embed
+from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME
+from .spec import PRESETS, AttentionSpec
+from .templates import OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
+from .text import TextClassifier, max_over_synonyms, split_synonyms, text_cache_dir, weights_fingerprint
+
+__all__ = [
+    "AttentionSpec",
+    "PRESETS",
+    "build_clip",
+    "is_random_weights",
+    "get_tokenizer",
+    "tokenizer",
+    "PRECISIONS",
+    "DenseCLIPEncoder",
+    "interpolate_pos_embed",
+    "LOCAL_MODEL_CONFIGS",
+    "TINY_MODEL_NAME",
+    "TextClassifier",
+    "get_templates",
+    "max_over_synonyms",
+    "split_synonyms",
+    "text_cache_dir",
+    "weights_fingerprint",
+    "TEMPLATE_SETS",
+    "OPENAI_IMAGENET_TEMPLATES",
+]

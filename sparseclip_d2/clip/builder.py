@@ -1,0 +1,148 @@
+"""Build a frozen open_clip CLIP model from (name, pretrained tag | local file | none)."""
+import logging
+import os
+from typing import Optional, Union
+
+import torch
+
+import open_clip
+
+from .model_configs import get_local_model_config
+
+__all__ = ["build_clip", "is_random_weights", "get_tokenizer", "tokenizer", "PRECISIONS"]
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+_RANDOM_VALUES = ("", "none", "random")
+# open_clip builds sparseclip_d2's own configs from this built-in name, with every
+# architecture field overridden by the local config dict.
+_FACTORY_BASE = "ViT-B-16"
+
+_NO_NETWORK_HELP = (
+    "There is probably no network here: supply a local checkpoint file path via "
+    "MODEL.SPARSECLIP.CLIP.PRETRAINED (e.g. the OpenAI ViT-B-16.pt or an open_clip "
+    "open_clip_pytorch_model.bin), or `none` for a random-weight smoke run."
+)
+
+
+def is_random_weights(pretrained: Optional[str]) -> bool:
+    """True when ``pretrained`` asks for random weights (``None``, ``""``, ``"none"``, ``"random"``)."""
+    return pretrained is None or str(pretrained).strip().lower() in _RANDOM_VALUES
+
+
+def _looks_like_path(value: str) -> bool:
+    return (os.sep in value or "/" in value or value.startswith("~")
+            or value.lower().endswith((".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".npz")))
+
+
+def _finish(model: torch.nn.Module) -> torch.nn.Module:
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def build_clip(
+    name: str,
+    pretrained: Optional[str],
+    *,
+    precision: str = "fp32",
+    device: Union[str, torch.device] = "cpu",
+    force_quick_gelu: bool = False,
+    cache_dir: Optional[str] = None,
+) -> torch.nn.Module:
+    """Create a frozen open_clip CLIP model (eval mode, ``requires_grad`` False).
+
+    Args:
+        name: open_clip model name (``ViT-B-16-quickgelu``, ``ViT-L-14-quickgelu``, ...) or a
+            sparseclip_d2 test config (``sparseclip-tiny-vit``).
+        pretrained: an open_clip tag (``openai``), a local checkpoint file (loaded by
+            open_clip's own loader), or ``none``/``""`` for random weights (a WARNING says
+            the results are meaningless).
+        precision: ``fp32``, ``fp16`` or ``bf16`` (weights dtype).
+        device: where the model lives.
+        force_quick_gelu: use QuickGELU even when ``name`` lacks ``-quickgelu``. It is
+            forced automatically (with a warning) for tags trained with QuickGELU (OpenAI).
+        cache_dir: open_clip download cache (``None``/``""`` = open_clip's default).
+    Returns:
+        an ``open_clip.CLIP`` model.
+    Raises:
+        ValueError: unknown model name, tag or precision; FileNotFoundError: a checkpoint
+        path that does not exist; RuntimeError: a tag whose download failed (offline).
+    """
+    name = str(name).strip()
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    cache_dir = cache_dir or None
+    common = dict(precision=precision, device=device, cache_dir=cache_dir)
+    random = is_random_weights(pretrained)
+    pretrained = None if random else os.path.expanduser(str(pretrained).strip())
+    if random:
+        logger.warning(
+            "CLIP %s is built with RANDOM weights (pretrained=none): a smoke run, every "
+            "number it produces is meaningless.", name)
+
+    local_cfg = get_local_model_config(name)
+    if local_cfg is not None:
+        if force_quick_gelu:
+            local_cfg["quick_gelu"] = True
+        if pretrained is not None and not os.path.isfile(pretrained):
+            raise FileNotFoundError(
+                f"checkpoint {pretrained!r} for the sparseclip_d2 test model {name!r} does not exist; "
+                "this model has no published weights: pass a local checkpoint file or `none`")
+        model = open_clip.create_model(_FACTORY_BASE, pretrained=None, **common, **local_cfg)
+        if pretrained is not None:
+            open_clip.load_checkpoint(model, pretrained)
+        return _finish(model)
+
+    if name not in open_clip.list_models():
+        raise ValueError(
+            f"unknown CLIP model name {name!r}; valid: an open_clip name (see open_clip.list_models(), "
+            f"e.g. ViT-B-16-quickgelu, ViT-L-14-quickgelu) or one of sparseclip_d2's test configs "
+            f"(sparseclip-tiny-vit)")
+
+    if random:
+        model = open_clip.create_model(name, pretrained=None, force_quick_gelu=force_quick_gelu, **common)
+        return _finish(model)
+
+    tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) or {}
+    if tag_cfg:
+        if tag_cfg.get("quick_gelu", False) and "quickgelu" not in name.lower() and not force_quick_gelu:
+            logger.warning(
+                "pretrained=%r was trained with QuickGELU but %r lacks '-quickgelu': forcing QuickGELU "
+                "(use the name %s-quickgelu to silence this)", pretrained, name, name)
+            force_quick_gelu = True
+        try:
+            model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
+        except (RuntimeError, OSError, ConnectionError) as e:
+            raise RuntimeError(
+                f"could not obtain the weights of CLIP {name!r} pretrained={pretrained!r} ({e}). "
+                + _NO_NETWORK_HELP) from e
+        return _finish(model)
+
+    if os.path.isfile(pretrained):
+        logger.info("loading CLIP %s weights from the local file %s", name, pretrained)
+        model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
+        return _finish(model)
+
+    if _looks_like_path(pretrained):
+        raise FileNotFoundError(
+            f"CLIP checkpoint file {pretrained!r} does not exist. Supply weights as an existing local "
+            f"file via MODEL.SPARSECLIP.CLIP.PRETRAINED, an open_clip tag of {name} "
+            f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none known'}), or `none`")
+    raise ValueError(
+        f"unknown pretrained value {pretrained!r} for {name}; valid: an open_clip tag "
+        f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none known'}), "
+        f"a local checkpoint file path, or none")
+
+
+def get_tokenizer(name: str):
+    """The open_clip tokenizer of model ``name``: ``tokenizer(list[str]) -> (N, context) long``."""
+    local_cfg = get_local_model_config(str(name).strip())
+    if local_cfg is not None:
+        return open_clip.SimpleTokenizer(context_length=local_cfg["text_cfg"].get("context_length", 77))
+    return open_clip.get_tokenizer(name)
+
+
+#: Alias of :func:`get_tokenizer`.
+tokenizer = get_tokenizer

@@ -1,0 +1,222 @@
+"""Text side: class names (with comma-separated synonyms) x prompt templates -> embeddings."""
+import hashlib
+import json
+import logging
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .templates import get_templates
+
+__all__ = ["TextClassifier", "max_over_synonyms", "split_synonyms", "weights_fingerprint", "text_cache_dir"]
+
+logger = logging.getLogger(__name__)
+
+_CACHE_FORMAT = 1
+_ENV = "SPARSECLIP_TEXT_CACHE"
+
+
+def split_synonyms(class_names: Sequence[str]) -> Tuple[List[str], List[int]]:
+    """Flatten class names with comma-separated synonyms.
+
+    Args:
+        class_names: C strings such as ``"person, people"``.
+    Returns:
+        ``(synonyms, class_index)``: S synonym strings and, for each, its class index.
+    """
+    if isinstance(class_names, str):
+        raise ValueError(f"class_names must be a list of class names, got the string {class_names!r}")
+    synonyms, index = [], []
+    for c, name in enumerate(class_names):
+        if not isinstance(name, str):
+            raise ValueError(f"class name {c} must be a string, got {name!r}")
+        parts = [p.strip() for p in name.split(",") if p.strip()]
+        if not parts:
+            raise ValueError(f"class {c} ({name!r}) has no name")
+        synonyms.extend(parts)
+        index.extend([c] * len(parts))
+    return synonyms, index
+
+
+def max_over_synonyms(logits: torch.Tensor, class_index: torch.Tensor, num_classes: int, dim: int = 1) -> torch.Tensor:
+    """Reduce synonym logits to class logits by max.
+
+    Args:
+        logits: tensor whose ``dim`` has size S (synonyms), e.g. ``(B, S, H, W)``.
+        class_index: ``(S,)`` long, the class of each synonym.
+        num_classes: C.
+        dim: the synonym dimension.
+    Returns:
+        ``logits`` with ``dim`` of size C: the max over each class's synonyms.
+    """
+    class_index = torch.as_tensor(class_index, dtype=torch.long, device=logits.device)
+    S = logits.shape[dim]
+    if class_index.shape != (S,):
+        raise ValueError(f"class_index has shape {tuple(class_index.shape)}, expected ({S},) to match logits dim {dim}")
+    if S and (int(class_index.min()) < 0 or int(class_index.max()) >= num_classes):
+        raise ValueError(f"class_index values must lie in [0, {num_classes}), got "
+                         f"[{int(class_index.min())}, {int(class_index.max())}]")
+    x = logits.movedim(dim, -1)
+    out = torch.full(x.shape[:-1] + (num_classes,), float("-inf"), dtype=x.dtype, device=x.device)
+    out = out.scatter_reduce(-1, class_index.expand(x.shape[:-1] + (S,)), x, reduce="amax", include_self=True)
+    return out.movedim(-1, dim)
+
+
+def weights_fingerprint(model: nn.Module, max_elements: int = 65536) -> str:
+    """A short hash of a model's text-side weights (names, shapes, dtypes, sampled values).
+
+    Hashes the first and last four non-visual parameters; large tensors are sampled with
+    a stride so at most ``max_elements`` values each are read. Returns 16 hex digits.
+    """
+    params = [(n, p) for n, p in model.named_parameters() if not n.startswith("visual.")]
+    if not params:
+        params = list(model.named_parameters())
+    chosen = params[:4] + params[-4:] if len(params) > 8 else params
+    h = hashlib.sha256()
+    for n, p in chosen:
+        t = p.detach().reshape(-1)
+        step = max(1, t.numel() // max_elements)
+        sample = t[::step].float().cpu().contiguous()
+        h.update(f"{n}:{tuple(p.shape)}:{p.dtype}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def text_cache_dir(cache_dir: Optional[str] = None) -> Optional[str]:
+    """Resolve the on-disk cache directory: ``None`` when disabled.
+
+    ``cache_dir="off"`` or the environment variable ``SPARSECLIP_TEXT_CACHE=off`` disables
+    it; ``None``/``""`` means ``$SPARSECLIP_TEXT_CACHE`` if it names a directory, else
+    ``~/.cache/sparseclip_d2/text``.
+    """
+    env = os.environ.get(_ENV, "").strip()
+    if env.lower() == "off" or (cache_dir is not None and str(cache_dir).strip().lower() == "off"):
+        return None
+    if cache_dir:
+        return os.path.expanduser(str(cache_dir))
+    if env:
+        return os.path.expanduser(env)
+    return os.path.expanduser(os.path.join("~", ".cache", "sparseclip_d2", "text"))
+
+
+class TextClassifier:
+    """Class-name embeddings for open-vocabulary classification.
+
+    ``classifier(class_names) -> (embeddings (S, D) float32 L2-normalised, class_index (S,) long)``:
+    each class name may hold comma-separated synonyms; each synonym is put into every
+    template, the prompts are encoded with ``model.encode_text``, L2-normalised, averaged
+    over templates and re-normalised. Results are cached in memory per (vocabulary,
+    templates, device) and on disk under ``cache_dir`` keyed by model name, a weight
+    fingerprint, the synonyms and the templates.
+
+    Args:
+        model: an open_clip CLIP model (``encode_text``).
+        tokenizer: ``tokenizer(list[str]) -> (N, context) long`` (open_clip tokenizer).
+        templates: a template set name, a template file path, or a list of templates.
+        model_name: model name used in the cache key.
+        cache_dir: disk cache directory, ``"off"`` to disable (see :func:`text_cache_dir`).
+        batch_size: prompts per ``encode_text`` call.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, templates: Union[str, Sequence[str]] = "single", *,
+                 model_name: str = "", cache_dir: Optional[str] = None, batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        if isinstance(templates, str):
+            self.templates = get_templates(templates)
+        else:
+            self.templates = list(templates)
+            for t in self.templates:
+                if "{}" not in t:
+                    raise ValueError(f"prompt template {t!r} has no '{{}}' placeholder for the class name")
+        if not self.templates:
+            raise ValueError("at least one prompt template is needed")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.model_name = str(model_name)
+        self.cache_dir = text_cache_dir(cache_dir)
+        self._memory: Dict[tuple, torch.Tensor] = {}
+        self._fingerprint: Optional[str] = None
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    def _disk_path(self, synonyms: List[str]) -> Optional[str]:
+        if self.cache_dir is None:
+            return None
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.model)
+        payload = json.dumps({"format": _CACHE_FORMAT, "model": self.model_name, "weights": self._fingerprint,
+                              "synonyms": synonyms, "templates": self.templates})
+        key = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.model_name) or "model"
+        return os.path.join(self.cache_dir, f"{safe}-{key}.pt")
+
+    def _warn_truncation(self, prompts: List[str]) -> None:
+        ctx = getattr(self.tokenizer, "context_length", None)
+        encode = getattr(self.tokenizer, "encode", None)
+        if ctx is None or encode is None:
+            return
+        long_ = [p for p in prompts if len(encode(p)) + 2 > ctx]  # + start/end tokens
+        if long_:
+            logger.warning("%d prompt(s) exceed the text context of %d tokens and are truncated, e.g. %r",
+                           len(long_), ctx, long_[0][:120])
+
+    @torch.no_grad()
+    def encode(self, synonyms: List[str]) -> torch.Tensor:
+        """Template-averaged, L2-normalised embeddings of synonym strings: S -> ``(S, D)`` float32."""
+        prompts = [t.replace("{}", s) for s in synonyms for t in self.templates]
+        self._warn_truncation(prompts)
+        device = self.device
+        chunks = []
+        n_batches = (len(prompts) + self.batch_size - 1) // self.batch_size
+        for i in tqdm(range(n_batches), desc="encoding class prompts", leave=False, disable=None):
+            batch = prompts[i * self.batch_size:(i + 1) * self.batch_size]
+            tokens = self.tokenizer(batch).to(device)
+            emb = self.model.encode_text(tokens).float()
+            chunks.append(emb / emb.norm(dim=-1, keepdim=True))
+        emb = torch.cat(chunks).reshape(len(synonyms), len(self.templates), -1).mean(dim=1)
+        return emb / emb.norm(dim=-1, keepdim=True)
+
+    def __call__(self, class_names: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings of a vocabulary.
+
+        Args:
+            class_names: C class names, each with optional comma-separated synonyms.
+        Returns:
+            ``(embeddings (S, D) float32 L2-normalised, class_index (S,) long)`` on the model's device.
+        """
+        synonyms, index = split_synonyms(class_names)
+        device = self.device
+        class_index = torch.tensor(index, dtype=torch.long, device=device)
+        mkey = (tuple(synonyms), tuple(self.templates), str(device))
+        if mkey in self._memory:
+            return self._memory[mkey], class_index
+        path = self._disk_path(synonyms)
+        emb = None
+        if path is not None and os.path.isfile(path):
+            try:
+                data = torch.load(path, map_location="cpu", weights_only=True)
+                if data.get("synonyms") == synonyms and data.get("templates") == self.templates:
+                    emb = data["embeddings"].to(device=device, dtype=torch.float32)
+                    logger.info("loaded %d class embeddings from %s", len(synonyms), path)
+            except Exception as e:  # a corrupt cache file is recomputed, not fatal
+                logger.warning("ignoring unreadable text-embedding cache %s (%s)", path, e)
+        if emb is None:
+            emb = self.encode(synonyms)
+            if path is not None:
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    tmp = f"{path}.{os.getpid()}.tmp"
+                    torch.save({"embeddings": emb.cpu(), "synonyms": synonyms, "templates": self.templates}, tmp)
+                    os.replace(tmp, path)
+                except OSError as e:
+                    logger.warning("could not write the text-embedding cache %s (%s)", path, e)
+        self._memory[mkey] = emb
+        return emb, class_index
