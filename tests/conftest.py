@@ -1,6 +1,40 @@
-"""Shared pytest fixtures: small open_clip models with random weights (no network)."""
+"""Shared pytest fixtures: small open_clip models with random weights (no network).
+
+The text-embedding disk cache is disabled for the whole test session
+(``SPARSECLIP_TEXT_CACHE=off``).
+
+Fixtures:
+    tiny_clip: session-scoped ``(model, tokenizer, name)`` for ``sparseclip-tiny-vit``
+        (see ``sparseclip_d2/clip/model_configs.py``): a random-weight (torch seed 0),
+        fp32, CPU, eval-mode, frozen open_clip ``CLIP`` with a 2-block, width-64, 4-head,
+        patch-16 ViT at 64 px, a 2-layer width-64 text tower (context 77) and a 32-d joint
+        space; ``tokenizer(list[str]) -> (N, 77) long``; ``name == "sparseclip-tiny-vit"``
+        (use it for ``MODEL.SPARSECLIP.CLIP.NAME`` with ``PRETRAINED "none"`` in
+        end-to-end tests). It is shared: never modify it in place - deep-copy it first.
+"""
 import os
 
 import pytest
 
 os.environ.setdefault("SPARSECLIP_TEXT_CACHE", "off")
+
+TINY_CLIP_NAME = "sparseclip-tiny-vit"
+
+
+def build_tiny_clip(seed: int = 0, precision: str = "fp32"):
+    """A fresh random-weight ``sparseclip-tiny-vit`` CLIP (torch RNG seeded with ``seed``)."""
+    import torch
+
+    from sparseclip_d2.clip import build_clip
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_clip(TINY_CLIP_NAME, "none", precision=precision)
+
+
+@pytest.fixture(scope="session")
+def tiny_clip():
+    """``(model, tokenizer, name)`` of the tiny random-weight CLIP (seed 0); see the module docstring."""
+    from sparseclip_d2.clip import get_tokenizer
+
+    return build_tiny_clip(0), get_tokenizer(TINY_CLIP_NAME), TINY_CLIP_NAME
