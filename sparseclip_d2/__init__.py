@@ -14,6 +14,9 @@ except ImportError as e:  # pragma: no cover - exercised only without detectron2
     ) from e
 
 from .config import add_sparseclip_config
+from . import modeling  # noqa: F401  (registers the META_ARCH and the backbone)
+from . import data  # noqa: F401  (registers the datasets)
+from . import evaluation  # noqa: F401  (evaluator factories)
 
 __all__ = ["add_sparseclip_config"]
 __version__ = "0.1.0"

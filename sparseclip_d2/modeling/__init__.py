@@ -1,0 +1,17 @@
+"""detectron2 modeling parts: the ``SparseCLIP`` META_ARCH and the ``SparseCLIPBackbone``
+(registered on import), plus the pure-torch sliding-window and post-processing steps."""
+from .backbone import SparseCLIPBackbone, build_clip_from_config, resolve_device
+from .meta_arch import SparseCLIP
+from .postprocess import class_scores
+from .sliding_window import dense_logits, symmetric_pad, window_grid
+
+__all__ = [
+    "SparseCLIP",
+    "SparseCLIPBackbone",
+    "build_clip_from_config",
+    "class_scores",
+    "dense_logits",
+    "resolve_device",
+    "symmetric_pad",
+    "window_grid",
+]

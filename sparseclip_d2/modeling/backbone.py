@@ -1,0 +1,127 @@
+"""The sparse-attention CLIP vision tower as a detectron2 ``Backbone``.
+
+Another META_ARCH can use the modified CLIP features with ``MODEL.BACKBONE.NAME:
+SparseCLIPBackbone``; ``build_backbone(cfg)`` then returns a frozen backbone whose single
+output feature ``"clip"`` has stride = patch size and channels = the joint embedding
+dimension D. Inputs are images normalised with ``MODEL.PIXEL_MEAN/STD`` (set them to
+CLIP's mean/std, as ``configs/Base-SparseCLIP.yaml`` does).
+"""
+import logging
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from detectron2.config import configurable
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import BACKBONE_REGISTRY, Backbone
+
+from ..clip import AttentionSpec, DenseCLIPEncoder, build_clip, is_random_weights
+
+__all__ = ["SparseCLIPBackbone", "build_clip_from_config", "resolve_device"]
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    """``device`` unless it asks for CUDA on a machine without a GPU; then ``"cpu"`` (logged)."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        logger.warning("MODEL.DEVICE=%s but no CUDA GPU is available: running on CPU.", device)
+        return "cpu"
+    return str(device)
+
+
+def build_clip_from_config(cfg) -> Tuple[nn.Module, bool]:
+    """Build the frozen open_clip model named by ``cfg.MODEL.SPARSECLIP.CLIP``.
+
+    Returns:
+        ``(clip_model, random_weights)``. Random weights (``PRETRAINED: none``) are logged
+        with WARNING lines: such a run is a smoke test whose numbers mean nothing.
+
+    Raises:
+        RuntimeError: the weights could not be loaded; the message says how to pass a
+            local checkpoint file and how to run with random weights instead.
+    """
+    c = cfg.MODEL.SPARSECLIP.CLIP
+    random_weights = is_random_weights(c.PRETRAINED)
+    try:
+        model = build_clip(
+            c.NAME,
+            c.PRETRAINED,
+            precision=c.PRECISION,
+            device=resolve_device(cfg.MODEL.DEVICE),
+            force_quick_gelu=c.FORCE_QUICK_GELU,
+            cache_dir=c.CACHE_DIR or None,
+        )
+    except (RuntimeError, OSError) as e:
+        raise RuntimeError(
+            f"could not load CLIP weights MODEL.SPARSECLIP.CLIP.PRETRAINED={c.PRETRAINED!r} for "
+            f"MODEL.SPARSECLIP.CLIP.NAME={c.NAME!r}: {e}\n"
+            "Offline? Download the checkpoint on a connected machine (e.g. open_clip's "
+            "'openai' weights) and pass the local file: MODEL.SPARSECLIP.CLIP.PRETRAINED "
+            "/path/to/checkpoint.pt. For a smoke run with random weights (meaningless "
+            "numbers) pass MODEL.SPARSECLIP.CLIP.PRETRAINED none."
+        ) from e
+    if random_weights:
+        for _ in range(2):
+            logger.warning(
+                "RANDOM WEIGHTS: %s built with PRETRAINED=%r; this is a smoke run and its "
+                "numbers mean nothing.", c.NAME, c.PRETRAINED
+            )
+    return model, random_weights
+
+
+@BACKBONE_REGISTRY.register()
+class SparseCLIPBackbone(Backbone):
+    """Frozen CLIP vision tower with the configured final attention (``DenseCLIPEncoder``).
+
+    ``forward(images)``: ``(B, 3, H, W)`` normalised images, H and W multiples of the patch
+    size p (``size_divisibility``) -> ``{"clip": (B, D, H / p, W / p)}`` patch embeddings
+    in CLIP's joint space (ln_post + proj, not L2-normalised).
+    """
+
+    @configurable
+    def __init__(self, *, encoder: nn.Module, out_feature: str = "clip"):
+        """
+        Args:
+            encoder: a ``DenseCLIPEncoder`` (or any module with ``patch_size`` and
+                ``embed_dim`` mapping ``(B, 3, H, W)`` to ``(B, D, H/p, W/p)``); frozen here.
+            out_feature: name of the output feature.
+        """
+        super().__init__()
+        self.encoder = encoder
+        for p in self.encoder.parameters():
+            p.requires_grad_(False)
+        self._out_features = [out_feature]
+        self._out_feature_strides = {out_feature: int(encoder.patch_size)}
+        self._out_feature_channels = {out_feature: int(encoder.embed_dim)}
+
+    @classmethod
+    def from_config(cls, cfg, input_shape: Optional[ShapeSpec] = None):
+        if input_shape is not None and input_shape.channels not in (None, 3):
+            raise ValueError(f"SparseCLIPBackbone needs 3 input channels, got input_shape={input_shape}")
+        clip_model, _ = build_clip_from_config(cfg)
+        spec = AttentionSpec.from_config(cfg)
+        return {"encoder": DenseCLIPEncoder(clip_model.visual, spec)}
+
+    @property
+    def size_divisibility(self) -> int:
+        return self._out_feature_strides[self._out_features[0]]
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """``(B, 3, H, W)`` -> ``{"clip": (B, D, H / p, W / p)}``."""
+        p = self.size_divisibility
+        if x.dim() != 4 or x.shape[1] != 3 or x.shape[-2] % p or x.shape[-1] % p:
+            raise ValueError(
+                f"SparseCLIPBackbone expects (B, 3, H, W) with H, W multiples of {p}, got {tuple(x.shape)}"
+            )
+        param = next(self.encoder.parameters(), None)
+        if param is not None:
+            x = x.to(param.dtype)
+        return {self._out_features[0]: self.encoder(x)}
+
+    def output_shape(self) -> Dict[str, ShapeSpec]:
+        return {
+            name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])
+            for name in self._out_features
+        }

@@ -1,0 +1,313 @@
+"""``SparseCLIP``: training-free open-vocabulary semantic segmentation META_ARCH.
+
+Pipeline per image (inputs are already resized by the mapper to the working resolution):
+normalise -> whole-image or sliding-window dense encoding (``sliding_window.dense_logits``)
+-> ``LOGIT_SCALE * cosine(patch, synonym)`` patch logits upsampled bilinearly ->
+resize to the original ``height x width`` -> softmax over synonyms, max per class,
+background rules (``postprocess.class_scores``) -> ``{"sem_seg": (C, H, W)}``.
+
+The vocabulary comes from the input: ``vocabulary`` (list of class names with
+comma-separated synonyms) or the ``stuff_classes`` of ``MetadataCatalog.get(dataset_name)``;
+text classifiers are built once per (vocabulary, templates, device) and cached.
+
+Other code (FG-OVD region retrieval) reuses the parts:
+
+- ``model.encoder``: the ``DenseCLIPEncoder`` (``(B, 3, H, W)`` normalised images ->
+  ``(B, D, H/p, W/p)``);
+- ``model.clip_model``: the open_clip model (None when built from parts without it);
+- ``model.text_classifier_for(vocabulary, templates=None)`` -> ``(emb (S, D), class_index (S,))``
+  on ``model.device``;
+- ``model.normalize_images(batched_inputs)`` -> a detectron2 ``ImageList`` of normalised RGB
+  float images padded to a multiple of the patch size.
+"""
+import logging
+from collections import OrderedDict
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from detectron2.config import configurable
+from detectron2.data import MetadataCatalog
+from detectron2.modeling import META_ARCH_REGISTRY
+from detectron2.structures import ImageList
+
+from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
+from .backbone import build_clip_from_config
+from .postprocess import class_scores
+from .sliding_window import dense_logits
+
+__all__ = ["SparseCLIP"]
+
+logger = logging.getLogger(__name__)
+
+TextClassifierFn = Callable[[List[str]], Tuple[torch.Tensor, torch.Tensor]]
+
+
+@META_ARCH_REGISTRY.register()
+class SparseCLIP(nn.Module):
+    """Frozen CLIP with a modified final attention as a dense open-vocabulary segmenter."""
+
+    @configurable
+    def __init__(
+        self,
+        *,
+        encoder: nn.Module,
+        text_classifier: TextClassifierFn,
+        pixel_mean: Sequence[float],
+        pixel_std: Sequence[float],
+        clip_model: Optional[nn.Module] = None,
+        text_classifier_factory: Optional[Callable[[str], TextClassifierFn]] = None,
+        templates: str = "single",
+        input_format: str = "RGB",
+        logit_scale: float = 50.0,
+        prob_threshold: float = 0.0,
+        area_threshold: float = 0.0,
+        sliding_window: bool = False,
+        crop_size: int = 448,
+        stride: int = 224,
+        window_batch_size: int = 8,
+        random_weights: bool = False,
+        text_cache_size: int = 64,
+    ):
+        """
+        Args:
+            encoder: module with ``patch_size`` and ``embed_dim`` attributes mapping
+                ``(N, 3, h, w)`` normalised images (h, w multiples of ``patch_size``) to
+                ``(N, D, h/p, w/p)`` patch embeddings (a ``DenseCLIPEncoder``).
+            text_classifier: ``class_names -> (emb (S, D), class_index (S,))`` for the
+                default ``templates`` (a ``TextClassifier``; any callable in tests).
+            pixel_mean, pixel_std: per-channel RGB normalisation in 0-255 scale.
+            clip_model: the open_clip model the parts come from (exposed, optional).
+            text_classifier_factory: ``templates -> text classifier``, used by
+                ``text_classifier_for(..., templates=other)``; None = only the default.
+            templates: name of the default template set (cache key).
+            input_format: "RGB" or "BGR", the channel order of ``input["image"]``.
+            logit_scale: logits = logit_scale * cosine(patch, class synonym).
+            prob_threshold, area_threshold: background rules (see ``class_scores``).
+            sliding_window, crop_size, stride, window_batch_size: MMSeg slide inference;
+                windows of an image are encoded ``window_batch_size`` at a time.
+            random_weights: the CLIP weights are random (recorded, logged).
+            text_cache_size: number of (vocabulary, templates, device) entries kept.
+        """
+        super().__init__()
+        for name in ("patch_size", "embed_dim"):
+            if not hasattr(encoder, name):
+                raise ValueError(f"encoder {type(encoder).__name__} lacks the attribute {name!r}")
+        if input_format not in ("RGB", "BGR"):
+            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {input_format!r}")
+        if sliding_window and (crop_size <= 0 or stride <= 0 or window_batch_size <= 0):
+            raise ValueError(
+                f"TEST.SLIDING_WINDOW needs positive CROP_SIZE/STRIDE/BATCH_SIZE, got "
+                f"{crop_size}/{stride}/{window_batch_size}"
+            )
+        self.encoder = encoder
+        self.clip_model = clip_model
+        self._text_classifier = text_classifier
+        self._text_classifier_factory = text_classifier_factory
+        self.templates = templates
+        self.input_format = input_format
+        self.logit_scale = float(logit_scale)
+        self.prob_threshold = float(prob_threshold)
+        self.area_threshold = float(area_threshold)
+        self.sliding_window = bool(sliding_window)
+        self.crop_size = int(crop_size)
+        self.stride = int(stride)
+        self.window_batch_size = int(window_batch_size)
+        self.random_weights = bool(random_weights)
+        self._text_cache: "OrderedDict[tuple, Tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
+        self._text_cache_size = int(text_cache_size)
+        self._warned_threshold: set = set()
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+        self.eval()
+
+    @classmethod
+    def from_config(cls, cfg):
+        sc = cfg.MODEL.SPARSECLIP
+        clip_model, random_weights = build_clip_from_config(cfg)
+        encoder = DenseCLIPEncoder(clip_model.visual, AttentionSpec.from_config(cfg))
+        tokenizer = get_tokenizer(sc.CLIP.NAME)
+
+        def factory(templates: str) -> TextClassifierFn:
+            return TextClassifier(
+                clip_model,
+                tokenizer,
+                templates,
+                model_name=f"{sc.CLIP.NAME}:{sc.CLIP.PRETRAINED}",
+                cache_dir=sc.TEXT.CACHE_DIR or None,
+                batch_size=sc.TEXT.BATCH_SIZE,
+            )
+
+        sw = cfg.TEST.SLIDING_WINDOW
+        return {
+            "encoder": encoder,
+            "clip_model": clip_model,
+            "text_classifier": factory(sc.TEXT.TEMPLATES),
+            "text_classifier_factory": factory,
+            "templates": sc.TEXT.TEMPLATES,
+            "pixel_mean": [255.0 * m for m in encoder.image_mean],
+            "pixel_std": [255.0 * s for s in encoder.image_std],
+            "input_format": cfg.INPUT.FORMAT,
+            "logit_scale": sc.LOGIT_SCALE,
+            "prob_threshold": sc.PROB_THRESHOLD,
+            "area_threshold": sc.AREA_THRESHOLD,
+            "sliding_window": sw.ENABLED,
+            "crop_size": sw.CROP_SIZE,
+            "stride": sw.STRIDE,
+            "window_batch_size": sw.BATCH_SIZE,
+            "random_weights": random_weights,
+        }
+
+    @property
+    def device(self) -> torch.device:
+        return self.pixel_mean.device
+
+    # ------------------------------------------------------------------ parts reused by FG-OVD
+    def text_classifier_for(
+        self, vocabulary: Sequence[str], templates: Optional[str] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Class embeddings of a vocabulary, cached per (vocabulary, templates, device).
+
+        Args:
+            vocabulary: C class names, each with comma-separated synonyms.
+            templates: a template-set name or file; None = the model's default.
+
+        Returns:
+            ``(emb (S, D) float32 L2-normalised, class_index (S,) long)`` on ``self.device``.
+        """
+        templates = self.templates if templates is None else templates
+        key = (tuple(vocabulary), templates, str(self.device))
+        if key in self._text_cache:
+            self._text_cache.move_to_end(key)
+            return self._text_cache[key]
+        if templates == self.templates:
+            classifier = self._text_classifier
+        elif self._text_classifier_factory is not None:
+            classifier = self._text_classifier_factory(templates)
+        else:
+            raise ValueError(
+                f"templates {templates!r} requested but this model was built with only "
+                f"{self.templates!r} (no text_classifier_factory)"
+            )
+        emb, class_index = classifier(list(vocabulary))
+        if emb.dim() != 2 or class_index.shape != (emb.shape[0],):
+            raise ValueError(
+                f"text classifier returned emb {tuple(emb.shape)} and class_index "
+                f"{tuple(class_index.shape)}; expected (S, D) and (S,)"
+            )
+        entry = (emb.to(self.device, torch.float32), class_index.to(self.device, torch.long))
+        self._text_cache[key] = entry
+        while len(self._text_cache) > self._text_cache_size:
+            self._text_cache.popitem(last=False)
+        return entry
+
+    def normalize_image(self, image: torch.Tensor) -> torch.Tensor:
+        """``(3, H, W)`` uint8 image in ``input_format`` -> ``(3, H, W)`` float32 normalised RGB."""
+        if image.dim() != 3 or image.shape[0] != 3:
+            raise ValueError(f"expected a (3, H, W) image, got shape {tuple(image.shape)}")
+        image = image.to(self.device, torch.float32)
+        if self.input_format == "BGR":
+            image = image.flip(0)
+        return (image - self.pixel_mean) / self.pixel_std
+
+    def normalize_images(self, batched_inputs: List[Dict]) -> ImageList:
+        """Normalised RGB images of a batch, zero-padded (after normalisation) to a common
+        size divisible by ``encoder.patch_size``: ``ImageList`` with ``.tensor (B, 3, H', W')``
+        and ``.image_sizes`` the unpadded ``(H, W)``."""
+        images = [self.normalize_image(x["image"]) for x in batched_inputs]
+        return ImageList.from_tensors(images, int(self.encoder.patch_size))
+
+    # ------------------------------------------------------------------ inference
+    def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` patch logits
+        ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32)."""
+        param = next(self.encoder.parameters(), None)
+        if param is not None:
+            images = images.to(param.dtype)
+        feats = F.normalize(self.encoder(images).float(), dim=1)
+        return self.logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb)
+
+    def synonym_logits(self, image: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits at that size,
+        whole-image or sliding-window per the config."""
+        return dense_logits(
+            image,
+            lambda crops: self.encode_logits(crops, text_emb),
+            patch_size=int(self.encoder.patch_size),
+            crop_size=self.crop_size if self.sliding_window else None,
+            stride=self.stride if self.sliding_window else None,
+            batch_size=self.window_batch_size,
+        )
+
+    def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, torch.Tensor]]:
+        """
+        Args:
+            batched_inputs: dicts with ``image`` (3, H, W) uint8, optional ``height``/``width``
+                (output size; default the image size), and ``dataset_name`` or ``vocabulary``
+                (+ optional ``background_index``). FG-OVD inputs are routed to
+                ``modeling.fgovd.fgovd_inference``.
+
+        Returns:
+            list of ``{"sem_seg": (C, height, width) float32}`` class scores.
+        """
+        if not batched_inputs:
+            return []
+        if _is_fgovd(batched_inputs[0]):
+            from .fgovd import fgovd_inference
+
+            return fgovd_inference(self, batched_inputs)
+        outputs = []
+        with torch.no_grad():
+            for x in batched_inputs:
+                vocabulary, background_index = self._vocabulary(x)
+                emb, class_index = self.text_classifier_for(vocabulary)
+                image = self.normalize_image(x["image"])
+                logits = self.synonym_logits(image, emb)
+                out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
+                if (out_h, out_w) != tuple(logits.shape[-2:]):
+                    logits = F.interpolate(logits[None], size=(out_h, out_w), mode="bilinear", align_corners=False)[0]
+                if self.prob_threshold > 0 and background_index is None:
+                    self._warn_threshold_ignored(x)
+                scores = class_scores(
+                    logits,
+                    class_index,
+                    len(vocabulary),
+                    prob_threshold=self.prob_threshold,
+                    area_threshold=self.area_threshold,
+                    background_index=background_index,
+                )
+                outputs.append({"sem_seg": scores})
+        return outputs
+
+    def _vocabulary(self, x: Dict) -> Tuple[List[str], Optional[int]]:
+        if "vocabulary" in x:
+            return list(x["vocabulary"]), x.get("background_index")
+        if "dataset_name" not in x:
+            raise ValueError(
+                "an input dict needs 'dataset_name' (a registered dataset with stuff_classes) or "
+                f"'vocabulary' (list of class names); got keys {sorted(x)}"
+            )
+        meta = MetadataCatalog.get(x["dataset_name"])
+        classes = meta.get("stuff_classes", None)
+        if not classes:
+            raise ValueError(f"dataset {x['dataset_name']!r} has no stuff_classes in its metadata")
+        return list(classes), meta.get("background_index", None)
+
+    def _warn_threshold_ignored(self, x: Dict) -> None:
+        key = x.get("dataset_name", "<vocabulary>")
+        if key not in self._warned_threshold:
+            self._warned_threshold.add(key)
+            logger.info(
+                "PROB_THRESHOLD=%s not applied to %s: it has no background class.", self.prob_threshold, key
+            )
+
+
+def _is_fgovd(x: Dict) -> bool:
+    if "fgovd" in x:
+        return True
+    name = x.get("dataset_name")
+    return name is not None and MetadataCatalog.get(name).get("evaluator_type", None) == "fgovd"
+
+

@@ -1,0 +1,119 @@
+"""Whole-image and sliding-window dense inference (pure torch, no detectron2).
+
+The grid follows MMSeg's "slide" mode, as SCLIP / ClearCLIP / NACLIP use it: windows
+start every ``stride`` pixels, the last window of a row/column is snapped back so that it
+ends at the image edge, and overlapping logits are summed and divided by a count map.
+A window whose sides are not multiples of the patch size is zero-padded symmetrically
+(on the normalised image) before encoding; its upsampled logits are cropped back.
+
+All windows of one image are encoded in batches of ``batch_size`` (windows of one image
+always share one size), never one by one.
+"""
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["window_grid", "symmetric_pad", "dense_logits"]
+
+Window = Tuple[int, int, int, int]
+
+
+def window_grid(height: int, width: int, crop_size: int, stride: int) -> List[Window]:
+    """MMSeg slide-mode window coordinates.
+
+    Args:
+        height, width: image size in pixels.
+        crop_size: square window side; windows are ``min(crop_size, side)`` long.
+        stride: step between window starts.
+
+    Returns:
+        list of ``(y1, y2, x1, x2)`` (end-exclusive), row-major. Every pixel is covered;
+        the last window of each row/column ends at the image edge.
+    """
+    if crop_size <= 0 or stride <= 0:
+        raise ValueError(f"crop_size and stride must be positive, got crop_size={crop_size}, stride={stride}")
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    h_grids = max(height - crop_size + stride - 1, 0) // stride + 1
+    w_grids = max(width - crop_size + stride - 1, 0) // stride + 1
+    windows = []
+    for hi in range(h_grids):
+        for wi in range(w_grids):
+            y1, x1 = hi * stride, wi * stride
+            y2, x2 = min(y1 + crop_size, height), min(x1 + crop_size, width)
+            y1, x1 = max(y2 - crop_size, 0), max(x2 - crop_size, 0)
+            windows.append((y1, y2, x1, x2))
+    return windows
+
+
+def symmetric_pad(height: int, width: int, multiple: int) -> Tuple[int, int, int, int]:
+    """Padding ``(left, right, top, bottom)`` that makes ``height x width`` multiples of
+    ``multiple``, split as evenly as possible (the extra pixel goes right/bottom)."""
+    ph = (-height) % multiple
+    pw = (-width) % multiple
+    return pw // 2, pw - pw // 2, ph // 2, ph - ph // 2
+
+
+def dense_logits(
+    image: torch.Tensor,
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    patch_size: int,
+    crop_size: Optional[int] = None,
+    stride: Optional[int] = None,
+    batch_size: int = 8,
+) -> torch.Tensor:
+    """Pixel logits of one image from a patch-level logits function.
+
+    Args:
+        image: ``(3, H, W)`` normalised image.
+        logits_fn: maps ``(N, 3, h, w)`` windows (h, w multiples of ``patch_size``) to
+            patch logits ``(N, K, h / p, w / p)``.
+        patch_size: windows are padded to multiples of it.
+        crop_size, stride: sliding-window size and step; ``None`` = whole image (one
+            window).
+        batch_size: windows per ``logits_fn`` call.
+
+    Returns:
+        ``(K, H, W)`` float32 logits: per window, patch logits are upsampled bilinearly
+        to the padded window, cropped, summed into the image, and divided by the number
+        of windows covering each pixel.
+    """
+    if image.dim() != 3:
+        raise ValueError(f"expected a (3, H, W) image, got shape {tuple(image.shape)}")
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    _, H, W = image.shape
+    if crop_size is None:
+        windows: Sequence[Window] = [(0, H, 0, W)]
+    else:
+        windows = window_grid(H, W, crop_size, stride if stride is not None else crop_size)
+
+    # All windows of one image have the same size (min(crop, side)): one padding.
+    wh, ww = windows[0][1] - windows[0][0], windows[0][3] - windows[0][2]
+    pad = symmetric_pad(wh, ww, patch_size)
+    left, _, top, _ = pad
+
+    summed: Optional[torch.Tensor] = None
+    count = torch.zeros((1, H, W), dtype=torch.float32, device=image.device)
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start : start + batch_size]
+        crops = torch.stack([image[:, y1:y2, x1:x2] for (y1, y2, x1, x2) in chunk])
+        if any(pad):
+            crops = F.pad(crops, pad)
+        patch_logits = logits_fn(crops)
+        if patch_logits.dim() != 4 or patch_logits.shape[0] != len(chunk):
+            raise ValueError(
+                f"logits_fn must return (N, K, h, w) with N={len(chunk)}, got {tuple(patch_logits.shape)}"
+            )
+        logits = F.interpolate(
+            patch_logits.float(), size=crops.shape[-2:], mode="bilinear", align_corners=False
+        )[:, :, top : top + wh, left : left + ww]
+        if summed is None:
+            summed = torch.zeros((logits.shape[1], H, W), dtype=torch.float32, device=image.device)
+        for (y1, y2, x1, x2), window_logits in zip(chunk, logits):
+            summed[:, y1:y2, x1:x2] += window_logits
+            count[:, y1:y2, x1:x2] += 1
+    assert summed is not None and bool((count > 0).all()), "window grid left pixels uncovered"
+    return summed / count
