@@ -95,5 +95,26 @@ def test_add_mhme():
     out = add_mhme(res)
     assert out["fgovd_mHME"]["fgovd"]["mHME"] == pytest.approx(22.0)
     assert "fgovd_mHME" not in res  # input untouched
+    assert out["fgovd_mHME"]["fgovd"]["hard"] == 10.0
     partial = {k: v for k, v in res.items() if "easy" not in k}
     assert add_mhme(partial) == partial
+
+
+def test_add_mhme_flat_results_json_layout():
+    res = {
+        "sparseclip_fgovd_hard": {"top1": 1.0, "mean_rank": 3.0, "num_images": 2},
+        "sparseclip_fgovd_medium": {"top1": 2.0},
+        "sparseclip_fgovd_easy": {"top1": 4.5},
+        "config": {"MODEL": {}},
+        "random_weights": True,
+    }
+    out = add_mhme(res)
+    assert out["fgovd_mHME"] == {"mHME": 2.5, "hard": 1.0, "medium": 2.0, "easy": 4.5}
+    assert out["config"] == res["config"]
+
+
+def test_factory_registered():
+    from sparseclip_d2.evaluation.build import build_evaluator
+
+    ev = build_evaluator(None, "sparseclip_fgovd_transparency", None)
+    assert isinstance(ev, FGOVDEvaluator)

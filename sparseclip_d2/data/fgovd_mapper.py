@@ -79,6 +79,9 @@ class FGOVDOptions:
 class FGOVDDatasetMapper:
     """Map an FG-OVD dataset dict to the model's input (test time only).
 
+    Build it from a config as ``FGOVDDatasetMapper(cfg)`` or ``FGOVDDatasetMapper(cfg,
+    dataset_name)`` (same call as the segmentation mapper).
+
     Output dict keys:
 
     - ``image``: ``(3, H', W')`` uint8 tensor in ``image_format``; ``H' = W' = R`` for the
@@ -101,6 +104,7 @@ class FGOVDDatasetMapper:
         image_format: str = "RGB",
         num_negatives: int = -1,
         proposal_topk: Optional[int] = None,
+        dataset_name: Optional[str] = None,
     ):
         """
         Args:
@@ -109,15 +113,18 @@ class FGOVDDatasetMapper:
             num_negatives: N; -1 = the dataset's default (metadata ``num_negatives``).
             proposal_topk: with proposals, keep the top-k by objectness (None: proposals are
                 not expected; a record that has them is an error, to avoid using them silently).
+            dataset_name: when given, set as the records' ``dataset_name`` (whose metadata
+                gives the default N); None = use the records' own ``dataset_name``.
         """
         self.options = options
         self.image_format = image_format
         self.num_negatives = int(num_negatives)
         self.proposal_topk = proposal_topk
+        self.dataset_name = dataset_name
         self._n_cache = {}
 
     @classmethod
-    def from_config(cls, cfg, is_train: bool = False):
+    def from_config(cls, cfg, dataset_name: Optional[str] = None, is_train: bool = False):
         if is_train:
             raise ValueError("FGOVDDatasetMapper is test-only (sparseclip_d2 is training-free)")
         return {
@@ -125,6 +132,7 @@ class FGOVDDatasetMapper:
             "image_format": cfg.INPUT.FORMAT,
             "num_negatives": cfg.MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES,
             "proposal_topk": cfg.DATASETS.PRECOMPUTED_PROPOSAL_TOPK_TEST if cfg.MODEL.LOAD_PROPOSALS else None,
+            "dataset_name": dataset_name,
         }
 
     def _n_for(self, dataset_dict: dict) -> int:
@@ -143,6 +151,8 @@ class FGOVDDatasetMapper:
 
     def __call__(self, dataset_dict: dict) -> dict:
         dataset_dict = copy.deepcopy(dataset_dict)
+        if self.dataset_name is not None:
+            dataset_dict["dataset_name"] = self.dataset_name
         image = utils.read_image(dataset_dict["file_name"], format=self.image_format)
         utils.check_image_size(dataset_dict, image)
         h0, w0 = image.shape[:2]

@@ -221,26 +221,43 @@ def _fgovd_split(name: str) -> Optional[str]:
     return md.get("split", None)
 
 
+def _top1_of(entry) -> Optional[float]:
+    """top1 of a dataset entry, nested ``{"fgovd": {"top1": ..}}`` or flat ``{"top1": ..}``."""
+    if not isinstance(entry, dict):
+        return None
+    if isinstance(entry.get("fgovd"), dict) and "top1" in entry["fgovd"]:
+        return entry["fgovd"]["top1"]
+    return entry.get("top1", None)
+
+
 def add_mhme(results: Dict[str, dict]) -> Dict[str, dict]:
     """Add mHME (mean top1 of the Hard, Medium and Easy splits) to a results dict.
 
     Args:
-        results: ``{dataset_name: {"fgovd": {"top1": ..., ...}}, ...}`` as collected by the
-            evaluation loop (other datasets and tasks are left alone).
+        results: per-dataset results keyed by dataset name, either as the evaluators return
+            them (``{name: {"fgovd": {"top1": ..}}}``, detectron2's nested form) or flattened
+            as in ``results.json`` (``{name: {"top1": .., ...}}``). Other entries are left
+            alone. Datasets are identified by their metadata ``evaluator_type == "fgovd"``
+            and ``split`` (so re-registered copies of a split count too).
 
     Returns:
-        A copy of ``results``; when exactly one evaluated dataset of each of the splits
-        hard, medium and easy is present (identified by its metadata ``split``), it holds the
-        extra entry ``"fgovd_mHME": {"fgovd": {"mHME": mean, "hard": top1, "medium": top1,
-        "easy": top1}}``. Otherwise ``results`` is returned unchanged (copied); when only some
-        of the three splits are present, this is logged.
+        A copy of ``results``. When exactly one evaluated dataset of each of the splits hard,
+        medium and easy is present, it has the extra entry ``"fgovd_mHME"``:
+        ``{"mHME": mean, "hard": top1, "medium": top1, "easy": top1}``, nested under
+        ``"fgovd"`` when the split entries were nested. Otherwise (logged when only some
+        splits are present) nothing is added. A NaN/None top1 makes mHME NaN.
     """
     out = copy.deepcopy(results)
     found: Dict[str, List[float]] = {s: [] for s in MHME_SPLITS}
+    nested = False
     for name, res in results.items():
         split = _fgovd_split(name)
-        if split in found and isinstance(res, dict) and "fgovd" in res:
-            found[split].append(float(res["fgovd"]["top1"]))
+        if split in found:
+            top1 = _top1_of(res)
+            if top1 is None and not (isinstance(res, dict) and ("fgovd" in res or "top1" in res)):
+                continue
+            found[split].append(float("nan") if top1 is None else float(top1))
+            nested = nested or isinstance(res.get("fgovd"), dict)
     present = [s for s in MHME_SPLITS if found[s]]
     if not present:
         return out
@@ -253,6 +270,17 @@ def add_mhme(results: Dict[str, dict]) -> Dict[str, dict]:
     top1 = {s: found[s][0] for s in MHME_SPLITS}
     mhme = sum(top1.values()) / len(MHME_SPLITS)
     if any(math.isnan(v) for v in top1.values()):
-        logger.warning("mHME is NaN: a split evaluated no box (%s)", top1)
-    out["fgovd_mHME"] = {"fgovd": OrderedDict(mHME=mhme, **top1)}
+        logger.warning("mHME is NaN: a split has no top1 (%s)", top1)
+    entry = OrderedDict(mHME=mhme, **top1)
+    out["fgovd_mHME"] = {"fgovd": entry} if nested else dict(entry)
+    logger.info("FG-OVD mHME (mean top1 of hard, medium, easy): %.2f", mhme)
     return out
+
+
+def _register_factory() -> None:
+    from .build import EVALUATOR_FACTORIES
+
+    EVALUATOR_FACTORIES["fgovd"] = build_fgovd_evaluator
+
+
+_register_factory()

@@ -133,46 +133,33 @@ def crop_boxes(image: torch.Tensor, boxes: torch.Tensor, size: Tuple[int, int]) 
 
 
 class CaptionEncoder:
-    """Encode caption sentences with CLIP's text tower; cache the embeddings by text.
+    """Caption-sentence embeddings, cached by (text, device).
 
-    Captions are used as they are (no comma splitting). With templates, every template is
-    filled with the caption, the L2-normalised embeddings are averaged and re-normalised.
+    Captions are used as they are (no comma splitting): they go through
+    ``TextClassifier.encode``, which takes already-split prompts (every template filled with
+    the caption, L2-normalised embeddings averaged over templates and re-normalised; prompts
+    longer than the text context are truncated by the tokenizer, with a warning).
     """
 
-    def __init__(self, clip_model, tokenizer, templates: Sequence[str] = ("{}",), batch_size: int = 256):
+    def __init__(self, text_classifier):
         """
         Args:
-            clip_model: open_clip CLIP (``encode_text``).
-            tokenizer: open_clip tokenizer (``tokenizer(list[str]) -> (n, ctx) long``).
-            templates: format strings with one ``{}``.
-            batch_size: texts per ``encode_text`` call.
+            text_classifier: a ``sparseclip_d2.clip.TextClassifier`` (uses its ``encode``).
         """
-        for t in templates:
-            if "{}" not in t:
-                raise ValueError(f"caption template {t!r} lacks the '{{}}' placeholder")
-        self.clip_model = clip_model
-        self.tokenizer = tokenizer
-        self.templates = list(templates)
-        self.batch_size = int(batch_size)
+        self.text_classifier = text_classifier
         self._cache: Dict[Tuple[str, str], torch.Tensor] = {}
 
     @torch.no_grad()
     def __call__(self, captions: Sequence[str], device: torch.device) -> torch.Tensor:
-        """``(M,)`` captions -> ``(M, D)`` float32 unit-norm embeddings on ``device``."""
+        """``(M,)`` captions, M >= 1 -> ``(M, D)`` float32 unit-norm embeddings on ``device``."""
+        if not captions:
+            raise ValueError("no captions to encode")
         key_dev = str(device)
         todo = sorted({c for c in captions if (c, key_dev) not in self._cache})
         if todo:
-            texts = [t.format(c) for c in todo for t in self.templates]
-            embs = []
-            for i in range(0, len(texts), self.batch_size):
-                tokens = self.tokenizer(texts[i:i + self.batch_size]).to(device)
-                embs.append(F.normalize(self.clip_model.encode_text(tokens).float(), dim=-1))
-            emb = torch.cat(embs).view(len(todo), len(self.templates), -1)
-            emb = F.normalize(emb.mean(dim=1), dim=-1)
+            emb = self.text_classifier.encode(todo).to(device=device, dtype=torch.float32)
             for c, e in zip(todo, emb):
                 self._cache[(c, key_dev)] = e
-        if not captions:
-            return torch.zeros((0, 0), device=device)
         return torch.stack([self._cache[(c, key_dev)] for c in captions])
 
 
@@ -194,37 +181,31 @@ _CAPTION_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _caption_encoder(model, templates_name: str) -> CaptionEncoder:
-    from sparseclip_d2.clip import get_templates
+    """The cached :class:`CaptionEncoder` of ``model`` for a template set."""
+    from sparseclip_d2.clip import TextClassifier
 
     per_model = _CAPTION_ENCODERS.setdefault(model.clip_model, {})
     if templates_name not in per_model:
-        templates = get_templates(templates_name)
-        per_model[templates_name] = CaptionEncoder(model.clip_model, _tokenizer_of(model), templates)
+        classifier = TextClassifier(model.clip_model, _tokenizer_of(model), templates_name, cache_dir="off")
+        per_model[templates_name] = CaptionEncoder(classifier)
     return per_model[templates_name]
 
 
 def _tokenizer_of(model):
-    """The open_clip tokenizer of the META_ARCH's text side."""
-    for owner in (model, getattr(model, "text_classifier", None)):
-        tok = getattr(owner, "tokenizer", None) if owner is not None else None
-        if tok is not None:
-            return tok
-    raise AttributeError(
-        f"{type(model).__name__} exposes no open_clip tokenizer (looked for model.tokenizer and "
-        f"model.text_classifier.tokenizer); FG-OVD captions cannot be encoded"
-    )
+    """The open_clip tokenizer of the META_ARCH's text side.
 
-
-def _normalized_rgb(model, image: torch.Tensor, image_format: str) -> torch.Tensor:
-    """``(3, H, W)`` uint8 in ``image_format`` -> ``(3, H, W)`` float32, CLIP-normalised RGB."""
-    x = image.to(model.device).float()
-    if image_format == "BGR":
-        x = x.flip(0)
-    elif image_format != "RGB":
-        raise ValueError(f"unsupported INPUT.FORMAT '{image_format}' for FG-OVD; valid: RGB, BGR")
-    mean = torch.tensor(model.encoder.image_mean, device=x.device).view(3, 1, 1) * 255.0
-    std = torch.tensor(model.encoder.image_std, device=x.device).view(3, 1, 1) * 255.0
-    return (x - mean) / std
+    ``model.tokenizer`` when the META_ARCH exposes it, else the tokenizer of its default
+    text classifier (``model._text_classifier.tokenizer``).
+    """
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        tok = getattr(getattr(model, "_text_classifier", None), "tokenizer", None)
+    if tok is None:
+        raise AttributeError(
+            f"{type(model).__name__} exposes no open_clip tokenizer (looked for model.tokenizer and "
+            f"model._text_classifier.tokenizer); FG-OVD captions cannot be encoded"
+        )
+    return tok
 
 
 def _regions(inp: dict, options) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +228,7 @@ def fgovd_inference(model, batched_inputs: List[dict]) -> List[dict]:
 
     Args:
         model: the ``SparseCLIP`` META_ARCH (uses ``encoder``, ``clip_model``, ``device``,
-            ``input_format`` and its tokenizer).
+            ``normalize_image(s)`` and its tokenizer).
         batched_inputs: dicts from :class:`FGOVDDatasetMapper` (``image``, ``instances``,
             ``fgovd_captions``, ``fgovd_options``, optional ``proposals``).
 
@@ -263,16 +244,18 @@ def fgovd_inference(model, batched_inputs: List[dict]) -> List[dict]:
                     f"with sparseclip_d2.data.fgovd_mapper.FGOVDDatasetMapper"
                 )
     options = batched_inputs[0]["fgovd_options"]
-    image_format = getattr(model, "input_format", "RGB")
+    if any(inp["fgovd_options"] != options for inp in batched_inputs):
+        raise ValueError("FG-OVD inputs of one batch carry different fgovd_options")
 
     regions, matched = zip(*(_regions(inp, options) for inp in batched_inputs))
     counts = [len(r) for r in regions]
-    if options.protocol == "dense":
-        embs = _dense_embeddings(model, batched_inputs, regions, options, image_format)
+    if sum(counts) == 0:
+        embs = [None] * len(batched_inputs)
+    elif options.protocol == "dense":
+        embs = _dense_embeddings(model, batched_inputs, regions, options)
     else:
-        embs = _crop_embeddings(model, batched_inputs, regions, image_format)
+        embs = _crop_embeddings(model, batched_inputs, regions)
 
-    encoder = _caption_encoder(model, options.templates)
     results = []
     for inp, emb, m, k in zip(batched_inputs, embs, matched, counts):
         caps = inp["fgovd_captions"]
@@ -282,6 +265,7 @@ def fgovd_inference(model, batched_inputs: List[dict]) -> List[dict]:
         if any(len(x) != c for x in caps):
             raise ValueError(f"{inp.get('file_name')}: boxes have different numbers of captions")
         if k:
+            encoder = _caption_encoder(model, options.templates)
             cap_emb = encoder([t for x in caps for t in x], model.device).view(k, c, -1)
             scores = score_regions(emb, cap_emb).cpu()
         else:
@@ -294,38 +278,49 @@ def fgovd_inference(model, batched_inputs: List[dict]) -> List[dict]:
     return results
 
 
-def _dense_embeddings(model, batched_inputs, regions, options, image_format) -> List[torch.Tensor]:
-    """Dense protocol: encode the (R x R) images, RoIAlign the regions. B x ``(K_b, D)``."""
-    p = int(model.encoder.patch_size)
-    images = [_normalized_rgb(model, inp["image"], image_format) for inp in batched_inputs]
-    shapes = {tuple(x.shape[-2:]) for x in images}
+def _encoder_dtype(module) -> torch.dtype:
+    param = next(module.parameters(), None)
+    return param.dtype if param is not None else torch.float32
+
+
+def _dense_embeddings(model, batched_inputs, regions, options) -> List[torch.Tensor]:
+    """Dense protocol: encode the (R x R) images, RoIAlign the regions. B x ``(K_b, D)``.
+
+    ``model.normalize_images`` pads bottom/right to a patch multiple, which leaves the box
+    coordinates valid.
+    """
+    shapes = {tuple(inp["image"].shape[-2:]) for inp in batched_inputs}
     if len(shapes) != 1:
-        raise ValueError(f"FG-OVD dense inputs must share one size (RESOLUTION x RESOLUTION), got {sorted(shapes)}")
-    h, w = shapes.pop()
-    x = torch.stack(images)
-    ph, pw = (-h) % p, (-w) % p
-    if ph or pw:  # pad bottom/right to a patch multiple; box coordinates are unchanged
-        x = F.pad(x, (0, pw, 0, ph))
-    dtype = next(model.encoder.parameters()).dtype if any(True for _ in model.encoder.parameters()) else x.dtype
-    feats = model.encoder(x.to(dtype))  # (B, D, h/p, w/p)
+        raise ValueError(
+            f"FG-OVD dense inputs of a batch must share one size (RESOLUTION x RESOLUTION), got {sorted(shapes)}"
+        )
+    images = model.normalize_images(batched_inputs).tensor
+    feats = model.encoder(images.to(_encoder_dtype(model.encoder)))  # (B, D, H'/p, W'/p)
     boxes = [r.to(model.device) for r in regions]
-    return pool_region_embeddings(feats, boxes, p, options.pooler_resolution, options.aligned)
+    return pool_region_embeddings(
+        feats, boxes, int(model.encoder.patch_size), options.pooler_resolution, options.aligned
+    )
 
 
-def _crop_embeddings(model, batched_inputs, regions, image_format) -> List[torch.Tensor]:
-    """Crop protocol: encode each box crop with the unmodified encoder. B x ``(K_b, D)``."""
+def _crop_embeddings(model, batched_inputs, regions) -> List[torch.Tensor]:
+    """Crop protocol: encode each box crop with the unmodified encoder. B x ``(K_b, D)``.
+
+    Crops are cut from the uint8 image, resized to the CLIP input size, then normalised
+    exactly like whole images (``model.normalize_image``).
+    """
+    if model.clip_model is None:
+        raise ValueError("MODEL.SPARSECLIP.FGOVD.PROTOCOL crop needs model.clip_model (the unmodified CLIP)")
     visual = model.clip_model.visual
     size = visual.image_size
     size = (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size)
-    dtype = next(visual.parameters()).dtype
+    dtype = _encoder_dtype(visual)
     out = []
     for inp, boxes in zip(batched_inputs, regions):
         img = inp["image"].to(model.device).float()
         crops = crop_boxes(img, boxes.to(img.device), size).clamp_(0, 255)
         embs = []
         for i in range(0, len(crops), _CROP_BATCH):
-            c = crops[i:i + _CROP_BATCH]
-            c = torch.stack([_normalized_rgb(model, x, image_format) for x in c])
+            c = torch.stack([model.normalize_image(x) for x in crops[i:i + _CROP_BATCH]])
             embs.append(F.normalize(model.clip_model.encode_image(c.to(dtype)).float(), dim=-1))
-        out.append(torch.cat(embs) if embs else img.new_zeros((0, model.encoder.embed_dim)))
+        out.append(torch.cat(embs) if embs else img.new_zeros((0, int(model.encoder.embed_dim))))
     return out
