@@ -14,13 +14,15 @@ from typing import List, Optional
 import numpy as np
 import torch
 from detectron2.config import configurable
+from detectron2.data import MetadataCatalog
 from detectron2.data import detection_utils as utils
+from detectron2.data.build import load_proposals_into_dataset
 from detectron2.data import transforms as T
 from detectron2.structures import Boxes, BoxMode, Instances
 
 from .datasets.fgovd import resolve_num_negatives, select_negatives
 
-__all__ = ["FGOVDOptions", "FGOVDDatasetMapper", "FGOVD_PROTOCOLS"]
+__all__ = ["FGOVDOptions", "FGOVDDatasetMapper", "FGOVD_PROTOCOLS", "is_fgovd_dataset", "attach_fgovd_proposals"]
 
 logger = logging.getLogger(__name__)
 
@@ -195,3 +197,31 @@ class FGOVDDatasetMapper:
             )
         dataset_dict["fgovd_options"] = self.options
         return dataset_dict
+
+
+def is_fgovd_dataset(dataset_name: str) -> bool:
+    """Whether ``dataset_name``'s metadata has ``evaluator_type == "fgovd"``."""
+    return MetadataCatalog.get(dataset_name).get("evaluator_type", None) == "fgovd"
+
+
+def attach_fgovd_proposals(cfg, dataset_name: str, dataset_dicts: List[dict]) -> List[dict]:
+    """Load the precomputed proposals of ``dataset_name`` into its dicts when
+    ``MODEL.LOAD_PROPOSALS`` is set (detectron2's proposal-file format, the file of the same
+    position in ``DATASETS.PROPOSAL_FILES_TEST`` as the dataset in ``DATASETS.TEST``);
+    otherwise return the dicts unchanged.
+
+    Raises:
+        ValueError: the two lists differ in length or the dataset is not in DATASETS.TEST.
+        KeyError: an image has no proposals in the file (detectron2's loader).
+    """
+    if not cfg.MODEL.LOAD_PROPOSALS:
+        return dataset_dicts
+    names, files = list(cfg.DATASETS.TEST), list(cfg.DATASETS.PROPOSAL_FILES_TEST)
+    if len(names) != len(files):
+        raise ValueError(
+            f"MODEL.LOAD_PROPOSALS: DATASETS.PROPOSAL_FILES_TEST has {len(files)} file(s) for "
+            f"{len(names)} DATASETS.TEST dataset(s) {names}; give one per dataset"
+        )
+    if dataset_name not in names:
+        raise ValueError(f"dataset {dataset_name!r} is not in DATASETS.TEST {names}")
+    return load_proposals_into_dataset(dataset_dicts, files[names.index(dataset_name)])

@@ -1,0 +1,139 @@
+"""FG-OVD end to end with the tiny random-weight CLIP: configs, the evaluation loop and
+tools/train_net.py --eval-only writing top1 / mean_rank / median_rank per split and mHME."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from detectron2.config import get_cfg
+from detectron2.data import DatasetCatalog, MetadataCatalog, build_detection_test_loader
+from detectron2.evaluation import inference_on_dataset
+from detectron2.modeling import build_model
+
+import sparseclip_d2.modeling  # noqa: F401  (registers the META_ARCH)
+from sparseclip_d2.config import add_sparseclip_config
+from sparseclip_d2.data.datasets.fgovd import register_fgovd_dataset
+from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, attach_fgovd_proposals, is_fgovd_dataset
+from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, write_results
+from sparseclip_d2.evaluation.fgovd_evaluation import add_mhme, fgovd_metrics
+from test_fgovd_data import make_benchmark
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPLIT_FILES = {"hard": "1_attributes.json", "medium": "2_attributes.json", "easy": "3_attributes.json"}
+TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.FGOVD.RESOLUTION", "64", "DATALOADER.NUM_WORKERS", "0"]
+
+
+def _base_cfg(config_file):
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    cfg.merge_from_file(config_file)
+    return cfg
+
+
+def test_fgovd_configs_merge():
+    files = sorted(glob.glob(os.path.join(REPO, "configs", "fgovd", "*.yaml")))
+    names = {os.path.basename(f) for f in files}
+    expected = {f"{b}_{s}_{n}.yaml" for b in ("b16", "l14") for s in ("qkv", "qqv", "kkv", "vvv", "qqkk", "qqkkvv")
+                for n in ("softmax", "entmax1.2")} | {"Base-FGOVD.yaml"}
+    assert names == expected
+    sources = {"qkv": "qk", "qqv": "qq", "kkv": "kk", "vvv": "vv", "qqkk": "qq+kk", "qqkkvv": "qq+kk+vv"}
+    for f in files:
+        cfg = _base_cfg(f)
+        assert cfg.MODEL.SPARSECLIP.FGOVD.RESOLUTION == 224
+        assert all(is_fgovd_dataset(n) for n in cfg.DATASETS.TEST)
+        name = os.path.basename(f)
+        if name == "Base-FGOVD.yaml":
+            continue
+        bb, src, norm = name[:-5].split("_")
+        assert cfg.MODEL.SPARSECLIP.CLIP.NAME == {"b16": "ViT-B-16-quickgelu", "l14": "ViT-L-14-quickgelu"}[bb]
+        assert cfg.MODEL.SPARSECLIP.ATTENTION.SOURCE == sources[src]
+        assert cfg.MODEL.SPARSECLIP.ATTENTION.NORMALIZER == ("softmax" if norm == "softmax" else "entmax")
+        assert cfg.MODEL.SPARSECLIP.ATTENTION.ALPHA == 1.2
+
+
+def _check_results(results, names, ranks_dir):
+    """Every split: metrics recomputed from the per-box ranks file; mHME = mean top1.
+
+    names: {split: dataset name}; ranks_dir: {split: directory of fgovd_ranks.json}.
+    """
+    top1 = {}
+    for split, name in names.items():
+        entry = results[name]
+        for key in ("top1", "mean_rank", "median_rank", "num_boxes", "num_dropped"):
+            assert key in entry, (name, key)
+        with open(os.path.join(ranks_dir[split], "fgovd_ranks.json")) as f:
+            boxes = json.load(f)
+        assert sorted(b["ann_id"] for b in boxes) == [101, 103, 104, 105]  # 102 dropped (9 < 10)
+        assert all(b["num_negatives"] == 10 for b in boxes)
+        expected = fgovd_metrics([b["rank"] for b in boxes], num_dropped=1)
+        for key, value in expected.items():
+            assert entry[key] == pytest.approx(value), (name, key)
+        assert entry["num_images"] == 3
+        top1[split] = entry["top1"]
+    mhme = results["fgovd_mHME"]
+    assert mhme["mHME"] == pytest.approx(sum(top1.values()) / 3)
+    assert {k: mhme[k] for k in SPLIT_FILES} == pytest.approx(top1)
+
+
+def test_eval_loop_inference_on_dataset(tmp_path):
+    """The train_net loop (evaluator factory, inference_on_dataset, dataset_summary,
+    add_mhme, results.json) run in process on generated splits."""
+    root = str(tmp_path / "datasets")
+    names = {}
+    for split, fname in SPLIT_FILES.items():
+        json_file, image_root = make_benchmark(root, fname)
+        name = f"_e2e_fgovd_{split}"
+        if name in DatasetCatalog.list():
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+        register_fgovd_dataset(name, json_file, image_root, 10, split=split)
+        names[split] = name
+    cfg = _base_cfg(os.path.join(REPO, "configs", "fgovd", "b16_qqkk_entmax1.2.yaml"))
+    cfg.merge_from_list(TINY + ["OUTPUT_DIR", str(tmp_path / "out")])
+    cfg.DATASETS.TEST = tuple(names.values())
+    model = build_model(cfg)
+    summaries, ranks_dir = {}, {}
+    for split, name in names.items():
+        dicts = attach_fgovd_proposals(cfg, name, DatasetCatalog.get(name))
+        loader = build_detection_test_loader(dicts, mapper=FGOVDDatasetMapper(cfg, name), num_workers=0)
+        ranks_dir[split] = os.path.join(cfg.OUTPUT_DIR, "inference", name)
+        res = inference_on_dataset(model, loader, build_evaluator(cfg, name, ranks_dir[split]))
+        summaries[name] = dataset_summary(res, len(dicts), 0.0)
+    path = write_results(build_results(add_mhme(summaries), cfg, random_weights=True), cfg.OUTPUT_DIR)
+    with open(path) as f:
+        results = json.load(f)
+    _check_results(results, names, ranks_dir)
+    assert results["random_weights"] is True
+
+
+def _train_net_supports_fgovd() -> bool:
+    with open(os.path.join(REPO, "tools", "train_net.py")) as f:
+        src = f.read()
+    return "FGOVDDatasetMapper" in src and "add_mhme" in src
+
+
+@pytest.mark.xfail(
+    condition=not _train_net_supports_fgovd(), strict=True,
+    reason="tools/train_net.py does not yet build FG-OVD loaders with FGOVDDatasetMapper / call "
+           "add_mhme (change requested from the lead)",
+)
+def test_train_net_eval_only(tmp_path):
+    root = str(tmp_path / "datasets")
+    for fname in SPLIT_FILES.values():
+        make_benchmark(root, fname)
+    out = str(tmp_path / "out")
+    env = dict(os.environ, DETECTRON2_DATASETS=root, SPARSECLIP_TEXT_CACHE="off")
+    cmd = [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--eval-only", "--config-file",
+           os.path.join(REPO, "configs", "fgovd", "b16_qqkk_entmax1.2.yaml"), *TINY, "OUTPUT_DIR", out,
+           "DATASETS.TEST", "('sparseclip_fgovd_hard', 'sparseclip_fgovd_medium', 'sparseclip_fgovd_easy')"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(os.path.join(out, "results.json")) as f:
+        results = json.load(f)
+    names = {s: f"sparseclip_fgovd_{s}" for s in SPLIT_FILES}
+    _check_results(results, names, {s: os.path.join(out, "inference", n) for s, n in names.items()})
+    assert "mHME" in proc.stdout + proc.stderr
