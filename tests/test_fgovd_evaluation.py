@@ -1,4 +1,5 @@
 """FG-OVD evaluator: ranks, ties, medians, drop rule and mHME, with planted scores."""
+import json
 import math
 
 import pytest
@@ -118,3 +119,38 @@ def test_factory_registered():
 
     ev = build_evaluator(None, "sparseclip_fgovd_transparency", None)
     assert isinstance(ev, FGOVDEvaluator)
+
+
+def _distributed_worker(rank, init_file, out_file):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        ev = FGOVDEvaluator("sparseclip_fgovd_hard")
+        if rank == 0:  # ranks 1, 2 and a miss (rank 3); 1 dropped
+            ev.process([{"image_id": 1, "fgovd_num_dropped": 1}],
+                       [_out([[0.9, 0.1, 0.2], [0.2, 0.2, 0.1]], [True, True], [10, 11])])
+            ev.process([{"image_id": 3, "fgovd_num_dropped": 0}], [_out([[0.0, 0.0, 0.0]], [False], [30])])
+        else:  # rank 3 and 1; 2 dropped
+            ev.process([{"image_id": 2, "fgovd_num_dropped": 2}],
+                       [_out([[0.1, 0.5, 0.3], [1.0, 0.0, 0.0]], [True, True], [20, 21])])
+        res = ev.evaluate()
+        with open(f"{out_file}.{rank}", "w") as f:
+            json.dump(res, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_evaluator_distributed_gather(tmp_path):
+    """Two gloo processes: the main one sees all boxes, the other returns {}."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "res")
+    mp.spawn(_distributed_worker, args=(str(tmp_path / "init"), out), nprocs=2, join=True)
+    with open(out + ".0") as f:
+        main = json.load(f)["fgovd"]
+    with open(out + ".1") as f:
+        assert json.load(f) == {}
+    # ranks 1 2 3 3 1 -> sorted 1 1 2 3 3
+    assert main["top1"] == 40.0 and main["mean_rank"] == 2.0 and main["median_rank"] == 2.0
+    assert (main["num_boxes"], main["num_dropped"], main["num_missed"]) == (5, 3, 1)
