@@ -46,7 +46,6 @@ candidates, plus a zero-filled output; the Newton iterations run on the small pa
 matrix.  Only the dense rows (small alpha or very flat rows) pay full-length passes.
 """
 import logging
-import math
 
 import torch
 
@@ -58,11 +57,16 @@ logger = logging.getLogger(__name__)
 _SPARSE_FRACTION = 0.25
 # Dense rows are processed in chunks of about this many elements (bounds temporaries).
 _DENSE_CHUNK_ELEMS = 1 << 20
-_MAX_ITER = {torch.float64: 60, torch.float32: 40}
+# Above this r = 1/(alpha-1) float32 loses ~r*eps relative accuracy in u^r: use float64.
+_FLOAT32_MAX_R = 64.0
+_MAX_ITER = 50
+# Newton converges quadratically and monotonically: stopping once a step is below
+# ``tol`` leaves an error of order tol**2 after that (applied) step.
+_STEP_TOL = {torch.float32: 1e-6, torch.float64: 1e-10}
 
 
 def _power(u: torch.Tensor, e: float) -> torch.Tensor:
-    """``u ** e`` for ``u >= 0`` with the convention ``0 ** 0 == 0``.
+    """``u ** e`` for ``u >= 0`` with the convention ``0 ** 0 == 0``; returns a new tensor.
 
     Small integer exponents use repeated multiplication (several times faster than
     ``torch.pow`` with a float exponent on CPU).
@@ -70,9 +74,7 @@ def _power(u: torch.Tensor, e: float) -> torch.Tensor:
     if e == 0.0:
         return (u > 0).to(u.dtype)
     if e == 1.0:
-        return u
-    if e == 2.0:
-        return u * u
+        return u.clone()
     n = int(e)
     if n == e and n <= 16:
         result = None
@@ -83,76 +85,67 @@ def _power(u: torch.Tensor, e: float) -> torch.Tensor:
             n >>= 1
             if n:
                 base = base * base
-        return result
+        return result if result is not u else u.clone()
     return u.pow(e)
 
 
-def _u(v: torch.Tensor, t: torch.Tensor, am1: float) -> torch.Tensor:
-    """``[1 + (alpha - 1) (v - t)]_+``; v: (R, K), t: (R,) -> (R, K)."""
-    u = v - t.unsqueeze(-1)
-    u.mul_(am1).add_(1.0).clamp_(min=0.0)
-    return u
+def _solve_shift(w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Per-row shift ``s`` in [0, 1] with ``sum_i [w_i - s]_+ ** (1/(alpha-1)) == 1``.
 
-
-def _solve_threshold(v: torch.Tensor, vmax: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Threshold ``t`` with ``sum_i [1 + (alpha-1)(v_i - t)]_+^(1/(alpha-1)) = 1`` per row.
+    Here ``w_i = 1 + (alpha - 1) (x_i - max(x))`` (so ``max w = 1``; padding and pruned
+    entries may hold any value <= 0), and the threshold of the module docstring is
+    ``t = max(x) + s / (alpha - 1)``.  Safeguarded Newton on ``h(s) = f(s) ** (alpha-1)``,
+    ``f = sum u^r``, ``u = [w - s]_+``, started at ``s = 0`` (``h >= 1``), bracket [0, 1].
 
     Args:
-        v: (R, K) scores (float32 or float64), ``-inf`` allowed (padding).
-        vmax: (R,) row maxima of ``v`` (finite), same dtype.
+        w: (R, K) float32 or float64, every row with at least one entry equal to 1.
         alpha: in (1, 2].
 
     Returns:
-        (R,) thresholds, same dtype, to about the dtype's precision.
+        (R,) shifts, ``w``'s dtype.
     """
     am1 = alpha - 1.0
     r = 1.0 / am1
-    n_finite = torch.isfinite(v).sum(-1).to(v.dtype)
-    lo = vmax.clone()
-    # At t = hi every finite entry would give at most 1/n: sum <= 1.
-    hi = vmax + r * (-torch.expm1(-am1 * torch.log(n_finite)))
-    t = lo.clone()
-    eps = torch.finfo(v.dtype).eps
-    for it in range(_MAX_ITER[v.dtype]):
-        u = _u(v, t, am1)
+    rows = w.shape[0]
+    s = w.new_zeros(rows)
+    lo = w.new_zeros(rows)
+    hi = w.new_ones(rows)
+    tol = _STEP_TOL[w.dtype]
+    for it in range(_MAX_ITER):
+        u = (w - s.unsqueeze(-1)).clamp_(min=0.0)
         g = _power(u, r - 1.0)  # u^(r-1), (R, K)
-        s = g.sum(-1)
+        big_s = g.sum(-1)
         f = torch.linalg.vecdot(g, u) if r != 1.0 else u.sum(-1)
+        del u, g
         log_f = torch.log(f)
-        # h(t) >= 1 (i.e. f >= 1) means t is at or left of the root.
-        left = f >= 1.0
-        lo = torch.where(left, t, lo)
-        hi = torch.where(left, hi, t)
-        # Newton step on h: (h - 1) / (-h'(t)) with h' = -f^(1/r - 1) S.
-        step = torch.expm1(am1 * log_f) / (am1 * torch.exp((am1 - 1.0) * log_f) * s)
+        left = f >= 1.0  # h(s) >= 1: s is at or left of the root
+        lo = torch.where(left, s, lo)
+        hi = torch.where(left, hi, s)
+        # Newton step on h: (h - 1) / (-h'(s)), h'(s) = -f^(alpha-2) S.
+        step = torch.expm1(am1 * log_f) / (torch.exp((am1 - 1.0) * log_f) * big_s)
         # Left of the root the exact step is >= 0; a negative one is rounding at the root.
         step = torch.where(left, step.clamp(min=0.0), step)
-        t_new = t + step
-        bad = ~((t_new >= lo) & (t_new <= hi))  # also catches NaN
-        t_new = torch.where(bad, 0.5 * (lo + hi), t_new)
-        delta = (t_new - t).abs()
-        t = t_new
-        tol = 4.0 * eps * (1.0 + t.abs())
-        if bool((delta <= tol).all()):
+        s_new = s + step
+        bad = ~((s_new >= lo) & (s_new <= hi))  # also catches NaN (f == 0 at s == 1)
+        s_new = torch.where(bad, 0.5 * (lo + hi), s_new)
+        done = bool(((s_new - s).abs() <= tol).all())
+        s = s_new
+        if done:
             break
     else:
-        logger.debug("alpha_entmax: threshold iteration hit the cap (%d)", it + 1)
-    return t
+        logger.debug("alpha_entmax: Newton iteration hit the cap (%d)", it + 1)
+    return s
 
 
-def _probs(v: torch.Tensor, t: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Normalised ``[1 + (alpha-1)(v - t)]_+^(1/(alpha-1))``; v: (R, K), t: (R,) -> (R, K)."""
-    am1 = alpha - 1.0
-    p = _power(_u(v, t, am1), 1.0 / am1)
-    if p is v:  # cannot happen (_u allocates) but keep the function pure
-        p = p.clone()
+def _probs_(w: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Normalised ``[w - s]_+ ** (1/(alpha-1))`` along the last dim; w: (R, K), s: (R,)."""
+    p = _power((w - s.unsqueeze(-1)).clamp_(min=0.0), 1.0 / (alpha - 1.0))
     return p.div_(p.sum(-1, keepdim=True))
 
 
 def _check_rows(xmax: torch.Tensor) -> None:
     """Raise ValueError when a row is all -inf or holds NaN / +inf (would give NaN)."""
-    finite = torch.isfinite(xmax)
-    if bool(finite.all()):
+    if bool(torch.isfinite(xmax).all()):
         return
     if bool(torch.isneginf(xmax).any()):
         raise ValueError(
@@ -176,87 +169,114 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
         dim: the dimension that sums to one.
 
     Returns:
-        Tensor of ``x``'s shape and dtype (float16/bfloat16 are computed in float32 and
-        cast back; float64 stays float64).
+        Contiguous tensor of ``x``'s shape and dtype (float16/bfloat16 are computed in
+        float32 and cast back; float64 stays float64).
 
     Raises:
-        ValueError: ``alpha`` outside [1, 2]; a row entirely ``-inf``; NaN or ``+inf``.
+        ValueError: ``alpha`` outside [1, 2]; a row entirely ``-inf``; NaN or ``+inf``
+            scores; a non-floating-point ``x``.
     """
     alpha = float(alpha)
-    if not 1.0 <= alpha <= 2.0:
+    if not 1.0 <= alpha <= 2.0:  # also rejects NaN
         raise ValueError(f"alpha_entmax: alpha must be in [1, 2], got {alpha}")
     if not torch.is_floating_point(x):
         raise ValueError(f"alpha_entmax: x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("alpha_entmax: x must have at least one dimension, got a scalar")
+    if x.numel() == 0:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
     out_dtype = x.dtype
     work_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if x.numel() == 0:
-        return torch.empty_like(x)
     xw = x.movedim(dim, -1)
     length = xw.shape[-1]
-    x2 = xw.reshape(-1, length).to(work_dtype)  # view when possible
-    xmax = x2.amax(-1)
+    x2 = xw.to(work_dtype).reshape(-1, length).contiguous()  # (R, L); a view when possible
+    xmax = x2.amax(-1)  # (R,)
     _check_rows(xmax)
     if alpha == 1.0:
         return torch.softmax(x.to(work_dtype), dim=dim).to(out_dtype)
 
-    out2 = torch.zeros(x2.shape, dtype=out_dtype, device=x.device)  # (R, L)
+    rows_total = x2.shape[0]
     r = 1.0 / (alpha - 1.0)
+    solve_dtype = torch.float64 if (r > _FLOAT32_MAX_R or work_dtype == torch.float64) \
+        else torch.float32
+    out2 = torch.zeros((rows_total, length), dtype=out_dtype, device=x.device)
     # Candidates: x > max - r.  Lower the cut by a relative margin so that rounding can
     # only add candidates (a spurious candidate just gets p = 0), never drop one.
     cut = xmax - r - (xmax.abs() + r) * (8 * torch.finfo(work_dtype).eps)
     mask = x2 > cut.unsqueeze(-1)
-    counts = mask.sum(-1, dtype=torch.int64)
-    sparse = counts <= max(1, int(_SPARSE_FRACTION * length))
-    all_sparse = bool(sparse.all())
-    if not all_sparse:
-        dense_rows = (~sparse).nonzero().squeeze(-1)
-        mask[dense_rows] = False
-        _dense_rows(x2, xmax, alpha, dense_rows, out2)
-        del dense_rows
-    if all_sparse or bool(sparse.any()):
-        _sparse_rows(x2, xmax, alpha, mask, counts, sparse, all_sparse, out2)
+    cap = max(1, int(_SPARSE_FRACTION * length))
+    if int(torch.count_nonzero(mask)) <= rows_total * cap:
+        # Few candidates overall: one compaction; rows with too many go dense afterwards.
+        flat = mask.view(-1).nonzero().squeeze(-1)  # (N,) row-major
+        del mask
+        rows = torch.div(flat, length, rounding_mode="floor")
+        counts = torch.bincount(rows, minlength=rows_total)
+        dense = counts > cap
+        if bool(dense.any()):
+            keep = ~dense[rows]
+            flat, rows = flat[keep], rows[keep]
+    else:
+        counts = mask.sum(-1, dtype=torch.int32)
+        dense = counts > cap
+        mask[dense] = False
+        flat = mask.view(-1).nonzero().squeeze(-1)
+        del mask
+        rows = torch.div(flat, length, rounding_mode="floor")
+    dense_ids = dense.nonzero().squeeze(-1)
+    if dense_ids.numel():
+        _dense_rows(x2, xmax, alpha, dense_ids, out2, solve_dtype)
+    if flat.numel():
+        sparse_all = dense_ids.numel() == 0
+        _sparse_rows(x2, xmax, alpha, flat, rows, counts, dense, sparse_all, out2,
+                     solve_dtype)
     out = out2.view(xw.shape)
-    if out.dim() and (dim % out.dim()) != out.dim() - 1:
+    if (dim % x.dim()) != x.dim() - 1:
         out = out.movedim(-1, dim).contiguous()
     return out
 
 
-def _sparse_rows(x2, xmax, alpha, mask, counts, sparse, all_sparse, out2) -> None:
-    """Solve the rows whose candidates (``mask``) are few, on a padded float64 matrix.
+def _sparse_rows(x2, xmax, alpha, flat, rows, counts, dense, sparse_all, out2,
+                 solve_dtype) -> None:
+    """Solve the rows whose candidates are few, on a padded (rows, K) matrix.
 
-    x2: (R, L) scores; xmax: (R,); mask: (R, L) bool candidates (False on dense rows);
-    counts: (R,) candidates per row; sparse: (R,) bool; out2: (R, L) output, written.
+    x2: (R, L) scores; xmax: (R,); flat: (N,) flat indices of the candidates in
+    row-major order (none on dense rows); rows: (N,) their rows; counts: (R,) candidates
+    per row (valid on non-dense rows); dense: (R,) bool; out2: (R, L) output, written.
     """
-    rows, cols = mask.nonzero(as_tuple=True)  # row-major order
-    del mask
-    if all_sparse:
-        row_pos, cnt = rows, counts
-        vmax = xmax
+    am1 = alpha - 1.0
+    if sparse_all:
+        local, cnt = rows, counts
     else:
-        sparse_ids = sparse.nonzero().squeeze(-1)
-        row_pos = (torch.cumsum(sparse, 0) - 1)[rows]
-        cnt = counts[sparse_ids]
-        vmax = xmax[sparse_ids]
+        sparse = ~dense
+        local = (torch.cumsum(sparse, 0) - 1)[rows]  # row index among the sparse rows
+        cnt = counts[sparse]
     k = int(cnt.max())
-    start = torch.cumsum(cnt, 0) - cnt
-    slot = torch.arange(rows.numel(), device=rows.device) - start[row_pos]
-    v = torch.full((cnt.numel(), k), -math.inf, dtype=torch.float64, device=x2.device)
-    v[row_pos, slot] = x2[rows, cols].to(torch.float64)
-    vmax = vmax.to(torch.float64)
-    t = _solve_threshold(v, vmax, alpha)
-    p = _probs(v, t, alpha)
-    out2[rows, cols] = p[row_pos, slot].to(out2.dtype)
+    n_rows = cnt.numel()
+    # Position of each candidate in the padded matrix: row * k + slot within the row.
+    offset = torch.arange(n_rows, device=flat.device) * k - (torch.cumsum(cnt, 0) - cnt)
+    pad_idx = torch.arange(flat.numel(), device=flat.device) + offset[local]
+    xv = x2.view(-1)[flat].to(solve_dtype)
+    wv = (xv - xmax.to(solve_dtype)[rows]).mul_(am1).add_(1.0)  # (N,) w = 1 + am1 (x - max)
+    del xv
+    w = torch.zeros(n_rows * k, dtype=solve_dtype, device=flat.device)
+    w[pad_idx] = wv
+    w = w.view(n_rows, k)
+    s = _solve_shift(w, alpha)
+    p = _probs_(w, s, alpha)
+    out2.view(-1)[flat] = p.view(-1)[pad_idx].to(out2.dtype)
 
 
-def _dense_rows(x2, xmax, alpha, dense_rows, out2) -> None:
-    """Solve the rows ``dense_rows`` on their full length, in chunks of rows.
+def _dense_rows(x2, xmax, alpha, dense_ids, out2, solve_dtype) -> None:
+    """Solve the rows ``dense_ids`` on their full length, in chunks of rows.
 
-    x2: (R, L); xmax: (R,); dense_rows: (D,) long; out2: (R, L) output, written.
+    x2: (R, L); xmax: (R,); dense_ids: (D,) long; out2: (R, L) output, written.
     """
+    am1 = alpha - 1.0
     length = x2.shape[-1]
     chunk = max(1, _DENSE_CHUNK_ELEMS // length)
-    for i in range(0, dense_rows.numel(), chunk):
-        ids = dense_rows[i:i + chunk]
-        v = x2[ids]
-        t = _solve_threshold(v, xmax[ids], alpha)
-        out2[ids] = _probs(v, t, alpha).to(out2.dtype)
+    for i in range(0, dense_ids.numel(), chunk):
+        ids = dense_ids[i:i + chunk]
+        w = x2[ids].to(solve_dtype)
+        w.sub_(xmax[ids].to(solve_dtype).unsqueeze(-1)).mul_(am1).add_(1.0)
+        s = _solve_shift(w, alpha)
+        out2[ids] = _probs_(w, s, alpha).to(out2.dtype)
