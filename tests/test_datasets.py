@@ -164,3 +164,25 @@ def test_mapper_resizes_and_keeps_output_size(tmp_path):
     assert (out["height"], out["width"], out["dataset_name"]) == (100, 150, "sparseclip_demo")
     with pytest.raises(RuntimeError, match="missing.png"):
         SparseCLIPTestMapper(cfg, "x")({"file_name": str(tmp_path / "missing.png")})
+
+
+def test_prepare_datasets_label_conversions(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prep", os.path.join(os.path.dirname(__file__), "..", "tools",
+                                                                      "prepare_datasets.py"))
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    ann = tmp_path / "coco_stuff164k" / "annotations" / "val2017"
+    # raw values: 0 = person (id 1), 12 = stop sign (id 13, train id 11), 91 = banner (id 92), 255
+    _png(str(ann / "000000000001.png"), [[0, 12, 91, 181, 255]])
+    prep.coco_stuff(str(tmp_path))
+    prep.coco_object(str(tmp_path))
+    stuff = np.array(Image.open(ann / "000000000001_labelTrainIds.png")).tolist()
+    obj = np.array(Image.open(ann / "000000000001_instanceTrainIds.png")).tolist()
+    assert stuff == [[0, 11, 80, 170, 255]]
+    assert obj == [[1, 12, 0, 0, 255]]
+    gt = tmp_path / "cityscapes" / "gtFine" / "val" / "lindau"
+    _png(str(gt / "a_gtFine_labelIds.png"), [[7, 33, 0, 26]])
+    prep.cityscapes(str(tmp_path))
+    assert np.array(Image.open(gt / "a_gtFine_labelTrainIds.png")).tolist() == [[0, 18, 255, 13]]
