@@ -143,6 +143,27 @@ def _probs_(w: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
     return p.div_(p.sum(-1, keepdim=True))
 
 
+def _flat_nonzero(mask_buf: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the True entries of ``mask_buf``, ascending.
+
+    ``torch.nonzero`` scans one element at a time; scanning the mask as int64 words first
+    (8 bools each) and then only the bytes of the non-zero words is several times faster
+    for sparse masks.
+
+    Args:
+        mask_buf: (8 M,) bool, contiguous.
+        words: (W,) long, indices of the non-zero int64 words of ``mask_buf``, ascending.
+
+    Returns:
+        (N,) long.
+    """
+    if words.numel() == 0:
+        return words
+    word_bytes = mask_buf.view(torch.int64)[words].view(torch.uint8).view(-1, 8)  # (W, 8)
+    which, byte = word_bytes.nonzero(as_tuple=True)
+    return words[which] * 8 + byte
+
+
 def _check_rows(xmax: torch.Tensor) -> None:
     """Raise ValueError when a row is all -inf or holds NaN / +inf (would give NaN)."""
     if bool(torch.isfinite(xmax).all()):
@@ -203,12 +224,18 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
     # Candidates: x > max - r.  Lower the cut by a relative margin so that rounding can
     # only add candidates (a spurious candidate just gets p = 0), never drop one.
     cut = xmax - r - (xmax.abs() + r) * (8 * torch.finfo(work_dtype).eps)
-    mask = x2 > cut.unsqueeze(-1)
+    numel = rows_total * length
+    # The bool mask lives in a buffer padded to a multiple of 8 bytes so that it can be
+    # scanned as int64 words (see _flat_nonzero).
+    mask_buf = torch.zeros(-(-numel // 8) * 8, dtype=torch.bool, device=x.device)
+    mask = mask_buf[:numel].view(rows_total, length)
+    torch.gt(x2, cut.unsqueeze(-1), out=mask)
     cap = max(1, int(_SPARSE_FRACTION * length))
-    if int(torch.count_nonzero(mask)) <= rows_total * cap:
+    words = mask_buf.view(torch.int64).nonzero().squeeze(-1)
+    if 8 * words.numel() <= rows_total * cap:
         # Few candidates overall: one compaction; rows with too many go dense afterwards.
-        flat = mask.view(-1).nonzero().squeeze(-1)  # (N,) row-major
-        del mask
+        flat = _flat_nonzero(mask_buf, words)  # (N,) row-major
+        del mask, mask_buf, words
         rows = torch.div(flat, length, rounding_mode="floor")
         counts = torch.bincount(rows, minlength=rows_total)
         dense = counts > cap
@@ -216,11 +243,13 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
             keep = ~dense[rows]
             flat, rows = flat[keep], rows[keep]
     else:
+        # Many candidates (alpha near 1 or flat rows): exclude dense rows before compacting.
+        del words
         counts = mask.sum(-1, dtype=torch.int32)
         dense = counts > cap
         mask[dense] = False
-        flat = mask.view(-1).nonzero().squeeze(-1)
-        del mask
+        flat = _flat_nonzero(mask_buf, mask_buf.view(torch.int64).nonzero().squeeze(-1))
+        del mask, mask_buf
         rows = torch.div(flat, length, rounding_mode="floor")
     dense_ids = dense.nonzero().squeeze(-1)
     if dense_ids.numel():
