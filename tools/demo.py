@@ -1,0 +1,356 @@
+#!/usr/bin/env python
+"""Open-vocabulary segmentation of your own images with sparseclip_d2 (training-free CLIP).
+
+Examples:
+
+  # one overlay + label map per image, vocabulary on the command line
+  python tools/demo.py --input photo.jpg --classes "cat, dog, grass; lawn, sky" --output out/
+
+  # a folder or a glob, the 21 VOC classes of a registered dataset, config overrides
+  python tools/demo.py --config-file configs/demo.yaml --input "photos/*.jpg" \\
+      --vocabulary sparseclip_voc21_val --output out/ --opts MODEL.DEVICE cpu INPUT.MIN_SIZE_TEST 336
+
+  # one side-by-side figure per image: softmax vs alpha-entmax vs QQ + entmax vs SCLIP
+  python tools/demo.py --input photo.jpg --vocabulary voc21 --output out/ \\
+      --compare softmax entmax:1.2 qq:entmax:1.2 sclip
+
+Vocabulary (--classes): COMMAS (or newlines) separate classes, SEMICOLONS separate the
+synonyms of one class; the first synonym is the name shown. "cat, dog, grass; lawn, sky" is
+4 classes, the third scored as the max over "grass" and "lawn". Empty entries and repeated
+names are errors. --vocabulary takes a registered dataset (its metadata's stuff_classes and
+background class, e.g. sparseclip_voc21_val, sparseclip_demo) or a class-name file shipped
+with the package (voc21, context59, ade150, ...).
+
+Outputs in --output, per input image STEM (names made unique when stems repeat):
+  STEM_overlay.png   the prediction over the photo (detectron2 Visualizer: class names on
+                     segments, legend of predicted classes with area %), same size as the photo
+  STEM_labels.png    raw label map at the ORIGINAL image size: pixel value i = the i-th class
+                     of the vocabulary (0-based, in the order given; see classes.txt);
+                     8-bit PNG, 16-bit when the vocabulary has more than 256 classes
+  STEM_probs.npz     (--save-probs) "probs": (C, H, W) float16 class probabilities at the
+                     original size, "classes": the vocabulary; STEM_probs.png: heat maps
+  classes.txt        one line per class: index, tab, class with its synonyms
+With --compare: STEM_compare.png (input + one overlay panel per spec) and one label map per
+spec, STEM_labels_SPEC.png (SPEC with non-alphanumerics replaced by "_").
+
+--compare SPEC syntax: colon-separated tokens, [BASE:]TOKEN[:TOKEN...]. BASE: a baseline
+preset (clip, sclip, clearclip, naclip, maskclip) or cfg (the config file's attention);
+default clip (QK softmax, full block). TOKENs: a normaliser (softmax, entmax, sparsemax,
+random_matched; entmax/random_matched may be followed by the alpha: entmax:1.2), a score
+source (qk, qq, kk, vv, identity, qq+kk, ...; the paper's qkv, qqv, kkv, vvv, v-only), or
+key=value (alpha, t/temperature, layers, residual, ffn, prior, std/prior_std, sum_mode, seed).
+E.g. softmax | entmax:1.2 | qq:entmax:1.2 | clearclip:entmax:1.5 | qq+kk:layers=2 | softmax:t=0.5
+The CLIP model is built once; every spec wraps the same weights.
+
+The CLIP weights come from MODEL.SPARSECLIP.CLIP.PRETRAINED (an open_clip tag such as
+openai, a local checkpoint, or none). With none the weights are RANDOM: the tool still runs,
+but says so in its log and on every image ("RANDOM WEIGHTS - not meaningful").
+Runs on the GPU when there is one (MODEL.DEVICE cuda), else on the CPU.
+"""
+import argparse
+import glob
+import logging
+import os
+import re
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import tqdm
+
+from detectron2.config import get_cfg
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data import transforms as T
+from detectron2.utils.logger import setup_logger
+
+from sparseclip_d2 import add_sparseclip_config
+from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder
+from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
+from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
+from sparseclip_d2.modeling import SparseCLIP, resolve_device
+from sparseclip_d2.utils.specs import describe_spec, parse_attention_specs
+from sparseclip_d2.utils.visualize import (
+    RANDOM_WEIGHTS_BANNER,
+    class_colors,
+    compare_figure,
+    draw_overlay,
+    probability_figure,
+    save_label_map,
+    save_png,
+)
+
+logger = logging.getLogger("sparseclip_d2.demo")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(REPO_ROOT, "configs", "demo.yaml")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".ppm", ".pgm", ".pnm")
+
+
+def get_parser() -> argparse.ArgumentParser:
+    """The demo's command-line parser (the module docstring is its help text)."""
+    head, _, rest = __doc__.partition("\n")
+    parser = argparse.ArgumentParser(
+        description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config-file", default=DEFAULT_CONFIG, metavar="FILE",
+                        help=f"config file (default: {os.path.relpath(DEFAULT_CONFIG, REPO_ROOT)} of the repository)")
+    parser.add_argument("--input", nargs="+", required=True, metavar="IMG",
+                        help="image files, folders (their images, not recursive) or quoted glob patterns")
+    parser.add_argument("--output", required=True, metavar="DIR", help="output folder (created)")
+    vocab = parser.add_mutually_exclusive_group(required=True)
+    vocab.add_argument("--classes", metavar="TEXT",
+                       help='classes separated by commas, synonyms by semicolons: "cat, dog, grass; lawn, sky"')
+    vocab.add_argument("--vocabulary", metavar="NAME",
+                       help="a registered dataset (sparseclip_voc21_val, ...) or a packaged class-name file (voc21, ...)")
+    parser.add_argument("--background", metavar="CLASS",
+                        help="with --classes: the class (any of its names) that MODEL.SPARSECLIP.PROB_THRESHOLD "
+                             "assigns to low-confidence pixels (default: no background rule)")
+    parser.add_argument("--compare", nargs="+", metavar="SPEC",
+                        help="one figure per image with one panel per attention spec (syntax below)")
+    parser.add_argument("--save-probs", action="store_true", help="also write per-class probability maps")
+    parser.add_argument("--opacity", type=float, default=0.55, help="mask opacity of the overlays (default 0.55)")
+    parser.add_argument("--opts", default=[], nargs=argparse.REMAINDER, metavar="KEY VALUE",
+                        help="config overrides as KEY VALUE pairs, e.g. MODEL.DEVICE cpu INPUT.MIN_SIZE_TEST 336")
+    return parser
+
+
+def setup_cfg(args):
+    """Defaults + ``add_sparseclip_config`` + ``--config-file`` + ``--opts``; device resolved."""
+    if not os.path.isfile(args.config_file):
+        raise FileNotFoundError(f"config file not found: {args.config_file!r}")
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    cfg.merge_from_file(args.config_file)
+    cfg.merge_from_list(list(args.opts))
+    cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
+    cfg.freeze()
+    return cfg
+
+
+def collect_inputs(items: Sequence[str]) -> List[str]:
+    """Expand ``--input`` items (files, folders, glob patterns) into image paths, in order,
+    without duplicates.
+
+    Raises:
+        FileNotFoundError: an item is neither an existing file or folder nor a pattern
+            matching files, or a folder holds no image.
+    """
+    paths: List[str] = []
+    for item in items:
+        if os.path.isdir(item):
+            found = sorted(os.path.join(item, f) for f in os.listdir(item)
+                           if f.lower().endswith(IMAGE_EXTENSIONS) and os.path.isfile(os.path.join(item, f)))
+            if not found:
+                raise FileNotFoundError(f"input folder {item!r} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
+        elif os.path.isfile(item):
+            found = [item]
+        elif glob.has_magic(item):
+            found = sorted(p for p in glob.glob(os.path.expanduser(item)) if os.path.isfile(p))
+            if not found:
+                raise FileNotFoundError(f"input pattern {item!r} matches no file")
+        else:
+            raise FileNotFoundError(f"input image not found: {item!r}")
+        for p in found:
+            if p not in paths:
+                paths.append(p)
+    return paths
+
+
+def resolve_vocabulary(args) -> Tuple[List[str], Optional[int], str]:
+    """The vocabulary of the run.
+
+    Returns:
+        ``(classes, background_index, source)``: class strings with comma-separated synonyms
+        (the META_ARCH's format), the background class or None, and a description.
+
+    Raises:
+        ValueError: an empty or malformed ``--classes``, an unknown ``--vocabulary`` name, a
+            dataset without ``stuff_classes``, or a ``--background`` that is not a class.
+    """
+    if args.classes is not None:
+        classes = parse_vocabulary(args.classes)
+        background = None
+        if args.background:
+            key = " ".join(args.background.split()).lower()
+            matches = [i for i, c in enumerate(classes) if key in [s.strip().lower() for s in c.split(",")]]
+            if not matches:
+                raise ValueError(f"--background {args.background!r} is none of the classes: "
+                                 f"{', '.join(display_name(c) for c in classes)}")
+            background = matches[0]
+        return classes, background, "--classes"
+    name = args.vocabulary
+    if args.background:
+        raise ValueError("--background goes with --classes; a --vocabulary brings its own background class")
+    if name in DatasetCatalog.list():
+        meta = MetadataCatalog.get(name)
+        classes = meta.get("stuff_classes", None)
+        if not classes:
+            raise ValueError(f"dataset {name!r} has no stuff_classes in its metadata (not a segmentation dataset)")
+        return list(classes), meta.get("background_index", None), f"dataset {name}"
+    if name in available_class_name_files():
+        classes = load_class_names(name)
+        background = 0 if display_name(classes[0]).lower() == "background" else None
+        return classes, background, f"class-name file {name}"
+    seg = sorted(d for d in DatasetCatalog.list() if MetadataCatalog.get(d).get("stuff_classes", None))
+    raise ValueError(
+        f"unknown --vocabulary {name!r}; valid: registered segmentation datasets ({', '.join(seg)}) or "
+        f"class-name files ({', '.join(available_class_name_files())})"
+    )
+
+
+def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[SparseCLIP], bool]:
+    """One ``SparseCLIP`` per spec, all sharing ONE CLIP model (built once from ``cfg``).
+
+    ``SparseCLIP.from_config(cfg)`` builds the CLIP model and the text classifier once; each
+    spec gets its own ``DenseCLIPEncoder`` wrapping the same vision tower (no copy).
+
+    Returns:
+        ``(models, random_weights)``.
+    """
+    kwargs = SparseCLIP.from_config(cfg)
+    config_spec = AttentionSpec.from_config(cfg)
+    visual = kwargs["clip_model"].visual
+    models = []
+    for text, spec in specs:
+        try:
+            encoder = kwargs["encoder"] if spec == config_spec else DenseCLIPEncoder(visual, spec)
+        except ValueError as e:
+            raise ValueError(f"attention spec {text!r}: {e}") from e
+        models.append(SparseCLIP(**dict(kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE)))
+    return models, bool(kwargs["random_weights"])
+
+
+def prepare_input(image_rgb: np.ndarray, cfg, vocabulary: List[str], background: Optional[int]) -> Dict:
+    """The META_ARCH input of one photo: resized as the test mapper does (short side
+    ``INPUT.MIN_SIZE_TEST``, long side capped at ``MAX_SIZE_TEST``), channels in
+    ``INPUT.FORMAT``, output size = the original size."""
+    h, w = image_rgb.shape[:2]
+    image = image_rgb
+    if cfg.INPUT.MIN_SIZE_TEST > 0:
+        image = T.ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST).get_transform(image).apply_image(image)
+    if cfg.INPUT.FORMAT == "BGR":
+        image = image[:, :, ::-1]
+    tensor = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
+    return {"image": tensor, "height": h, "width": w, "vocabulary": vocabulary, "background_index": background}
+
+
+def predict(model: SparseCLIP, inputs: Dict) -> np.ndarray:
+    """``(C, H, W)`` float32 class probabilities at the original size (numpy)."""
+    with torch.no_grad():
+        return model([inputs])[0]["sem_seg"].float().cpu().numpy()
+
+
+def unique_stems(paths: Sequence[str]) -> List[str]:
+    """File stems, made unique (``name``, ``name_2``, ...) when several inputs share one."""
+    out, used = [], set()
+    for p in paths:
+        stem = os.path.splitext(os.path.basename(p))[0] or "image"
+        cand, k = stem, 1
+        while cand in used:
+            k += 1
+            cand = f"{stem}_{k}"
+        used.add(cand)
+        out.append(cand)
+    return out
+
+
+def spec_slug(text: str) -> str:
+    """A file-name-safe form of a spec string (``qq:entmax:1.2`` -> ``qq_entmax_1.2``)."""
+    return re.sub(r"[^A-Za-z0-9.+=-]+", "_", text).strip("_") or "spec"
+
+
+def run(args) -> Dict[str, List[str]]:
+    """Run the demo for parsed arguments. Returns ``{input path: [written files]}``."""
+    cfg = setup_cfg(args)
+    vocabulary, background, vocab_source = resolve_vocabulary(args)
+    names = [display_name(c) for c in vocabulary]
+    if args.compare:
+        specs = parse_attention_specs(args.compare, AttentionSpec.from_config(cfg))
+    else:
+        spec = AttentionSpec.from_config(cfg)
+        specs = [("cfg", spec)]
+    paths = collect_inputs(args.input)
+    if not 0.0 <= args.opacity <= 1.0:
+        raise ValueError(f"--opacity must be in [0, 1], got {args.opacity}")
+    logger.info("vocabulary (%s): %d classes: %s%s", vocab_source, len(vocabulary), ", ".join(names),
+                f"; background class {names[background]!r}" if background is not None else "")
+    logger.info("%d image(s); attention: %s", len(paths), "; ".join(f"{t} = {describe_spec(s)}" for t, s in specs))
+
+    start = time.perf_counter()
+    models, random_weights = build_models(cfg, specs)
+    clip = cfg.MODEL.SPARSECLIP.CLIP
+    logger.info("built %s (%s) with %d attention variant(s) on %s in %.1fs", clip.NAME, clip.PRETRAINED,
+                len(models), cfg.MODEL.DEVICE, time.perf_counter() - start)
+    banner = RANDOM_WEIGHTS_BANNER if random_weights else None
+    if random_weights:
+        logger.warning("RANDOM WEIGHTS (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): the segmentations are NOT "
+                       "meaningful; every image is marked %r.", clip.PRETRAINED, RANDOM_WEIGHTS_BANNER)
+
+    os.makedirs(args.output, exist_ok=True)
+    with open(os.path.join(args.output, "classes.txt"), "w", encoding="utf-8") as f:
+        f.writelines(f"{i}\t{c}\n" for i, c in enumerate(vocabulary))
+    colors = class_colors(len(vocabulary))
+    model_tag = f"{clip.NAME} ({'random weights' if random_weights else clip.PRETRAINED}), short side {cfg.INPUT.MIN_SIZE_TEST}"
+    written: Dict[str, List[str]] = {}
+    for path, stem in tqdm.tqdm(list(zip(paths, unique_stems(paths))), disable=len(paths) < 2, desc="demo", unit="img"):
+        t0 = time.perf_counter()
+        image = read_image_rgb(path)
+        inputs = prepare_input(image, cfg, vocabulary, background)
+        files = []
+        out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
+        if not args.compare:
+            probs = predict(models[0], inputs)
+            labels = probs.argmax(0)
+            files.append(save_label_map(labels, len(vocabulary), out("_labels.png")))
+            title = f"{clip.NAME}: {describe_spec(specs[0][1])}"
+            files.append(save_png(draw_overlay(image, labels, names, colors=colors, alpha=args.opacity,
+                                               banner=banner, title=title), out("_overlay.png")))
+            if args.save_probs:
+                np.savez_compressed(out("_probs.npz"), probs=probs.astype(np.float16), classes=np.array(vocabulary))
+                files.append(out("_probs.npz"))
+                files.append(save_png(probability_figure(probs, names, banner=banner), out("_probs.png")))
+        else:
+            label_maps, titles, slugs = [], [], set()
+            for (text, spec), model in zip(specs, models):
+                probs = predict(model, inputs)
+                labels = probs.argmax(0)
+                label_maps.append(labels)
+                titles.append(f"{text}\n{describe_spec(spec)}")
+                slug = spec_slug(text)
+                while slug in slugs:
+                    slug += "_"
+                slugs.add(slug)
+                files.append(save_label_map(labels, len(vocabulary), out(f"_labels_{slug}.png")))
+                if args.save_probs:
+                    np.savez_compressed(out(f"_probs_{slug}.npz"), probs=probs.astype(np.float16),
+                                        classes=np.array(vocabulary))
+                    files.append(out(f"_probs_{slug}.npz"))
+            fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
+                                 suptitle=f"{os.path.basename(path)} - {model_tag}")
+            files.append(save_png(fig, out("_compare.png")))
+        logger.info("%s: %dx%d, %.2fs -> %s", path, image.shape[1], image.shape[0], time.perf_counter() - t0,
+                    ", ".join(os.path.basename(f) for f in files))
+        written[path] = files
+    if random_weights:
+        logger.warning("RANDOM WEIGHTS: the %d image(s) in %s show a random model, not the method.", len(paths),
+                       args.output)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, List[str]]:
+    """Parse ``argv`` (default ``sys.argv[1:]``), set up logging and run; errors propagate."""
+    args = get_parser().parse_args(argv)
+    setup_logger(name="fvcore")
+    setup_logger(name="sparseclip_d2")
+    logger.info("Arguments: %s", args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, OSError) as e:
+        logger.error("%s", e)
+        sys.exit(f"demo.py: error: {e}")
