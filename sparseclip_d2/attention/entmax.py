@@ -65,6 +65,13 @@ _MAX_ITER = 50
 _STEP_TOL = {torch.float32: 1e-6, torch.float64: 1e-10}
 
 
+def _exponent(alpha: float) -> float:
+    """r = 1 / (alpha - 1), snapped to an integer when within rounding of one (1/0.2 is
+    not exactly 5 in floating point, and integer exponents take the fast path)."""
+    r = 1.0 / (alpha - 1.0)
+    return float(round(r)) if abs(r - round(r)) <= 1e-9 * r else r
+
+
 def _power(u: torch.Tensor, e: float) -> torch.Tensor:
     """``u ** e`` for ``u >= 0`` with the convention ``0 ** 0 == 0``; returns a new tensor.
 
@@ -105,7 +112,7 @@ def _solve_shift(w: torch.Tensor, alpha: float) -> torch.Tensor:
         (R,) shifts, ``w``'s dtype.
     """
     am1 = alpha - 1.0
-    r = 1.0 / am1
+    r = _exponent(alpha)
     rows = w.shape[0]
     s = w.new_zeros(rows)
     lo = w.new_zeros(rows)
@@ -139,7 +146,7 @@ def _solve_shift(w: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def _probs_(w: torch.Tensor, s: torch.Tensor, alpha: float) -> torch.Tensor:
     """Normalised ``[w - s]_+ ** (1/(alpha-1))`` along the last dim; w: (R, K), s: (R,)."""
-    p = _power((w - s.unsqueeze(-1)).clamp_(min=0.0), 1.0 / (alpha - 1.0))
+    p = _power((w - s.unsqueeze(-1)).clamp_(min=0.0), _exponent(alpha))
     return p.div_(p.sum(-1, keepdim=True))
 
 
@@ -217,7 +224,7 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
         return torch.softmax(x.to(work_dtype), dim=dim).to(out_dtype)
 
     rows_total = x2.shape[0]
-    r = 1.0 / (alpha - 1.0)
+    r = _exponent(alpha)
     solve_dtype = torch.float64 if (r > _FLOAT32_MAX_R or work_dtype == torch.float64) \
         else torch.float32
     out2 = torch.zeros((rows_total, length), dtype=out_dtype, device=x.device)
@@ -232,7 +239,8 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
     torch.gt(x2, cut.unsqueeze(-1), out=mask)
     cap = max(1, int(_SPARSE_FRACTION * length))
     words = mask_buf.view(torch.int64).nonzero().squeeze(-1)
-    if 8 * words.numel() <= rows_total * cap:
+    if (8 * words.numel() <= rows_total * cap
+            or int(torch.count_nonzero(mask)) <= rows_total * cap):
         # Few candidates overall: one compaction; rows with too many go dense afterwards.
         flat = _flat_nonzero(mask_buf, words)  # (N,) row-major
         del mask, mask_buf, words
@@ -247,7 +255,7 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
         del words
         counts = mask.sum(-1, dtype=torch.int32)
         dense = counts > cap
-        mask[dense] = False
+        mask[dense.nonzero().squeeze(-1)] = False
         flat = _flat_nonzero(mask_buf, mask_buf.view(torch.int64).nonzero().squeeze(-1))
         del mask, mask_buf
         rows = torch.div(flat, length, rounding_mode="floor")
