@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Run a sweep file: every combination of config values, one ``train_net.py --eval-only`` each.
+
+    python tools/sweep.py configs/sweeps/alpha_depth.yaml
+    python tools/sweep.py configs/sweeps/main_table.yaml --num-gpus 4 --compare-paper
+    python tools/sweep.py configs/sweeps/alpha_depth.yaml --tables-only --compare-paper
+    python tools/sweep.py configs/sweeps/alpha_depth.yaml --set pretrained=none --set max_images=2
+
+Results: ``<out>/results.jsonl`` (one line per finished run, appended as it finishes; a
+re-started sweep skips runs already there), ``<out>/results.csv``, ``<out>/results.md``, and
+with ``--compare-paper`` ``<out>/compare_paper.{csv,md}`` (ours, the paper's number, the
+difference). ``<out>`` defaults to ``output/sweeps/<sweep name>``. The sweep file format is
+documented in ``sparseclip_d2/analysis/sweep.py`` and ``docs/analysis.md``.
+"""
+import argparse
+import logging
+import os
+import sys
+
+import yaml
+
+from sparseclip_d2.analysis.sweep import load_sweep, read_jsonl, run_sweep
+from sparseclip_d2.analysis.tables import write_tables
+
+logger = logging.getLogger("sparseclip_d2.sweep")
+
+
+def parse_set(items):
+    """``["alpha=1.2", "datasets=[a, b]"]`` -> ``{"alpha": 1.2, "datasets": ["a", "b"]}`` (YAML values)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE (e.g. --set pretrained=none)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_file", help="YAML sweep file (see configs/sweeps/)")
+    p.add_argument("--output", default="", help="output folder (default output/sweeps/<sweep name>)")
+    p.add_argument("--num-gpus", type=int, default=0,
+                   help="run N combinations at a time, one per GPU (0/1 = sequential)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override applied to every run (alias or full config key); part of the run key")
+    p.add_argument("--compare-paper", action="store_true",
+                   help="also write compare_paper.{csv,md}: ours vs the paper's numbers")
+    p.add_argument("--tables-only", action="store_true", help="only rewrite the tables from results.jsonl")
+    p.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished) and exit")
+    p.add_argument("--no-retry-failed", action="store_true", help="skip combinations that failed before")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per run before it is killed")
+    p.add_argument("--train-net", default=None, help="evaluation script (default: tools/train_net.py)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
+    sweep = load_sweep(args.sweep_file, extra=parse_set(args.set))
+    out = args.output or os.path.join("output", "sweeps", sweep.name)
+    jsonl = os.path.join(out, "results.jsonl")
+
+    def tables(_record=None):
+        return write_tables(read_jsonl(jsonl), out, title=sweep.name, compare_paper=args.compare_paper)
+
+    if args.dry_run:
+        done = {r.get("run_key") for r in read_jsonl(jsonl) if r.get("status") == "ok"}
+        for run in sweep.runs:
+            opts = " ".join(f"{k} {v}" for k, v in run.opts)
+            print(f"{'done' if run.key in done else 'todo'}  {run.key}  {run.name}  ::  {opts}")
+        print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished; base {sweep.base}")
+        return 0
+    counts = None
+    if not args.tables_only:
+        counts = run_sweep(sweep, out, num_gpus=args.num_gpus, train_net=args.train_net,
+                           retry_failed=not args.no_retry_failed, timeout=args.timeout, on_record=tables)
+    paths = tables()
+    for k, v in paths.items():
+        print(f"{k}: {os.path.abspath(v)}")
+    print(f"jsonl: {os.path.abspath(jsonl)}")
+    if counts is not None:
+        print(f"runs: {counts['total']} total, {counts['skipped']} already finished, {counts['ok']} ok, "
+              f"{counts['failed']} failed")
+        return 1 if counts["failed"] else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
