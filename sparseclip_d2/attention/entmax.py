@@ -166,9 +166,9 @@ def _flat_nonzero(mask_buf: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     """
     if words.numel() == 0:
         return words
-    word_bytes = mask_buf.view(torch.int64)[words].view(torch.uint8).view(-1, 8)  # (W, 8)
-    which, byte = word_bytes.nonzero(as_tuple=True)
-    return words[which] * 8 + byte
+    word_bytes = mask_buf.view(torch.int64)[words].view(torch.uint8)  # (8 W,)
+    pos = word_bytes.nonzero().squeeze(-1)  # 8 * (index into words) + byte
+    return words[pos >> 3] * 8 + (pos & 7)
 
 
 def _check_rows(xmax: torch.Tensor) -> None:
