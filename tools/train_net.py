@@ -27,7 +27,8 @@ from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
 from sparseclip_d2.data import SparseCLIPTestMapper
-from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, write_results
+from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, attach_fgovd_proposals, is_fgovd_dataset
+from sparseclip_d2.evaluation import add_mhme, build_evaluator, build_results, dataset_summary, write_results
 from sparseclip_d2.modeling import resolve_device
 
 logger = logging.getLogger("sparseclip_d2.train_net")
@@ -77,9 +78,12 @@ def do_test(cfg, model, datasets):
     for name, dicts in datasets.items():
         if cfg.TEST.MAX_IMAGES > 0:
             logger.warning("PARTIAL RUN: %s evaluated on its first %d images only (TEST.MAX_IMAGES)", name, len(dicts))
-        loader = build_detection_test_loader(
-            dicts, mapper=SparseCLIPTestMapper(cfg, name), num_workers=cfg.DATALOADER.NUM_WORKERS
-        )
+        if is_fgovd_dataset(name):
+            dicts = attach_fgovd_proposals(cfg, name, dicts)
+            mapper = FGOVDDatasetMapper(cfg, name)
+        else:
+            mapper = SparseCLIPTestMapper(cfg, name)
+        loader = build_detection_test_loader(dicts, mapper=mapper, num_workers=cfg.DATALOADER.NUM_WORKERS)
         evaluator = build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", name))
         start = time.perf_counter()
         res = inference_on_dataset(model, loader, evaluator)
@@ -89,6 +93,11 @@ def do_test(cfg, model, datasets):
             logger.info("Evaluation results for %s in csv format:", name)
             print_csv_format(res)
             summaries[name] = dataset_summary(res, len(dicts), seconds / max(len(dicts), 1))
+    if comm.is_main_process():
+        summaries = add_mhme(summaries)
+        if "fgovd_mHME" in summaries:
+            logger.info("FG-OVD mHME (mean top1 of Hard, Medium, Easy):")
+            print_csv_format({"fgovd_mHME": summaries["fgovd_mHME"]})
     return results, summaries
 
 

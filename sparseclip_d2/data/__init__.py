@@ -1,6 +1,10 @@
 """detectron2 data parts: dataset registration (on import), class names, test mapper."""
 from . import datasets  # noqa: F401
 from .class_names import available_class_name_files, display_name, load_class_names
+from .fgovd_mapper import FGOVDDatasetMapper, FGOVDOptions
 from .mapper import SparseCLIPTestMapper
 
-__all__ = ["SparseCLIPTestMapper", "available_class_name_files", "display_name", "load_class_names"]
+__all__ = [
+    "FGOVDDatasetMapper",
+    "FGOVDOptions",
+    "SparseCLIPTestMapper", "available_class_name_files", "display_name", "load_class_names"]

@@ -5,7 +5,7 @@ Roots come from ``$DETECTRON2_DATASETS`` (default ``datasets``).
 from . import segmentation  # noqa: F401
 from . import demo  # noqa: F401
 
-# LEAD: add `from . import fgovd  # noqa: F401` here (FG-OVD splits; file owned by the FG-OVD session).
+from . import fgovd  # noqa: F401
 
 from .demo import DEMO_DATASET, build_demo_files, demo_dir
 from .segmentation import (
