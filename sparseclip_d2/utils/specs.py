@@ -46,7 +46,7 @@ def _normalizers() -> List[str]:
 
 
 def _syntax_help() -> str:
-    return (f"bases: {', '.join(PRESETS)}, cfg; normalizers: {', '.join(_normalizers())} (entmax:ALPHA); "
+    return (f"valid: bases: {', '.join(PRESETS)}, cfg; normalizers: {', '.join(_normalizers())} (entmax:ALPHA); "
             "sources: qk, qq, kk, vv, identity, sums like qq+kk; key=value with keys "
             f"{', '.join(sorted(SPEC_KEYS))}")
 

@@ -48,15 +48,23 @@ _BANNER_COLOR = "#c00000"
 
 
 def class_colors(num_classes: int) -> np.ndarray:
-    """``(num_classes, 3)`` uint8 RGB colours: detectron2's palette, cycled with a fixed
-    brightness shift beyond its 74 colours (deterministic)."""
-    base = colormap(rgb=True, maximum=255).astype(np.float64)
+    """``(num_classes, 3)`` uint8 RGB colours, deterministic: detectron2's palette without
+    its repeated entries, black and white, then the same colours lightened / darkened, then seeded random
+    colours (beyond about 350 classes)."""
+    base = []
+    for c in colormap(rgb=True, maximum=255).round().astype(np.int64):
+        if tuple(c) not in {tuple(b) for b in base} and 0 < c.sum() < 3 * 255:  # no repeats, no black/white
+            base.append(c)
+    base = np.array(base, dtype=np.float64)
+    shifts = (0.0, 0.45, -0.45, 0.75, -0.7)
     out = np.empty((num_classes, 3), dtype=np.float64)
     for i in range(num_classes):
         turn, j = divmod(i, len(base))
-        shift = 0.35 * (turn % 3) * (1 if turn % 2 else -1)
-        c = base[j] * (1 + shift) if shift < 0 else base[j] + (255 - base[j]) * shift
-        out[i] = c
+        if turn < len(shifts):
+            s = shifts[turn]
+            out[i] = base[j] + (255.0 - base[j]) * s if s >= 0 else base[j] * (1.0 + s)
+        else:
+            out[i] = np.random.RandomState(i).randint(0, 256, 3)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

