@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Benchmark ``sparseclip_d2.attention.alpha_entmax`` against torch.softmax and the entmax
+package, plus its peak extra memory and its end-to-end cost in a dense ViT-B/16 forward.
+
+One run prints (and optionally writes as JSON):
+
+1. for attention logits of shape (1, 12, L, L), L in --sizes, alpha in --alphas and two
+   input kinds (``randn*3``: q.k/sqrt(d)-like logits; ``peaked``: the same plus one
+   dominant key per row), the median time of torch.softmax, alpha_entmax,
+   entmax.entmax_bisect(alpha) and the exact sort-based entmax.entmax15 (alpha 1.5) /
+   entmax.sparsemax (alpha 2), and the ratios; timings of softmax and alpha_entmax are
+   interleaved so that load from other processes hits both alike;
+2. peak extra memory of alpha_entmax, from the torch profiler's allocation events
+   (allocations minus frees, in time order; the output tensor included), in units of the
+   input's size;
+3. the forward time of sparseclip_d2.clip.DenseCLIPEncoder (ViT-B-16-quickgelu, random
+   weights) at --e2e-size px with alpha-entmax (alpha --e2e-alpha) on the last 1 and 5
+   blocks, divided by the same forward with softmax in those blocks.
+
+Example::
+
+    python tools/benchmark_entmax.py                       # full table (~5 min on 2 cores)
+    python tools/benchmark_entmax.py --sizes 785 --alphas 1.2 1.5 --no-e2e
+"""
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sparseclip_d2.attention.entmax import alpha_entmax  # noqa: E402
+
+logger = logging.getLogger("benchmark_entmax")
+
+
+def make_logits(kind: str, length: int, heads: int = 12, seed: int = 0) -> torch.Tensor:
+    """Attention logits (1, heads, L, L) float32 of the given kind (randn*3 or peaked)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, heads, length, length, generator=g) * 3.0
+    if kind == "peaked":
+        col = torch.randint(0, length, (1, heads, length, 1), generator=g)
+        x.scatter_add_(-1, col, torch.full(col.shape, 12.0))
+    elif kind != "randn*3":
+        raise ValueError(f"unknown input kind {kind!r}; valid: randn*3, peaked")
+    return x
+
+
+def median_times(fns: dict, reps: int) -> dict:
+    """Median seconds of each callable; one warm-up each, then ``reps`` interleaved rounds."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_extra_memory(fn, x: torch.Tensor) -> float:
+    """Peak bytes allocated (net of frees) while ``fn(x)`` runs, over ``x``'s bytes.
+
+    Uses the CPU profiler's memory events (each allocation and free, in time order).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(x)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn(x)
+        del out
+    events = sorted((ev.time_range.start, ev.cpu_memory_usage)
+                    for ev in prof.events() if ev.name == "[memory]")
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak / (x.numel() * x.element_size())
+
+
+def bench_kernels(args) -> list:
+    import entmax
+
+    results = []
+    header = (f"{'L':>5} {'input':>8} {'alpha':>5} | {'softmax':>8} {'ours':>8} "
+              f"{'bisect':>8} {'sort':>8} | {'ours/sm':>7} {'bis/ours':>8} {'sort/ours':>9}")
+    print("Times: median ms over interleaved runs; shape (1, 12, L, L) float32, "
+          f"{torch.get_num_threads()} threads")
+    print(header)
+    print("-" * len(header))
+    for length in args.sizes:
+        for kind in args.kinds:
+            x = make_logits(kind, length)
+            for alpha in args.alphas:
+                fast = median_times({
+                    "softmax": lambda: torch.softmax(x, -1),
+                    "ours": lambda: alpha_entmax(x, alpha),
+                }, args.reps)
+                slow = {}
+                if kind == "randn*3" and not args.no_baselines:
+                    slow_fns = {"bisect": lambda: entmax.entmax_bisect(x, alpha=alpha, dim=-1)}
+                    if alpha == 1.5:
+                        slow_fns["sort"] = lambda: entmax.entmax15(x, dim=-1)
+                    elif alpha == 2.0:
+                        slow_fns["sort"] = lambda: entmax.sparsemax(x, dim=-1)
+                    slow = median_times(slow_fns, args.baseline_reps)
+                row = {"L": length, "input": kind, "alpha": alpha, **fast, **slow}
+                results.append(row)
+
+                def ms(key):
+                    return f"{1e3 * row[key]:8.1f}" if key in row else f"{'-':>8}"
+
+                def ratio(a, b, width):
+                    return (f"{row[a] / row[b]:{width}.2f}" if a in row and b in row
+                            else f"{'-':>{width}}")
+
+                print(f"{length:5d} {kind:>8} {alpha:5.2f} | {ms('softmax')} {ms('ours')} "
+                      f"{ms('bisect')} {ms('sort')} | {ratio('ours', 'softmax', 7)} "
+                      f"{ratio('bisect', 'ours', 8)} {ratio('sort', 'ours', 9)}", flush=True)
+    return results
+
+
+def bench_memory(args) -> list:
+    rows = []
+    print("\nPeak extra memory of alpha_entmax (profiler allocation events; output "
+          "included), in units of the input's size:")
+    for length in args.sizes:
+        x = make_logits("randn*3", length)
+        for alpha in args.alphas:
+            units = peak_extra_memory(lambda t: alpha_entmax(t, alpha), x)
+            rows.append({"L": length, "alpha": alpha, "peak_extra_input_units": units})
+            print(f"  L={length:5d} alpha={alpha:4.2f}: {units:.2f} x input", flush=True)
+    soft = peak_extra_memory(lambda t: torch.softmax(t, -1), make_logits("randn*3", 785))
+    print(f"  (torch.softmax at L=785: {soft:.2f} x input)")
+    rows.append({"L": 785, "alpha": 1.0, "softmax_peak_extra_input_units": soft})
+    return rows
+
+
+def bench_end_to_end(args) -> list:
+    from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, build_clip
+
+    torch.manual_seed(0)
+    model = build_clip("ViT-B-16-quickgelu", "none")
+    visual = model.visual
+    images = torch.randn(1, 3, args.e2e_size, args.e2e_size)
+    rows = []
+    print(f"\nEnd to end: DenseCLIPEncoder ViT-B-16-quickgelu (random weights), "
+          f"{args.e2e_size} px, median of {args.e2e_reps} interleaved forwards")
+    for layers in (1, 5):
+        encoders = {
+            name: DenseCLIPEncoder(visual, AttentionSpec(normalizer=name, alpha=args.e2e_alpha,
+                                                         num_layers=layers))
+            for name in ("softmax", "entmax")
+        }
+        with torch.no_grad():
+            t = median_times({name: (lambda e=e: e(images)) for name, e in encoders.items()},
+                             args.e2e_reps)
+        ratio = t["entmax"] / t["softmax"]
+        rows.append({"layers": layers, "alpha": args.e2e_alpha, "softmax_s": t["softmax"],
+                     "entmax_s": t["entmax"], "ratio": ratio})
+        print(f"  last {layers} block(s): softmax {t['softmax']:.3f} s, entmax "
+              f"{t['entmax']:.3f} s, ratio {ratio:.3f}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[197, 785, 1025])
+    parser.add_argument("--alphas", type=float, nargs="+", default=[1.2, 1.5, 2.0])
+    parser.add_argument("--kinds", nargs="+", default=["randn*3", "peaked"])
+    parser.add_argument("--reps", type=int, default=9, help="runs of softmax / ours")
+    parser.add_argument("--baseline-reps", type=int, default=3,
+                        help="runs of the (slow) entmax package functions")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="skip the entmax package timings")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-e2e", action="store_true")
+    parser.add_argument("--e2e-size", type=int, default=448)
+    parser.add_argument("--e2e-alpha", type=float, default=1.2)
+    parser.add_argument("--e2e-reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    report = {"threads": torch.get_num_threads(), "torch": torch.__version__,
+              "kernels": bench_kernels(args)}
+    if not args.no_memory:
+        report["memory"] = bench_memory(args)
+    if not args.no_e2e:
+        report["end_to_end"] = bench_end_to_end(args)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
