@@ -75,8 +75,10 @@ def peak_extra_memory(fn, x: torch.Tensor) -> float:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn(x)
         del out
-    events = sorted((ev.time_range.start, ev.cpu_memory_usage)
-                    for ev in prof.events() if ev.name == "[memory]")
+    # Allocations are attributed to ops (self memory, so nested ops are not counted
+    # twice), frees to "[memory]" events; order them by time.
+    events = sorted((ev.time_range.start, ev.cpu_memory_usage if ev.name == "[memory]"
+                     else ev.self_cpu_memory_usage) for ev in prof.events())
     level = peak = 0
     for _, delta in events:
         level += delta
