@@ -107,6 +107,12 @@ def test_compare_on_folder_with_exif_and_gray(demo, voc_photo, tmp_path):
     a = np.array(Image.open(tmp_path / "out" / "rotated_labels_softmax.png"))
     b = np.array(Image.open(tmp_path / "out" / "rotated_labels_qq_entmax_1.2.png"))
     assert (a != b).any()
+    # a plain run (configs/demo.yaml = qq, entmax 1.2) gives the same labels as that panel:
+    # seeded random weights, and a spec model built on the shared CLIP equals the config's model
+    demo.main(["--input", str(folder / "rotated.jpg"), "--classes", "person; people, chair, table; dining table, wall",
+               "--output", str(tmp_path / "single"), "--opts", *TINY])
+    single = np.array(Image.open(tmp_path / "single" / "rotated_labels.png"))
+    assert np.array_equal(single, b)
 
 
 def test_models_share_one_clip(demo):

@@ -66,7 +66,7 @@ from detectron2.data import transforms as T
 from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
-from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder
+from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, is_random_weights
 from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
 from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
 from sparseclip_d2.modeling import SparseCLIP, resolve_device
@@ -204,11 +204,18 @@ def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[
     """One ``SparseCLIP`` per spec, all sharing ONE CLIP model (built once from ``cfg``).
 
     ``SparseCLIP.from_config(cfg)`` builds the CLIP model and the text classifier once; each
-    spec gets its own ``DenseCLIPEncoder`` wrapping the same vision tower (no copy).
+    spec gets its own ``DenseCLIPEncoder`` wrapping the same vision tower (no copy). Random
+    weights (``PRETRAINED none``) are drawn with torch seed ``cfg.SEED`` (0 when negative), so
+    a random-weight figure is reproducible.
 
     Returns:
         ``(models, random_weights)``.
     """
+    clip = cfg.MODEL.SPARSECLIP.CLIP
+    if is_random_weights(clip.PRETRAINED):
+        seed = cfg.SEED if cfg.SEED >= 0 else 0
+        torch.manual_seed(seed)  # reproducible random-weight figures
+        logger.warning("RANDOM WEIGHTS: %s initialised randomly with torch seed %d (SEED)", clip.NAME, seed)
     kwargs = SparseCLIP.from_config(cfg)
     config_spec = AttentionSpec.from_config(cfg)
     visual = kwargs["clip_model"].visual

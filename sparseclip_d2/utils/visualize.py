@@ -85,7 +85,9 @@ def _legend_handles(labels: np.ndarray, class_names: Sequence[str], colors: np.n
     handles = []
     for k in order[:max_entries]:
         c = int(ids[k])
-        text = f"{class_names[c]} {100.0 * counts[k] / total:.1f}%" if with_area else class_names[c]
+        pct = 100.0 * counts[k] / total
+        area = f"{pct:.1f}%" if pct >= 0.1 else "<0.1%"
+        text = f"{class_names[c]} {area}" if with_area else class_names[c]
         handles.append(Patch(facecolor=colors[c] / 255.0, edgecolor="black", linewidth=0.5, label=text))
     if len(order) > max_entries:
         handles.append(Patch(facecolor="none", edgecolor="none", label=f"+{len(order) - max_entries} more"))
@@ -142,8 +144,9 @@ def draw_overlay(
                 family="sans-serif", bbox=dict(facecolor="black", alpha=0.6, edgecolor="none", pad=2))
     if legend:
         handles = _legend_handles(labels, class_names, colors, max_legend_entries)
-        ax.legend(handles=handles, loc="lower right", fontsize=font * 0.9, framealpha=0.75,
-                  handlelength=1.0, handleheight=1.0, borderpad=0.3, labelspacing=0.25)
+        leg = ax.legend(handles=handles, loc="lower right", fontsize=font * 0.9, framealpha=0.8,
+                        handlelength=1.0, handleheight=1.0, borderpad=0.3, labelspacing=0.25)
+        leg.set_zorder(1000)  # above the segment labels
     rgb = out.get_image()
     if rgb.shape[:2] != image.shape[:2]:  # guard against matplotlib rounding
         rgb = np.asarray(Image.fromarray(rgb).resize((image.shape[1], image.shape[0]), Image.BILINEAR))
