@@ -196,8 +196,8 @@ def test_paper_join():
     assert [r["dataset"] for r in rows] == ["voc21", "ade20k"]
     cmp = compare_with_paper(rows)
     voc = cmp[0]
-    # Paper Tables 1 and 4: B/16 qkv full 448 entmax 1.2 VOC21 mIoU 23.25
-    assert (voc["paper"], voc["paper_tables"]) == (23.25, "1;4")
+    # Paper Tables 1, 4 and 6: B/16 qkv full 448 entmax 1.2 VOC21 mIoU 23.25
+    assert (voc["paper"], voc["paper_tables"]) == (23.25, "1;4;6")
     assert voc["diff"] == pytest.approx(20.25 - 23.25)
     assert cmp[1]["paper"] == 2.16
     d = describe({"backbone": "ViT-B-16-quickgelu", "source": "qk", "normalizer": "softmax", "temperature": 0.5,
@@ -205,3 +205,29 @@ def test_paper_join():
     assert (d["normalizer"], d["alpha"]) == ("softmax_temperature_0.5", None)
     d = describe({"source": "identity", "residual": False, "ffn": False, "normalizer": "softmax"})
     assert (d["source"], d["normalizer"], d["block"]) == ("v-only", "none", "drop_both")
+
+
+@pytest.mark.parametrize("name", ["main_table", "block_variants", "controls", "resolution"])
+def test_shipped_sweeps_match_paper_rows(name):
+    """Every (run, dataset) of the paper-reproduction sweeps has a paper number to compare with."""
+    from sparseclip_d2.analysis.sweep import load_sweep, planned_config
+    from sparseclip_d2.analysis.tables import compare_with_paper, describe, short_dataset
+
+    sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", f"{name}.yaml"))
+    rows = []
+    for run in sweep.runs:
+        config, datasets = planned_config(sweep, run)
+        for ds in datasets:
+            rows.append(dict(describe(config, short_dataset(ds)), run=run.name, dataset=short_dataset(ds), mIoU=0.0))
+    cmp = compare_with_paper(rows)
+    missing = [(r["run"], r["dataset"]) for r in cmp if r["paper"] is None]
+    assert not missing and len(cmp) == len(rows)
+
+
+def test_alpha_depth_sweep_grid():
+    from sparseclip_d2.analysis.sweep import load_sweep
+
+    sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", "alpha_depth.yaml"))
+    assert len(sweep.runs) == 13 * 5
+    norms = {dict(r.opts)["MODEL.SPARSECLIP.ATTENTION.NORMALIZER"] for r in sweep.runs if r.params["alpha"] == 1}
+    assert norms == {"softmax"}

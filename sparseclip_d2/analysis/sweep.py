@@ -267,6 +267,7 @@ def load_sweep(path: str, *, extra: Optional[Dict[str, Any]] = None, validate: b
     if not os.path.isabs(base):
         candidate = os.path.join(os.path.dirname(os.path.abspath(path)), base)
         base = candidate if os.path.isfile(candidate) else os.path.abspath(base)
+    base = os.path.normpath(base)
     if not os.path.isfile(base):
         raise FileNotFoundError(f"sweep file {path!r}: base config {spec['base']!r} not found (tried {base!r})")
     name = spec.get("name") or os.path.splitext(os.path.basename(path))[0]
@@ -419,6 +420,17 @@ def _config_summary(config: Dict[str, Any]) -> Dict[str, Any]:
         templates=(sc.get("TEXT") or {}).get("TEMPLATES"),
         prob_threshold=sc.get("PROB_THRESHOLD"),
     )
+
+
+def planned_config(sweep: Sweep, run: SweepRun) -> Tuple[Dict[str, Any], List[str]]:
+    """``(config summary, dataset names)`` that ``run`` will evaluate (as recorded after the
+    run), without running it."""
+    cfg = load_base_config(sweep.base)
+    flat = []
+    for k, v in run.opts:
+        flat += [k, _cli_value(v)]
+    cfg.merge_from_list(flat)
+    return _config_summary(yaml.safe_load(cfg.dump())), list(cfg.DATASETS.TEST)
 
 
 def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optional[str] = None,
