@@ -10,7 +10,7 @@ Results: ``<out>/results.jsonl`` (one line per finished run, appended as it fini
 re-started sweep skips runs already there), ``<out>/results.csv``, ``<out>/results.md``, and
 with ``--compare-paper`` ``<out>/compare_paper.{csv,md}`` (ours, the paper's number, the
 difference). ``<out>`` defaults to ``output/sweeps/<sweep name>``. The sweep file format is
-documented in ``sparseclip_d2/analysis/sweep.py`` and ``docs/analysis.md``.
+documented in ``sparseclip_d2/analysis/sweep.py``.
 """
 import argparse
 import logging

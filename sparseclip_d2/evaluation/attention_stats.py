@@ -3,8 +3,8 @@
 The paper's analysis: the gain of entmax over softmax grows with how much attention a
 foreground query patch spreads onto patches of *other* classes. This module measures it.
 
-Definitions (also in ``docs/attention_stats.md``)
--------------------------------------------------
+Definitions (the reference definition of the statistics)
+--------------------------------------------------------
 
 **Patch labels.** The ground-truth label PNG is read with
 :func:`~sparseclip_d2.data.datasets.segmentation.load_sem_seg_gt` (the same class indices and
