@@ -9,13 +9,18 @@ For every dataset in DATASETS.TEST: one evaluator (``build_evaluator``: detectro
 SemSegEvaluator for segmentation, FG-OVD's own for FG-OVD), ``inference_on_dataset``,
 detectron2's ``print_csv_format`` table; then ``OUTPUT_DIR/results.json``. The method has
 nothing to train: without ``--eval-only`` the script exits with a message.
-``--num-gpus N`` runs N processes through detectron2's ``launch``.
+``--num-gpus N`` runs N processes through detectron2's ``launch`` (``--num-machines``,
+``--machine-rank``, ``--dist-url`` for several machines; see docs/reliability.md).
+``--max-images N`` evaluates the first N images of each dataset (= ``TEST.MAX_IMAGES N``;
+recorded in results.json as ``max_images`` / ``partial``).
 """
 import logging
 import os
 import sys
 import time
 from collections import OrderedDict
+
+import torch
 
 from detectron2.config import get_cfg
 from detectron2.data import DatasetCatalog, build_detection_test_loader
@@ -45,6 +50,10 @@ def setup(args):
     add_sparseclip_config(cfg)
     cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(args.opts)
+    if getattr(args, "max_images", None) is not None:
+        if args.max_images < 0:
+            raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
+        cfg.TEST.MAX_IMAGES = args.max_images
     cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
     cfg.freeze()
     default_setup(cfg, args)
@@ -111,7 +120,11 @@ def main(args):
             f"MODEL.WEIGHTS={cfg.MODEL.WEIGHTS!r} is not used by this training-free method; set the CLIP "
             "weights with MODEL.SPARSECLIP.CLIP.PRETRAINED (an open_clip tag, a local file, or none)"
         )
-    model = build_model(cfg)
+    # Random-weight (PRETRAINED none) models are drawn from a fixed seed (SEED, or 0 when
+    # SEED < 0): identical in every run and on every rank. default_setup seeds SEED + rank.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
+        model = build_model(cfg)
     random_weights = bool(getattr(model, "random_weights", False))
     if random_weights:
         logger.warning("RANDOM WEIGHTS (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): every number below is meaningless.",
@@ -128,6 +141,9 @@ def main(args):
 
 def build_parser():
     parser = default_argument_parser(epilog=__doc__)
+    parser.add_argument("--max-images", type=int, default=None, metavar="N",
+                        help="evaluate only the first N images of each dataset (sets TEST.MAX_IMAGES; "
+                             "recorded in results.json)")
     return parser
 
 

@@ -283,7 +283,12 @@ class SparseCLIP(nn.Module):
 
     def _vocabulary(self, x: Dict) -> Tuple[List[str], Optional[int]]:
         if "vocabulary" in x:
-            return list(x["vocabulary"]), x.get("background_index")
+            vocabulary = x["vocabulary"]
+            if isinstance(vocabulary, str):
+                raise ValueError(f"input 'vocabulary' must be a list of class names, got the string {vocabulary!r}")
+            vocabulary = list(vocabulary)
+            check_vocabulary(vocabulary, "input 'vocabulary'")
+            return vocabulary, x.get("background_index")
         if "dataset_name" not in x:
             raise ValueError(
                 "an input dict needs 'dataset_name' (a registered dataset with stuff_classes) or "
@@ -293,7 +298,9 @@ class SparseCLIP(nn.Module):
         classes = meta.get("stuff_classes", None)
         if not classes:
             raise ValueError(f"dataset {x['dataset_name']!r} has no stuff_classes in its metadata")
-        return list(classes), meta.get("background_index", None)
+        classes = list(classes)
+        check_vocabulary(classes, f"stuff_classes of dataset {x['dataset_name']!r}")
+        return classes, meta.get("background_index", None)
 
     def _warn_threshold_ignored(self, x: Dict) -> None:
         key = x.get("dataset_name", "<vocabulary>")
@@ -302,6 +309,27 @@ class SparseCLIP(nn.Module):
             logger.info(
                 "PROB_THRESHOLD=%s not applied to %s: it has no background class.", self.prob_threshold, key
             )
+
+
+def check_vocabulary(vocabulary: Sequence[str], what: str) -> None:
+    """Raise ``ValueError`` when a segmentation vocabulary is empty, has a class without a
+    name, or names one synonym twice (case-insensitive, white space collapsed) - two classes
+    with one name would tie and the second could never be predicted."""
+    if not vocabulary:
+        raise ValueError(f"{what} is empty: give at least one class name")
+    seen: Dict[str, int] = {}
+    for c, name in enumerate(vocabulary):
+        if not isinstance(name, str):
+            raise ValueError(f"{what}: class {c} must be a string, got {name!r}")
+        synonyms = [" ".join(p.split()) for p in name.split(",")]
+        if not any(synonyms):
+            raise ValueError(f"{what}: class {c} ({name!r}) has no name")
+        for syn in filter(None, synonyms):
+            key = syn.lower()
+            if key in seen:
+                where = "twice in class" if seen[key] == c else f"in class {seen[key]} ({vocabulary[seen[key]]!r}) and class"
+                raise ValueError(f"{what}: duplicate name {syn!r} {where} {c} ({name!r}); names must be unique")
+            seen[key] = c
 
 
 def _is_fgovd(x: Dict) -> bool:

@@ -1,0 +1,121 @@
+#!/usr/bin/env python
+"""Peak resident memory (RSS) of one large image through the mapper and the META_ARCH.
+
+Writes a random ``--height x --width`` RGB JPEG, reads it with the dataset mapper
+(``INPUT.MIN_SIZE_TEST`` / ``MAX_SIZE_TEST`` resize), runs the model once and prints one JSON
+line with the peak RSS before and after the forward pass (``ru_maxrss`` of this process, a
+high-water mark), the working resolution, the number of sliding windows and the output shape::
+
+    python tools/benchmark_memory.py --height 4000 --width 6000 --num-classes 21 \\
+        MODEL.SPARSECLIP.CLIP.NAME ViT-B-16-quickgelu MODEL.SPARSECLIP.CLIP.PRETRAINED none \\
+        TEST.SLIDING_WINDOW.ENABLED True TEST.SLIDING_WINDOW.CROP_SIZE 448 \\
+        TEST.SLIDING_WINDOW.STRIDE 224 INPUT.MIN_SIZE_TEST 2000 INPUT.MAX_SIZE_TEST 6000
+
+Trailing ``KEY VALUE`` pairs are config overrides (on top of ``--config-file``, default the
+package defaults). With the sliding window the encoder only ever sees ``BATCH_SIZE`` crops;
+what grows with the image is the ``(S, H, W)`` float32 logits of the whole image (S synonyms)
+and the ``(C, height, width)`` output, which ``output_mib`` reports.
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from PIL import Image
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, MiB (Linux ``ru_maxrss`` is KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--height", type=int, default=4000)
+    parser.add_argument("--width", type=int, default=6000)
+    parser.add_argument("--num-classes", type=int, default=21, help="vocabulary size (class_0 ... class_N-1)")
+    parser.add_argument("--config-file", default=os.path.join(ROOT, "configs", "Base-SparseCLIP.yaml"),
+                        help="a sparseclip_d2 YAML config (default: configs/Base-SparseCLIP.yaml)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ...")
+    args = parser.parse_args(argv)
+    if args.height <= 0 or args.width <= 0 or args.num_classes <= 0:
+        parser.error(f"--height, --width and --num-classes must be positive, got "
+                     f"{args.height}, {args.width}, {args.num_classes}")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    from detectron2.config import get_cfg
+    from detectron2.modeling import build_model
+
+    from sparseclip_d2 import add_sparseclip_config
+    from sparseclip_d2.data import SparseCLIPTestMapper
+    from sparseclip_d2.modeling import resolve_device
+    from sparseclip_d2.modeling.sliding_window import window_grid
+
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    if args.config_file:
+        cfg.merge_from_file(args.config_file)
+    cfg.merge_from_list(args.opts)
+    cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
+    cfg.MODEL.SPARSECLIP.TEXT.CACHE_DIR = cfg.MODEL.SPARSECLIP.TEXT.CACHE_DIR or "off"
+    cfg.freeze()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"large_{args.height}x{args.width}.jpg")
+        rng = np.random.default_rng(0)
+        # Smooth random content (a coarse grid upsampled) keeps the JPEG small and fast to write.
+        coarse = rng.integers(0, 256, (max(args.height // 64, 1), max(args.width // 64, 1), 3), dtype=np.uint8)
+        Image.fromarray(coarse).resize((args.width, args.height), Image.BILINEAR).save(path, quality=90)
+        del coarse
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = build_model(cfg)
+        vocabulary = [f"class {i}" for i in range(args.num_classes)]
+        model.text_classifier_for(vocabulary)  # text encoding outside the measured forward
+        mapper = SparseCLIPTestMapper(cfg, "benchmark_memory")
+        x = mapper({"file_name": path})
+        x["vocabulary"] = vocabulary
+        rss_before = peak_rss_mib()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model([x])[0]["sem_seg"]
+        seconds = time.perf_counter() - start
+        rss_after = peak_rss_mib()
+
+    h, w = x["image"].shape[-2:]
+    sw = cfg.TEST.SLIDING_WINDOW
+    windows = len(window_grid(h, w, sw.CROP_SIZE, sw.STRIDE)) if sw.ENABLED else 1
+    result = {
+        "image": [args.height, args.width],
+        "working_resolution": [int(h), int(w)],
+        "model": cfg.MODEL.SPARSECLIP.CLIP.NAME,
+        "precision": cfg.MODEL.SPARSECLIP.CLIP.PRECISION,
+        "device": cfg.MODEL.DEVICE,
+        "sliding_window": bool(sw.ENABLED),
+        "crop_size": int(sw.CROP_SIZE) if sw.ENABLED else None,
+        "stride": int(sw.STRIDE) if sw.ENABLED else None,
+        "windows": windows,
+        "num_classes": args.num_classes,
+        "output_shape": list(out.shape),
+        "output_finite": bool(torch.isfinite(out).all()),
+        "output_mib": out.numel() * out.element_size() / 2 ** 20,
+        "peak_rss_before_forward_mib": round(rss_before, 1),
+        "peak_rss_mib": round(rss_after, 1),
+        "forward_seconds": round(seconds, 2),
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
