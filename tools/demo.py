@@ -358,6 +358,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, List[str]]:
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, OSError) as e:
-        logger.error("%s", e)
+    except (ValueError, OSError) as e:  # bad input, vocabulary, spec or config: one clear line
         sys.exit(f"demo.py: error: {e}")
