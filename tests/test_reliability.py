@@ -280,15 +280,16 @@ def test_train_net_twice_identical_and_max_images_flag(tmp_path):
     from test_datasets import make_fake_root
 
     make_fake_root(str(tmp_path / "data"), n=3)
-    common = ["--eval-only", "--config-file", "configs/Base-SparseCLIP.yaml", *TINY, "INPUT.MIN_SIZE_TEST", "64",
+    # --max-images is a flag: it goes before the KEY VALUE overrides (argparse REMAINDER)
+    flags = ["--eval-only", "--max-images", "2", "--config-file", "configs/Base-SparseCLIP.yaml"]
+    common = [*TINY, "INPUT.MIN_SIZE_TEST", "64",
               "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", '("sparseclip_voc21_val",)',
               "MODEL.SPARSECLIP.ATTENTION.NORMALIZER", "random_matched", "MODEL.SPARSECLIP.ATTENTION.SOURCE", "qq"]
     env = {"DETECTRON2_DATASETS": str(tmp_path / "data")}
     results = []
-    for i, extra in enumerate([["--max-images", "2"], ["--max-images", "2"],
-                               ["--max-images", "2", "MODEL.SPARSECLIP.ATTENTION.SEED", "5"]]):
+    for i, extra in enumerate([[], [], ["MODEL.SPARSECLIP.ATTENTION.SEED", "5"]]):
         out = tmp_path / f"out{i}"
-        res = _train_net(common + extra + ["OUTPUT_DIR", str(out)], env)
+        res = _train_net(flags + common + extra + ["OUTPUT_DIR", str(out)], env)
         assert res.returncode == 0, res.stderr[-3000:]
         results.append(json.loads((out / "results.json").read_text()))
     r0, r1, r2 = (r["sparseclip_voc21_val"] for r in results)
@@ -297,5 +298,6 @@ def test_train_net_twice_identical_and_max_images_flag(tmp_path):
     keys = ["mIoU", "fwIoU", "mACC", "pACC", "per_class_IoU"]
     assert {k: r0[k] for k in keys} == {k: r1[k] for k in keys}
     assert {k: r0[k] for k in keys} != {k: r2[k] for k in keys}
-    res = _train_net(common + ["--max-images", "-1", "OUTPUT_DIR", str(tmp_path / "neg")], env)
+    res = _train_net(["--eval-only", "--max-images", "-1", "--config-file", "configs/Base-SparseCLIP.yaml"]
+                     + common + ["OUTPUT_DIR", str(tmp_path / "neg")], env)
     assert res.returncode != 0 and "--max-images" in res.stderr
