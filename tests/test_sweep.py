@@ -10,49 +10,6 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 
-# The sweep's runs go through tools/train_net.py. Until the lead merges the attention-statistics
-# wiring (the META_ARCH's output["attention"] and train_net's extra evaluator, as proposed in
-# sparseclip_d2/evaluation/attention_stats.py), this shim applies exactly that proposal around
-# the real train_net; once merged it detects the wiring and only calls train_net.main.
-SHIM = r'''
-import inspect, os, sys
-sys.path.insert(0, os.path.join(%(repo)r, "tools"))
-import torch
-import train_net
-from detectron2.evaluation import DatasetEvaluators
-from sparseclip_d2.evaluation.attention_stats import attention_record, build_attention_stats_evaluator
-from sparseclip_d2.modeling.meta_arch import SparseCLIP
-from sparseclip_d2.modeling.sliding_window import symmetric_pad
-
-if "build_attention_stats_evaluator" not in inspect.getsource(train_net):
-    _build = train_net.build_evaluator
-    def build_evaluator(cfg, name, folder):
-        ev = _build(cfg, name, folder)
-        extra = build_attention_stats_evaluator(cfg, name)
-        return ev if extra is None else DatasetEvaluators([ev, extra])
-    train_net.build_evaluator = build_evaluator
-
-if '"attention"' not in inspect.getsource(SparseCLIP.forward):
-    _forward = SparseCLIP.forward
-    def forward(self, batched_inputs):
-        outputs = _forward(self, batched_inputs)
-        assert not self.sliding_window, "test shim: whole-image inference only"
-        p = int(self.encoder.patch_size)
-        for x, out in zip(batched_inputs, outputs):
-            image = self.normalize_image(x["image"])
-            H, W = image.shape[-2:]
-            padded = torch.nn.functional.pad(image, symmetric_pad(H, W, p))
-            with torch.no_grad():
-                _, attn = self.encoder(padded[None], return_attention=True)
-            spec = self.encoder.spec
-            out["attention"] = attention_record([attn[0]], (H, W), p, source=spec.source, sum_mode=spec.sum_mode)
-        return outputs
-    SparseCLIP.forward = forward
-
-args = train_net.build_parser().parse_args()
-train_net.main(args)
-'''
-
 SWEEP = """
 name: tiny
 base: {base}
@@ -70,17 +27,13 @@ grid:
 def run_tiny_sweep(base_dir, extra_args=()):
     """Run (or resume) the 2x2 tiny sweep under ``base_dir``; returns (out dir, stdout)."""
     os.makedirs(base_dir, exist_ok=True)
-    shim = os.path.join(base_dir, "train_net_shim.py")
-    with open(shim, "w") as f:
-        f.write(SHIM % {"repo": REPO})
     sweep_file = os.path.join(base_dir, "tiny.yaml")
     with open(sweep_file, "w") as f:
         f.write(SWEEP.format(base=os.path.join(REPO, "configs", "demo.yaml")))
     out = os.path.join(base_dir, "out")
     env = dict(os.environ, SPARSECLIP_TEXT_CACHE="off", PYTHONPATH=REPO)
     proc = subprocess.run(
-        [PY, os.path.join(REPO, "tools", "sweep.py"), sweep_file, "--output", out, "--train-net", shim,
-         *extra_args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+        [PY, os.path.join(REPO, "tools", "sweep.py"), sweep_file, "--output", out, *extra_args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
 

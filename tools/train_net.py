@@ -25,7 +25,7 @@ import torch
 from detectron2.config import get_cfg
 from detectron2.data import DatasetCatalog, build_detection_test_loader
 from detectron2.engine import default_argument_parser, default_setup, launch
-from detectron2.evaluation import inference_on_dataset, print_csv_format
+from detectron2.evaluation import DatasetEvaluators, inference_on_dataset, print_csv_format
 from detectron2.modeling import build_model
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
@@ -34,6 +34,7 @@ from sparseclip_d2 import add_sparseclip_config
 from sparseclip_d2.data import SparseCLIPTestMapper
 from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, attach_fgovd_proposals, is_fgovd_dataset
 from sparseclip_d2.evaluation import add_mhme, build_evaluator, build_results, dataset_summary, write_results
+from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
 from sparseclip_d2.modeling import resolve_device
 
 logger = logging.getLogger("sparseclip_d2.train_net")
@@ -94,6 +95,9 @@ def do_test(cfg, model, datasets):
             mapper = SparseCLIPTestMapper(cfg, name)
         loader = build_detection_test_loader(dicts, mapper=mapper, num_workers=cfg.DATALOADER.NUM_WORKERS)
         evaluator = build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", name))
+        attention_evaluator = build_attention_stats_evaluator(cfg, name)  # None unless enabled
+        if attention_evaluator is not None:
+            evaluator = DatasetEvaluators([evaluator, attention_evaluator])
         start = time.perf_counter()
         res = inference_on_dataset(model, loader, evaluator)
         seconds = time.perf_counter() - start

@@ -2,9 +2,12 @@
 from .build import EVALUATOR_FACTORIES, SparseCLIPSemSegEvaluator, build_evaluator, build_sem_seg_evaluator
 from .results import build_results, dataset_summary, write_results
 
+from .attention_stats import AttentionStatsEvaluator, build_attention_stats_evaluator
 from .fgovd_evaluation import FGOVDEvaluator, add_mhme, build_fgovd_evaluator  # registers "fgovd"
 
 __all__ = [
+    "AttentionStatsEvaluator",
+    "build_attention_stats_evaluator",
     "EVALUATOR_FACTORIES",
     "FGOVDEvaluator",
     "add_mhme",

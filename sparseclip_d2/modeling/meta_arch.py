@@ -70,6 +70,7 @@ class SparseCLIP(nn.Module):
         window_batch_size: int = 8,
         random_weights: bool = False,
         text_cache_size: int = 64,
+        attention_stats: bool = False,
     ):
         """
         Args:
@@ -90,6 +91,8 @@ class SparseCLIP(nn.Module):
                 windows of an image are encoded ``window_batch_size`` at a time.
             random_weights: the CLIP weights are random (recorded, logged).
             text_cache_size: number of (vocabulary, templates, device) entries kept.
+            attention_stats: also return ``output["attention"]`` (the last block's attention
+                of every window, per head; see ``evaluation.attention_stats.attention_record``).
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -116,6 +119,7 @@ class SparseCLIP(nn.Module):
         self.stride = int(stride)
         self.window_batch_size = int(window_batch_size)
         self.random_weights = bool(random_weights)
+        self.attention_stats = bool(attention_stats)
         self._text_cache: "OrderedDict[tuple, Tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
         self._text_cache_size = int(text_cache_size)
         self._warned_threshold: set = set()
@@ -158,6 +162,7 @@ class SparseCLIP(nn.Module):
             "stride": sw.STRIDE,
             "window_batch_size": sw.BATCH_SIZE,
             "random_weights": random_weights,
+            "attention_stats": cfg.TEST.ATTENTION_STATS.ENABLED,
         }
 
     @property
@@ -220,21 +225,31 @@ class SparseCLIP(nn.Module):
         return ImageList.from_tensors(images, int(self.encoder.patch_size))
 
     # ------------------------------------------------------------------ inference
-    def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+    def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor,
+                      attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
         """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` patch logits
-        ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32)."""
+        ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32). With
+        ``attention_sink`` (a list), the last block's attention of each window,
+        ``(heads, 1 + h*w, 1 + h*w)`` float32, is appended to it."""
         param = next(self.encoder.parameters(), None)
         if param is not None:
             images = images.to(param.dtype)
-        feats = F.normalize(self.encoder(images).float(), dim=1)
+        if attention_sink is None:
+            feats = self.encoder(images)
+        else:
+            feats, attn = self.encoder(images, return_attention=True)
+            attention_sink.extend(attn.unbind(0))
+        feats = F.normalize(feats.float(), dim=1)
         return self.logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb)
 
-    def synonym_logits(self, image: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+    def synonym_logits(self, image: torch.Tensor, text_emb: torch.Tensor,
+                       attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
         """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits at that size,
-        whole-image or sliding-window per the config."""
+        whole-image or sliding-window per the config (``attention_sink``: see ``encode_logits``;
+        windows are appended in ``window_grid`` order)."""
         return dense_logits(
             image,
-            lambda crops: self.encode_logits(crops, text_emb),
+            lambda crops: self.encode_logits(crops, text_emb, attention_sink),
             patch_size=int(self.encoder.patch_size),
             crop_size=self.crop_size if self.sliding_window else None,
             stride=self.stride if self.sliding_window else None,
@@ -264,7 +279,8 @@ class SparseCLIP(nn.Module):
                 vocabulary, background_index = self._vocabulary(x)
                 emb, class_index = self.text_classifier_for(vocabulary)
                 image = self.normalize_image(x["image"])
-                logits = self.synonym_logits(image, emb)
+                sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
+                logits = self.synonym_logits(image, emb, sink)
                 out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
                 if (out_h, out_w) != tuple(logits.shape[-2:]):
                     logits = F.interpolate(logits[None], size=(out_h, out_w), mode="bilinear", align_corners=False)[0]
@@ -278,8 +294,24 @@ class SparseCLIP(nn.Module):
                     area_threshold=self.area_threshold,
                     background_index=background_index,
                 )
-                outputs.append({"sem_seg": scores})
+                out = {"sem_seg": scores}
+                if sink is not None:
+                    out["attention"] = self._attention_record(sink, tuple(image.shape[-2:]))
+                outputs.append(out)
         return outputs
+
+    def _attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
+        """``output["attention"]`` for the attention-statistics evaluator (per-head weights of
+        every window; statistics are averaged over heads there)."""
+        from ..evaluation.attention_stats import attention_record
+
+        spec = self.encoder.spec
+        return attention_record(
+            weights, image_size, int(self.encoder.patch_size),
+            crop_size=self.crop_size if self.sliding_window else None,
+            stride=self.stride if self.sliding_window else None,
+            source=spec.source, sum_mode=spec.sum_mode,
+        )
 
     def _vocabulary(self, x: Dict) -> Tuple[List[str], Optional[int]]:
         if "vocabulary" in x:
