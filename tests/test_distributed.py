@@ -51,26 +51,6 @@ def register(dicts):
                                  background_index=None, reduce_zero_label=False)
 
 
-class WithAttention(torch.nn.Module):
-    """The SparseCLIP model plus ``output["attention"]`` (whole-image, last block) for the
-    attention-statistics evaluator."""
-
-    def __init__(self, model, source):
-        super().__init__()
-        self.model, self.source = model, source
-
-    def forward(self, batched_inputs):
-        from sparseclip_d2.evaluation.attention_stats import attention_record
-
-        outputs = self.model(batched_inputs)
-        for x, out in zip(batched_inputs, outputs):
-            images = self.model.normalize_images([x])
-            _, attn = self.model.encoder(images.tensor, return_attention=True)
-            out["attention"] = attention_record([attn[0]], tuple(images.tensor.shape[-2:]),
-                                                self.model.encoder.patch_size, source=self.source)
-        return outputs
-
-
 def fgovd_planted(index):
     """Planted FG-OVD output of image ``index``: a few boxes with scores over 1 + 3 captions."""
     g = torch.Generator().manual_seed(100 + index)
@@ -121,10 +101,11 @@ def worker(rank, world_size, init_file, folder, out_file):
             "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
             "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "MODEL.DEVICE", "cpu", "INPUT.MIN_SIZE_TEST", "64",
             "MODEL.SPARSECLIP.ATTENTION.SOURCE", "qq", "MODEL.SPARSECLIP.ATTENTION.NORMALIZER", "entmax",
+            "TEST.ATTENTION_STATS.ENABLED", "True",
         ])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = WithAttention(build_model(cfg), "qq")
+            model = build_model(cfg)
 
         loader = build_detection_test_loader(dicts, mapper=SparseCLIPTestMapper(cfg, SEG), num_workers=0)
         seen = [x["image_id"] for batch in loader for x in batch]
