@@ -44,12 +44,22 @@ normalisation), so the result is the exact alpha-entmax up to floating-point rou
 Cost: one ``amax`` pass, one comparison pass, one ``nonzero`` and a gather/scatter of the
 candidates, plus a zero-filled output; the Newton iterations run on the small padded
 matrix.  Only the dense rows (small alpha or very flat rows) pay full-length passes.
+
+Backends.  On CPU, float32/float16/bfloat16 inputs with alpha in (1, 2] go to a fused
+C++ kernel (``csrc/entmax_cpu.cpp``, loaded by ``_entmax_cpu``) that runs the same
+algorithm row by row in a few cache-resident passes (max, candidate collection, Newton in
+float64 on the candidates, output) instead of many full-size torch ops; it is compiled on
+first use.  CUDA tensors, float64 inputs, ``SPARSECLIP_ENTMAX_KERNEL=0`` and a kernel that
+failed to build use the pure torch implementation below.  :func:`entmax_backend` says
+which one CPU float32 inputs get.
 """
 import logging
 
 import torch
 
-__all__ = ["alpha_entmax"]
+from sparseclip_d2.attention import _entmax_cpu
+
+__all__ = ["alpha_entmax", "entmax_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,16 +181,34 @@ def _flat_nonzero(mask_buf: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     return words[pos >> 3] * 8 + (pos & 7)
 
 
+_MSG_ALL_NEG_INF = ("alpha_entmax: a row is entirely -inf (no finite score); alpha-entmax "
+                    "is undefined for it")
+_MSG_NAN = ("alpha_entmax: the input holds NaN or +inf scores; only finite values and -inf "
+            "are allowed")
+
+
 def _check_rows(xmax: torch.Tensor) -> None:
     """Raise ValueError when a row is all -inf or holds NaN / +inf (would give NaN)."""
     if bool(torch.isfinite(xmax).all()):
         return
     if bool(torch.isneginf(xmax).any()):
-        raise ValueError(
-            "alpha_entmax: a row is entirely -inf (no finite score); alpha-entmax is "
-            "undefined for it")
-    raise ValueError("alpha_entmax: the input holds NaN or +inf scores; only finite "
-                     "values and -inf are allowed")
+        raise ValueError(_MSG_ALL_NEG_INF)
+    raise ValueError(_MSG_NAN)
+
+
+def entmax_backend() -> str:
+    """``"cpu-kernel"`` when CPU float32 inputs (alpha in (1, 2]) use the fused C++ kernel,
+    ``"torch"`` when they use the pure torch path (kernel disabled by
+    ``SPARSECLIP_ENTMAX_KERNEL=0`` or unavailable).  May build the kernel (first call)."""
+    if _entmax_cpu.kernel_enabled() and _entmax_cpu.load_kernel() is not None:
+        return "cpu-kernel"
+    return "torch"
+
+
+def _raise_row_error(code: int) -> None:
+    """Raise :func:`_check_rows`'s ValueError for a kernel error code (bit 1: a row is
+    entirely -inf, bit 2: NaN / +inf; the -inf message wins, as in _check_rows)."""
+    raise ValueError(_MSG_ALL_NEG_INF if code & 1 else _MSG_NAN)
 
 
 def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
@@ -218,6 +246,17 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
     xw = x.movedim(dim, -1)
     length = xw.shape[-1]
     x2 = xw.to(work_dtype).reshape(-1, length).contiguous()  # (R, L); a view when possible
+    if (alpha > 1.0 and x.device.type == "cpu" and work_dtype == torch.float32
+            and _entmax_cpu.kernel_enabled()):
+        result = _entmax_cpu.entmax_rows(x2, _exponent(alpha))
+        if result is not None:
+            out2, code = result
+            if code:
+                _raise_row_error(code)
+            out = out2.view(xw.shape).to(out_dtype)
+            if (dim % x.dim()) != x.dim() - 1:
+                out = out.movedim(-1, dim).contiguous()
+            return out
     xmax = x2.amax(-1)  # (R,)
     _check_rows(xmax)
     if alpha == 1.0:

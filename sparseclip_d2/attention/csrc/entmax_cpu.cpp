@@ -1,0 +1,342 @@
+/*
+ * Fused CPU kernel for exact alpha-entmax over the rows of a float32 (N, L) matrix.
+ *
+ * Definition.  With r = 1 / (alpha - 1) >= 1 and the per-row shift s in [0, 1],
+ *
+ *     w_i = 1 + (x_i - max(x)) / r        (so max_i w_i = 1)
+ *     u_i = [w_i - s]_+,   p_i = u_i^r,   sum_i p_i = 1,
+ *
+ * which is alpha-entmax with threshold t = max(x) + r s (see entmax.py).
+ *
+ * Per row, the kernel makes
+ *   1. one pass for the maximum m (and a flag for NaN / +inf entries);
+ *   2. one pass collecting the candidates x_j > m - r (minus a rounding margin) as
+ *      (w_j in double, j) into a per-thread buffer.  Every other entry has w_j <= 0,
+ *      hence u_j = 0 for every s >= 0: it is exactly zero in the output.  -inf entries
+ *      never pass the test;
+ *   3. a safeguarded Newton iteration, in double, on the candidates only, for the root
+ *      of h(s) = f(s)^(1/r) - 1 with f = sum u^r.  h is convex and decreasing in s
+ *      (u_i is convex in s and a p-norm with p = r >= 1 is convex and monotone on the
+ *      non-negative orthant), h(0) >= 0 because the largest entry alone has u = 1, so
+ *      Newton from s = 0 increases monotonically to the root without overshooting.
+ *      While the support is fixed h is linear in s for equal entries and close to it
+ *      otherwise, so a handful of steps suffice.  A bisection safeguard on the bracket
+ *      [lo, hi] (initially [0, 1]; f(1) = 0 < 1) takes over whenever rounding produces
+ *      a step outside it;
+ *   4. one pass writing the output row: zeros, then u_j^r / f at the candidates
+ *      (the final division makes the row sum to one up to rounding).
+ *
+ * Why it is exact: only provably-zero entries are pruned (the rounding margin can only
+ * add candidates, which then get u = 0), and on the candidates the shift is the root of
+ * the same equation, solved in double to a step below 1e-11, so the output equals
+ * alpha-entmax up to float32 rounding of the result.
+ *
+ * The max and candidate passes use SSE2 (baseline on x86-64; plain loops elsewhere):
+ * candidates are packed by a 16-entry table indexed by the 4-lane comparison mask.
+ *
+ * Powers: integer r (alpha = 2, 1.5, 4/3, 1.25, 1.2, ...) uses repeated multiplication
+ * (compile-time unrolled for r <= 5); other r uses exp(r log u) in double.
+ *
+ * Errors are not raised here: the returned code has bit 1 set when some row is entirely
+ * -inf and bit 2 when some row holds NaN or +inf; the Python wrapper raises.
+ */
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+namespace {
+
+constexpr int kMaxIter = 100;
+constexpr double kStepTol = 1e-11;
+
+// u^n for integer n >= 0 by repeated squaring, with 0^0 = 0 (u = 0 is "outside the
+// support", also for the u^(r-1) term of sparsemax).
+inline double ipow(double u, int64_t n) {
+  if (!(u > 0.0)) return 0.0;
+  double result = 1.0;
+  while (n) {
+    if (n & 1) result *= u;
+    n >>= 1;
+    if (n) u *= u;
+  }
+  return result;
+}
+
+// Power of u >= 0 with exponent E (compile time, E >= 1) or e (run time, E == 0:
+// integer exponent when is_int, else real).
+template <int E>
+struct Pow {
+  int64_t n;    // run-time integer exponent r
+  double r;     // real exponent
+  bool is_int;
+  // returns u^(r-1) and writes u^r
+  inline double lower(double u, double* full) const {
+    if constexpr (E == 1) {
+      *full = u > 0.0 ? u : 0.0;
+      return u > 0.0 ? 1.0 : 0.0;
+    } else if constexpr (E > 1) {
+      u = u > 0.0 ? u : 0.0;
+      double g = u;
+      for (int k = 2; k < E; ++k) g *= u;
+      *full = g * u;
+      return g;
+    } else {
+      if (!(u > 0.0)) {
+        *full = 0.0;
+        return 0.0;
+      }
+      double g = is_int ? ipow(u, n - 1) : std::exp((r - 1.0) * std::log(u));
+      *full = g * u;
+      return g;
+    }
+  }
+  inline double full(double u) const {
+    double p;
+    lower(u, &p);
+    return p;
+  }
+};
+
+// Root of f(s) = 1 given f = sum u^r and S = sum u^(r-1) at s: the Newton step on
+// h = f^(alpha-1), (h - 1) / (-h'(s)) with -h'(s) = f^(alpha-2) S.  Written as
+// e f / ((1 + e) S) with e = f^(alpha-1) - 1 computed without cancellation (expm1 keeps
+// it accurate as alpha -> 1, where the first step is the log-sum-exp).
+template <int E>
+inline double newton_step(double f, double big_s, double am1) {
+  double e;
+  if constexpr (E == 1) {
+    e = f - 1.0;
+  } else if constexpr (E == 2) {
+    e = (f - 1.0) / (std::sqrt(f) + 1.0);
+  } else {
+    e = std::expm1(am1 * std::log(f));
+  }
+  return e * f / ((1.0 + e) * big_s);
+}
+
+// Solves one row given its K candidates (w, idx; both overwritten, as are the scratch
+// buffers w2, idx2) and writes the candidates' probabilities into out_row.
+template <int E>
+void solve_and_write(double* w, int32_t* idx, double* w2, int32_t* idx2, int64_t k,
+                     const Pow<E>& pw, float* out_row) {
+  const double am1 = 1.0 / pw.r;  // alpha - 1
+  double s = 0.0, lo = 0.0, hi = 1.0;
+  for (int it = 0; it < kMaxIter; ++it) {
+    // f = sum u^r and S = sum u^(r-1) at s (vectorised reductions where E > 0).
+    double f = 0.0, big_s = 0.0;
+#pragma omp simd reduction(+ : f, big_s)
+    for (int64_t j = 0; j < k; ++j) {
+      double p;
+      big_s += pw.lower(w[j] - s, &p);
+      f += p;
+    }
+    const bool left = f >= 1.0;  // h(s) >= 1: s is at or left of the root
+    if (left) {
+      // The iterates only grow from here (monotone Newton, bracket lo >= s), so the
+      // entries with w <= s stay at zero for good: drop them.
+      lo = s;
+      int64_t kept = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        w[kept] = w[j];
+        idx[kept] = idx[j];
+        kept += w[j] > s;
+      }
+      k = kept;
+    } else {
+      hi = s;
+    }
+    double step = newton_step<E>(f, big_s, am1);
+    if (left && step < 0.0) step = 0.0;  // rounding at the root
+    double s_new = s + step;
+    if (!(s_new >= lo && s_new <= hi)) s_new = 0.5 * (lo + hi);  // also NaN
+    const bool done = std::abs(s_new - s) <= kStepTol;
+    s = s_new;
+    if (done) break;
+  }
+  // Output at the final s: u^r / f (entries dropped above are exact zeros).
+  double f = 0.0;
+#pragma omp simd reduction(+ : f)
+  for (int64_t j = 0; j < k; ++j) {
+    w2[j] = pw.full(w[j] - s);
+    f += w2[j];
+  }
+  const double inv = 1.0 / f;
+  for (int64_t j = 0; j < k; ++j) {
+    out_row[idx[j]] = static_cast<float>(w2[j] * inv);
+  }
+}
+
+// Maximum of a row; *bad is set when the row holds NaN or +inf.
+inline float row_max(const float* xr, int64_t length, bool* bad) {
+  const float inf = std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  float m = -inf;
+  bool nan = false;
+#ifdef __SSE2__
+  if (length >= 8) {
+    // _mm_max_ps(v, acc) returns acc when v is NaN: NaNs are tracked separately.
+    __m128 m0 = _mm_set1_ps(-inf), m1 = m0, n0 = _mm_setzero_ps(), n1 = n0;
+    for (; i + 8 <= length; i += 8) {
+      const __m128 v0 = _mm_loadu_ps(xr + i), v1 = _mm_loadu_ps(xr + i + 4);
+      m0 = _mm_max_ps(v0, m0);
+      m1 = _mm_max_ps(v1, m1);
+      n0 = _mm_or_ps(n0, _mm_cmpunord_ps(v0, v0));
+      n1 = _mm_or_ps(n1, _mm_cmpunord_ps(v1, v1));
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, _mm_max_ps(m0, m1));
+    for (float v : lanes) m = v > m ? v : m;
+    nan = _mm_movemask_ps(_mm_or_ps(n0, n1)) != 0;
+  }
+#endif
+  for (; i < length; ++i) {
+    const float v = xr[i];
+    m = v > m ? v : m;
+    nan = nan || v != v;
+  }
+  *bad = nan || m == inf;
+  return m;
+}
+
+#ifdef __SSE2__
+// kPacked[mask] lists the set bits of a 4-bit mask, lowest first (unused lanes 0).
+struct PackTable {
+  alignas(16) int32_t lanes[16][4];
+  int32_t count[16];
+  constexpr PackTable() : lanes(), count() {
+    for (int mask = 0; mask < 16; ++mask) {
+      int n = 0;
+      for (int bit = 0; bit < 4; ++bit) {
+        if (mask & (1 << bit)) lanes[mask][n++] = bit;
+      }
+      count[mask] = n;
+    }
+  }
+};
+constexpr PackTable kPacked{};
+#endif
+
+// Writes the indices j with xr[j] > cut to idx (ascending) and returns their number.
+// idx needs room for length + 4 entries (the vector path stores 4 lanes at a time).
+inline int64_t collect(const float* xr, int64_t length, float cut, int32_t* idx) {
+  int64_t k = 0, j = 0;
+#ifdef __SSE2__
+  const __m128 c = _mm_set1_ps(cut);
+  for (; j + 4 <= length; j += 4) {
+    const int mask = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(xr + j), c));
+    const __m128i lanes =
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kPacked.lanes[mask]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + k),
+                     _mm_add_epi32(lanes, _mm_set1_epi32(static_cast<int32_t>(j))));
+    k += kPacked.count[mask];
+  }
+#endif
+  for (; j < length; ++j) {  // branch-free compaction
+    idx[k] = static_cast<int32_t>(j);
+    k += xr[j] > cut;
+  }
+  return k;
+}
+
+template <int E>
+int run_rows(const float* x, float* out, int64_t begin, int64_t end, int64_t length,
+             const Pow<E>& pw) {
+  const double r = pw.r;
+  const double am1 = 1.0 / r;
+  const float inf = std::numeric_limits<float>::infinity();
+  // Candidates (w, idx) and the solver's scratch copy, each with slack for collect().
+  const int64_t stride = length + 8;
+  std::vector<double> w(2 * static_cast<size_t>(stride));
+  std::vector<int32_t> idx(2 * static_cast<size_t>(stride));
+  int code = 0;
+  for (int64_t row = begin; row < end; ++row) {
+    const float* xr = x + row * length;
+    float* orow = out + row * length;
+    // 1. maximum and NaN / +inf flag.
+    bool bad = false;
+    const float m = row_max(xr, length, &bad);
+    std::fill(orow, orow + length, 0.0f);
+    if (bad) { code |= 2; continue; }
+    if (m == -inf) { code |= 1; continue; }
+    // 2. candidates x_j > m - r; the margin makes rounding add candidates, never drop.
+    const double md = static_cast<double>(m);
+    const double cut_d = md - r - (std::abs(md) + r) * (8.0 * FLT_EPSILON);
+    const float cut = std::nextafter(static_cast<float>(cut_d), -inf);
+    const int64_t k = collect(xr, length, cut, idx.data());
+    for (int64_t j = 0; j < k; ++j) {
+      w[j] = 1.0 + (static_cast<double>(xr[idx[j]]) - md) * am1;
+    }
+    // 3-4. Newton on the candidates, then the output.
+    solve_and_write<E>(w.data(), idx.data(), w.data() + stride, idx.data() + stride, k, pw,
+                       orow);
+  }
+  return code;
+}
+
+}  // namespace
+
+// The part above is plain C++ (it can be compiled alone, e.g. for a micro-benchmark,
+// with ENTMAX_CORE_ONLY defined); the part below binds it to torch.
+#ifndef ENTMAX_CORE_ONLY
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+namespace {
+
+template <int E>
+int dispatch_rows(const float* x, float* out, int64_t rows, int64_t length,
+                  const Pow<E>& pw) {
+  std::atomic<int> code{0};
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, length));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    const int c = run_rows<E>(x, out, begin, end, length, pw);
+    if (c) code.fetch_or(c);
+  });
+  return code.load();
+}
+
+std::tuple<at::Tensor, int64_t> entmax_rows(const at::Tensor& x, double r) {
+  TORCH_CHECK(x.device().is_cpu(), "entmax_rows: x must be a CPU tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "entmax_rows: x must be float32");
+  TORCH_CHECK(x.dim() == 2, "entmax_rows: x must be 2-D (rows, length)");
+  TORCH_CHECK(x.is_contiguous(), "entmax_rows: x must be contiguous");
+  TORCH_CHECK(r >= 1.0 && std::isfinite(r), "entmax_rows: r = 1/(alpha-1) must be >= 1");
+  const int64_t rows = x.size(0), length = x.size(1);
+  TORCH_CHECK(length <= std::numeric_limits<int32_t>::max(), "entmax_rows: row too long");
+  at::Tensor out = at::empty({rows, length}, x.options());
+  if (rows == 0 || length == 0) return {out, 0};
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const bool is_int = r == std::floor(r) && r <= 1e6;
+  const int64_t n = is_int ? static_cast<int64_t>(r) : 0;
+  int code;
+  switch (is_int ? n : 0) {
+    case 1: code = dispatch_rows<1>(xp, op, rows, length, Pow<1>{1, r, true}); break;
+    case 2: code = dispatch_rows<2>(xp, op, rows, length, Pow<2>{2, r, true}); break;
+    case 3: code = dispatch_rows<3>(xp, op, rows, length, Pow<3>{3, r, true}); break;
+    case 4: code = dispatch_rows<4>(xp, op, rows, length, Pow<4>{4, r, true}); break;
+    case 5: code = dispatch_rows<5>(xp, op, rows, length, Pow<5>{5, r, true}); break;
+    default: code = dispatch_rows<0>(xp, op, rows, length, Pow<0>{n, r, is_int});
+  }
+  return {out, static_cast<int64_t>(code)};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("entmax_rows", &entmax_rows,
+        "Exact alpha-entmax over the rows of a contiguous float32 (N, L) CPU tensor; "
+        "r = 1/(alpha-1).  Returns (probabilities, error code: 1 all -inf row, 2 NaN/+inf).",
+        pybind11::arg("x"), pybind11::arg("r"));
+}
+#endif  // ENTMAX_CORE_ONLY
