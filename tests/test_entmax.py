@@ -2,17 +2,45 @@
 
 Everything is checked against an independent float64 bisection reference (run to
 convergence) and, where they apply, against torch.softmax and the entmax package.
+Every test runs for both backends: the fused CPU kernel and the pure torch path
+(``SPARSECLIP_ENTMAX_KERNEL=0``).  On Linux x86-64 with a C++ compiler the kernel must
+build: a build failure fails the kernel tests instead of silently testing the fallback.
 """
+import logging
 import math
+import platform
+import shutil
+import sys
 
 import pytest
 import torch
 
-from sparseclip_d2.attention.entmax import alpha_entmax
+from sparseclip_d2.attention import _entmax_cpu
+from sparseclip_d2.attention.entmax import alpha_entmax, entmax_backend
 
 entmax = pytest.importorskip("entmax")
 
 ATOL = 1e-5
+
+
+def _kernel_must_build() -> bool:
+    return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+            and shutil.which("c++") is not None)
+
+
+@pytest.fixture(autouse=True, params=["cpu-kernel", "torch"])
+def backend(request, monkeypatch):
+    """Runs each test with the CPU kernel and with the pure torch path."""
+    if request.param == "torch":
+        monkeypatch.setenv(_entmax_cpu.ENV_VAR, "0")
+    else:
+        monkeypatch.setenv(_entmax_cpu.ENV_VAR, "1")
+        if _kernel_must_build():
+            _entmax_cpu.load_kernel(raise_errors=True)  # a broken build fails here
+        elif _entmax_cpu.load_kernel() is None:
+            pytest.skip("the CPU kernel cannot be built on this platform")
+    assert entmax_backend() == request.param
+    return request.param
 
 
 def entmax_bisect_reference(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
@@ -222,3 +250,80 @@ def test_empty_tensors(shape):
 def test_non_float_input_raises():
     with pytest.raises(ValueError, match="floating-point"):
         alpha_entmax(torch.ones(2, 3, dtype=torch.long), 1.5)
+
+
+def test_backend_dispatch(backend, monkeypatch):
+    """CPU float32/16 inputs with alpha in (1, 2] reach the kernel; nothing else does."""
+    calls = []
+    real = _entmax_cpu.entmax_rows
+
+    def spy(x2d, r):
+        calls.append((tuple(x2d.shape), x2d.dtype, r))
+        return real(x2d, r)
+
+    monkeypatch.setattr(_entmax_cpu, "entmax_rows", spy)
+    x = torch.randn(3, 5, 17, generator=_gen(15))
+    alpha_entmax(x, 1.5)
+    alpha_entmax(x.half(), 1.2, dim=1)
+    alpha_entmax(x, 1.0)
+    alpha_entmax(x.double(), 1.5)
+    if backend == "torch":
+        assert calls == []
+    else:
+        assert calls == [((15, 17), torch.float32, 2.0), ((51, 5), torch.float32, 5.0)]
+
+
+@pytest.mark.parametrize("alpha", [1.2, 1.33, 1.5, 2.0])
+@pytest.mark.parametrize("kind", ["randn*3", "peaked"])
+def test_attention_map_785(alpha, kind):
+    """Full rows of a 785-token map (ViT-B/16 at 448 px), as benchmarked."""
+    g = _gen(16)
+    x = torch.randn(1, 2, 64, 785, generator=g) * 3
+    if kind == "peaked":
+        x[..., torch.randint(0, 785, (64,), generator=g)] += 12.0
+    assert_exact(alpha_entmax(x, alpha), entmax_bisect_reference(x, alpha))
+
+
+def test_backends_agree(backend):
+    x = torch.randn(4, 6, 120, generator=_gen(17)) * 4
+    x[0, :, ::5] = -math.inf
+    for alpha in [1.05, 1.2, 1.5, 1.7, 2.0]:
+        p = alpha_entmax(x, alpha, dim=-1)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(_entmax_cpu.ENV_VAR, "0")
+            q = alpha_entmax(x, alpha, dim=-1)
+        assert (p - q).abs().max() <= 2e-6
+        assert torch.equal(p > 1e-6, q > 1e-6)
+
+
+def test_error_in_one_row_of_many():
+    x = torch.randn(50, 40, generator=_gen(18))
+    x[37, 3] = math.nan
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        alpha_entmax(x, 1.2)
+    x[11] = -math.inf  # the all -inf message wins, as in the torch path
+    with pytest.raises(ValueError, match="entirely -inf"):
+        alpha_entmax(x, 1.2)
+    x = torch.randn(50, 40, generator=_gen(18))
+    x[5, 0] = math.inf
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        alpha_entmax(x, 2.0)
+
+
+def test_kernel_build_failure_falls_back_once(monkeypatch, caplog, tmp_path):
+    """A kernel that cannot be built logs one warning and leaves the torch path."""
+    monkeypatch.setenv(_entmax_cpu.ENV_VAR, "1")
+    monkeypatch.setattr(_entmax_cpu, "_module", None)
+    monkeypatch.setattr(_entmax_cpu, "_failed", False)
+    monkeypatch.setattr(_entmax_cpu, "_SOURCE", tmp_path / "missing.cpp")
+    x = torch.randn(6, 33, generator=_gen(19)) * 3
+    with caplog.at_level(logging.WARNING, logger=_entmax_cpu.__name__):
+        p1 = alpha_entmax(x, 1.5)
+        p2 = alpha_entmax(x, 1.2)
+        assert entmax_backend() == "torch"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unavailable" in warnings[0].getMessage()
+    assert_exact(p1, entmax_bisect_reference(x, 1.5))
+    assert_exact(p2, entmax_bisect_reference(x, 1.2))
+    with pytest.raises(FileNotFoundError):
+        _entmax_cpu.load_kernel(raise_errors=True)
