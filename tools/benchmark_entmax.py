@@ -6,25 +6,30 @@ One run prints (and optionally writes as JSON):
 
 1. for attention logits of shape (1, 12, L, L), L in --sizes, alpha in --alphas and two
    input kinds (``randn*3``: q.k/sqrt(d)-like logits; ``peaked``: the same plus one
-   dominant key per row), the median time of torch.softmax, alpha_entmax,
-   entmax.entmax_bisect(alpha) and the exact sort-based entmax.entmax15 (alpha 1.5) /
-   entmax.sparsemax (alpha 2), and the ratios; timings of softmax and alpha_entmax are
-   interleaved so that load from other processes hits both alike;
-2. peak extra memory of alpha_entmax, from the torch profiler's allocation events
+   dominant key per row), the median time of torch.softmax, alpha_entmax with each
+   backend (``kernel``: the fused CPU kernel; ``torch``: the pure torch path, forced with
+   SPARSECLIP_ENTMAX_KERNEL=0), entmax.entmax_bisect(alpha) and the exact sort-based
+   entmax.entmax15 (alpha 1.5) / entmax.sparsemax (alpha 2), and the ratios; timings of
+   softmax and both backends are interleaved so that load from other processes hits all
+   alike;
+2. peak extra memory of alpha_entmax (each backend), from the torch profiler's allocation events
    (allocations minus frees, in time order; the output tensor included), in units of the
    input's size;
 3. the forward time of sparseclip_d2.clip.DenseCLIPEncoder (ViT-B-16-quickgelu, random
    weights) at --e2e-size px with alpha-entmax (alpha --e2e-alpha) on the last 1 and 5
-   blocks, divided by the same forward with softmax in those blocks.
+   blocks, divided by the same forward with softmax in those blocks (default backend).
 
 Example::
 
     python tools/benchmark_entmax.py                       # full table (~5 min on 2 cores)
     python tools/benchmark_entmax.py --sizes 785 --alphas 1.2 1.5 --no-e2e
+    python tools/benchmark_entmax.py --backends kernel --no-baselines --no-memory
 """
 import argparse
+import contextlib
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -34,9 +39,31 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparseclip_d2.attention.entmax import alpha_entmax  # noqa: E402
+from sparseclip_d2.attention import _entmax_cpu  # noqa: E402
+from sparseclip_d2.attention.entmax import alpha_entmax, entmax_backend  # noqa: E402
 
 logger = logging.getLogger("benchmark_entmax")
+
+BACKENDS = ("kernel", "torch")
+
+
+@contextlib.contextmanager
+def backend_env(backend: str):
+    """Select alpha_entmax's backend ("kernel" or "torch") via SPARSECLIP_ENTMAX_KERNEL."""
+    old = os.environ.get(_entmax_cpu.ENV_VAR)
+    os.environ[_entmax_cpu.ENV_VAR] = "1" if backend == "kernel" else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_entmax_cpu.ENV_VAR, None)
+        else:
+            os.environ[_entmax_cpu.ENV_VAR] = old
+
+
+def entmax_with(backend: str, x: torch.Tensor, alpha: float) -> torch.Tensor:
+    with backend_env(backend):
+        return alpha_entmax(x, alpha)
 
 
 def make_logits(kind: str, length: int, heads: int = 12, seed: int = 0) -> torch.Tensor:
@@ -49,6 +76,12 @@ def make_logits(kind: str, length: int, heads: int = 12, seed: int = 0) -> torch
     elif kind != "randn*3":
         raise ValueError(f"unknown input kind {kind!r}; valid: randn*3, peaked")
     return x
+
+
+def available_backends() -> dict:
+    """Which backends can run here (builds the kernel on first use)."""
+    with backend_env("kernel"):
+        return {"kernel": entmax_backend() == "cpu-kernel", "torch": True}
 
 
 def median_times(fns: dict, reps: int) -> dict:
@@ -90,20 +123,22 @@ def bench_kernels(args) -> list:
     import entmax
 
     results = []
-    header = (f"{'L':>5} {'input':>8} {'alpha':>5} | {'softmax':>8} {'ours':>8} "
-              f"{'bisect':>8} {'sort':>8} | {'ours/sm':>7} {'bis/ours':>8} {'sort/ours':>9}")
+    header = (f"{'L':>5} {'input':>8} {'alpha':>5} | {'softmax':>8} {'kernel':>8} "
+              f"{'torch':>8} {'bisect':>8} {'sort':>8} | {'kern/sm':>7} {'torch/sm':>8} "
+              f"{'bis/kern':>8} {'sort/kern':>9}")
     print("Times: median ms over interleaved runs; shape (1, 12, L, L) float32, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads; kernel backend available: "
+          f"{available_backends()['kernel']}")
     print(header)
     print("-" * len(header))
     for length in args.sizes:
         for kind in args.kinds:
             x = make_logits(kind, length)
             for alpha in args.alphas:
-                fast = median_times({
-                    "softmax": lambda: torch.softmax(x, -1),
-                    "ours": lambda: alpha_entmax(x, alpha),
-                }, args.reps)
+                fns = {"softmax": lambda: torch.softmax(x, -1)}
+                for backend in args.backends:
+                    fns[backend] = lambda b=backend: entmax_with(b, x, alpha)
+                fast = median_times(fns, args.reps)
                 slow = {}
                 if kind == "randn*3" and not args.no_baselines:
                     slow_fns = {"bisect": lambda: entmax.entmax_bisect(x, alpha=alpha, dim=-1)}
@@ -122,9 +157,11 @@ def bench_kernels(args) -> list:
                     return (f"{row[a] / row[b]:{width}.2f}" if a in row and b in row
                             else f"{'-':>{width}}")
 
-                print(f"{length:5d} {kind:>8} {alpha:5.2f} | {ms('softmax')} {ms('ours')} "
-                      f"{ms('bisect')} {ms('sort')} | {ratio('ours', 'softmax', 7)} "
-                      f"{ratio('bisect', 'ours', 8)} {ratio('sort', 'ours', 9)}", flush=True)
+                print(f"{length:5d} {kind:>8} {alpha:5.2f} | {ms('softmax')} {ms('kernel')} "
+                      f"{ms('torch')} {ms('bisect')} {ms('sort')} | "
+                      f"{ratio('kernel', 'softmax', 7)} {ratio('torch', 'softmax', 8)} "
+                      f"{ratio('bisect', 'kernel', 8)} {ratio('sort', 'kernel', 9)}",
+                      flush=True)
     return results
 
 
@@ -135,9 +172,12 @@ def bench_memory(args) -> list:
     for length in args.sizes:
         x = make_logits("randn*3", length)
         for alpha in args.alphas:
-            units = peak_extra_memory(lambda t: alpha_entmax(t, alpha), x)
-            rows.append({"L": length, "alpha": alpha, "peak_extra_input_units": units})
-            print(f"  L={length:5d} alpha={alpha:4.2f}: {units:.2f} x input", flush=True)
+            for backend in args.backends:
+                units = peak_extra_memory(lambda t: entmax_with(backend, t, alpha), x)
+                rows.append({"L": length, "alpha": alpha, "backend": backend,
+                             "peak_extra_input_units": units})
+                print(f"  L={length:5d} alpha={alpha:4.2f} {backend:>6}: {units:.2f} x input",
+                      flush=True)
     soft = peak_extra_memory(lambda t: torch.softmax(t, -1), make_logits("randn*3", 785))
     print(f"  (torch.softmax at L=785: {soft:.2f} x input)")
     rows.append({"L": 785, "alpha": 1.0, "softmax_peak_extra_input_units": soft})
@@ -153,8 +193,9 @@ def bench_end_to_end(args) -> list:
     images = torch.randn(1, 3, args.e2e_size, args.e2e_size)
     rows = []
     print(f"\nEnd to end: DenseCLIPEncoder ViT-B-16-quickgelu (random weights), "
-          f"{args.e2e_size} px, median of {args.e2e_reps} interleaved forwards")
-    for layers in (1, 5):
+          f"{args.e2e_size} px, median of {args.e2e_reps} interleaved forwards, "
+          f"alpha_entmax backend {entmax_backend()!r}")
+    for layers in args.e2e_layers:
         encoders = {
             name: DenseCLIPEncoder(visual, AttentionSpec(normalizer=name, alpha=args.e2e_alpha,
                                                          num_layers=layers))
@@ -176,7 +217,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[197, 785, 1025])
     parser.add_argument("--alphas", type=float, nargs="+", default=[1.2, 1.5, 2.0])
     parser.add_argument("--kinds", nargs="+", default=["randn*3", "peaked"])
-    parser.add_argument("--reps", type=int, default=9, help="runs of softmax / ours")
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
+                        help="alpha_entmax backends to time")
+    parser.add_argument("--e2e-layers", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--reps", type=int, default=9, help="runs of softmax / each backend")
     parser.add_argument("--baseline-reps", type=int, default=3,
                         help="runs of the (slow) entmax package functions")
     parser.add_argument("--no-baselines", action="store_true",
@@ -187,15 +231,27 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e-alpha", type=float, default=1.2)
     parser.add_argument("--e2e-reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads (default: torch's default)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("load average (1, 5, 15 min) at start: %.2f %.2f %.2f" % os.getloadavg())
 
+    backends = available_backends()
+    if "kernel" in args.backends and not backends["kernel"]:
+        print("the CPU kernel is unavailable (see the warning above): timing the torch "
+              "backend only")
+        args.backends = [b for b in args.backends if b != "kernel"]
     report = {"threads": torch.get_num_threads(), "torch": torch.__version__,
+              "load_average": list(os.getloadavg()), "backends": backends,
               "kernels": bench_kernels(args)}
     if not args.no_memory:
         report["memory"] = bench_memory(args)
     if not args.no_e2e:
         report["end_to_end"] = bench_end_to_end(args)
+    print("load average (1, 5, 15 min) at end: %.2f %.2f %.2f" % os.getloadavg())
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
         print(f"\nwrote {args.json}")
