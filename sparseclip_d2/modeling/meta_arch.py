@@ -282,10 +282,10 @@ class SparseCLIP(nn.Module):
                 sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
                 logits = self.synonym_logits(image, emb, sink)
                 out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
-                if (out_h, out_w) != tuple(logits.shape[-2:]):
-                    logits = F.interpolate(logits[None], size=(out_h, out_w), mode="bilinear", align_corners=False)[0]
                 if self.prob_threshold > 0 and background_index is None:
                     self._warn_threshold_ignored(x)
+                # Bilinear resize to (out_h, out_w) and post-processing, band by band over
+                # output rows: no full-size (S, out_h, out_w) tensor is allocated.
                 scores = class_scores(
                     logits,
                     class_index,
@@ -293,7 +293,9 @@ class SparseCLIP(nn.Module):
                     prob_threshold=self.prob_threshold,
                     area_threshold=self.area_threshold,
                     background_index=background_index,
+                    out_size=(out_h, out_w),
                 )
+                del logits
                 out = {"sem_seg": scores}
                 if sink is not None:
                     out["attention"] = self._attention_record(sink, tuple(image.shape[-2:]))

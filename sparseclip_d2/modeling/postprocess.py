@@ -3,14 +3,71 @@
 Pure torch. The order follows SCLIP's post-processing (also used by ClearCLIP and
 NACLIP): softmax over all synonyms (queries), max over the synonyms of each class, then
 the area rule, then the probability threshold.
+
+The scores are computed band by band over output rows, optionally bilinearly resized to an
+output size on the way (``out_size``): bilinear resizing with ``align_corners=False`` is
+separable, so a band of output rows needs only the two input rows around each of its rows.
+Peak extra memory is the ``(C, H, W)`` output plus ``O(S * band_rows * W)`` temporaries
+instead of several full ``(S, H, W)`` copies (resized logits, softmax, max over synonyms).
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from ..clip import max_over_synonyms
 
-__all__ = ["class_scores"]
+__all__ = ["class_scores", "bilinear_rows"]
+
+# Default band height: about this many float32 elements per (S, band_rows, W) temporary
+# (2 ** 24 elements = 64 MiB).
+_BAND_ELEMENTS = 1 << 24
+
+
+def bilinear_rows(in_size: int, out_size: int, start: int, stop: int,
+                  device=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Source rows and weights of output rows ``start:stop`` of a 1-D bilinear resize from
+    ``in_size`` to ``out_size`` with ``align_corners=False``, computed as PyTorch does
+    (float32 ``scale = in / out``, ``src = max(scale * (dst + 0.5) - 0.5, 0)`` rounded once,
+    ``i0 = min(floor(src), in - 1)``, ``i1 = min(i0 + 1, in - 1)``, ``lambda = src - i0``).
+
+    Returns:
+        ``(i0, i1, lam)``: two ``(stop - start,)`` long tensors and one ``(stop - start,)``
+        float32 tensor; output row ``r`` is ``(1 - lam) * in[i0] + lam * in[i1]``. The
+        weights equal those of PyTorch's CPU kernel bit for bit (tested); the blended values
+        can differ from ``F.interpolate`` by about one float32 ulp (summation order).
+    """
+    scale = (torch.tensor(in_size, dtype=torch.float32) / out_size).double()
+    # scale * (dst + 0.5) - 0.5 as one fused multiply-add (what the compiled CPU kernel
+    # does): exact in float64 for a float32 scale, then rounded once to float32.
+    dst = torch.arange(start, stop, dtype=torch.float64)
+    src = (scale * (dst + 0.5) - 0.5).float().clamp(min=0)
+    i0 = src.floor().long().clamp(max=in_size - 1)
+    i1 = (i0 + 1).clamp(max=in_size - 1)
+    lam = src - i0.float()
+    return i0.to(device), i1.to(device), lam.to(device)
+
+
+def _resized_band(logits: torch.Tensor, out_size: Tuple[int, int], start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``F.interpolate(logits[None], out_size, mode="bilinear",
+    align_corners=False)[0]`` for ``(S, h, w)`` logits, from at most ``2 * (stop - start)``
+    input rows. Returns ``(S, stop - start, W)`` in the dtype of ``logits``."""
+    h, w = logits.shape[-2:]
+    out_h, out_w = out_size
+    if h == out_h:
+        rows = logits[:, start:stop]
+        return rows if w == out_w else F.interpolate(rows[None], size=(stop - start, out_w), mode="bilinear",
+                                                     align_corners=False)[0]
+    i0, i1, lam = bilinear_rows(h, out_h, start, stop, logits.device)
+    first = int(i0[0])
+    last = int(i1[-1])  # i0, i1 are non-decreasing in the output row
+    rows = logits[:, first:last + 1]
+    if w != out_w:
+        # Width only: the height is kept (scale 1, src = dst exactly, lambda 0), so this is
+        # the horizontal pass of the full-size resize on these rows.
+        rows = F.interpolate(rows[None], size=(rows.shape[1], out_w), mode="bilinear", align_corners=False)[0]
+    lam = lam.to(rows.dtype).view(1, -1, 1)
+    return rows[:, i0 - first] * (1 - lam) + rows[:, i1 - first] * lam
 
 
 def class_scores(
@@ -21,11 +78,17 @@ def class_scores(
     prob_threshold: float = 0.0,
     area_threshold: float = 0.0,
     background_index: Optional[int] = None,
+    out_size: Optional[Tuple[int, int]] = None,
+    band_rows: Optional[int] = None,
 ) -> torch.Tensor:
     """Per-class scores of one image whose argmax is the prediction.
 
+    Equal (to float rounding) to bilinearly resizing the logits to ``out_size``
+    (``align_corners=False``) and post-processing the whole image at once, but computed in
+    bands of output rows so that no full-size ``(S, H, W)`` tensor is ever allocated.
+
     Args:
-        synonym_logits: ``(S, H, W)`` logits, one channel per synonym (already multiplied
+        synonym_logits: ``(S, h, w)`` logits, one channel per synonym (already multiplied
             by the logit scale).
         class_index: ``(S,)`` long, the class of each synonym (values in ``[0, C)``).
         num_classes: C.
@@ -35,6 +98,9 @@ def class_scores(
             most this fraction of the predicted non-background area get probability 0
             (SCLIP's ``area_thd``). 0 disables.
         background_index: the background class, or None for datasets without one.
+        out_size: ``(H, W)`` of the output; None keeps ``(h, w)``.
+        band_rows: output rows per band; None picks about ``2 ** 24 / (S * W)`` (64 MiB
+            float32 temporaries).
 
     Returns:
         ``(C, H, W)`` float32: the class probabilities (max over synonyms of the softmax
@@ -49,20 +115,42 @@ def class_scores(
         )
     if background_index is not None and not 0 <= background_index < num_classes:
         raise ValueError(f"background_index {background_index} outside [0, {num_classes})")
-    probs = synonym_logits.float().softmax(dim=0)
-    scores = max_over_synonyms(probs, class_index.to(probs.device), num_classes, dim=0)
+    S, h, w = synonym_logits.shape
+    out_h, out_w = (h, w) if out_size is None else (int(out_size[0]), int(out_size[1]))
+    if out_h <= 0 or out_w <= 0 or h == 0 or w == 0:
+        raise ValueError(f"cannot resize ({h}, {w}) logits to ({out_h}, {out_w})")
+    if band_rows is None:
+        band_rows = max(1, _BAND_ELEMENTS // max(1, S * out_w))
+    if band_rows <= 0:
+        raise ValueError(f"band_rows must be positive, got {band_rows}")
+    device = synonym_logits.device
+    class_index = class_index.to(device)
+    scores = torch.empty(num_classes, out_h, out_w, dtype=torch.float32, device=device)
+    area = torch.zeros(num_classes, dtype=torch.long, device=device) if area_threshold > 0 else None
+    bands = [(r, min(r + band_rows, out_h)) for r in range(0, out_h, band_rows)]
 
-    if area_threshold > 0:
-        pred = scores.argmax(dim=0)
-        area = torch.bincount(pred.flatten(), minlength=num_classes).to(scores.dtype)
-        foreground = torch.ones(num_classes, dtype=torch.bool, device=scores.device)
+    # Pass 1: softmax and max over synonyms per band (+ the argmax histogram for the area rule).
+    for r0, r1 in bands:
+        probs = _resized_band(synonym_logits, (out_h, out_w), r0, r1).float().softmax(dim=0)
+        band = max_over_synonyms(probs, class_index, num_classes, dim=0)
+        del probs
+        scores[:, r0:r1] = band
+        if area is not None:
+            area += torch.bincount(band.argmax(dim=0).flatten(), minlength=num_classes)
+        del band
+
+    # Pass 2 (in place): the area rule needs the whole-image histogram, then the threshold.
+    if area is not None:
+        foreground = torch.ones(num_classes, dtype=torch.bool, device=device)
         if background_index is not None:
             foreground[background_index] = False
-        total = area[foreground].sum()
-        suppressed = foreground & ~(area > area_threshold * total)
-        scores[suppressed] = 0.0
-
+        area_f = area.to(torch.float32)
+        total = area_f[foreground].sum()
+        suppressed = foreground & ~(area_f > area_threshold * total)
+        for c in suppressed.nonzero().flatten().tolist():
+            scores[c].zero_()
     if prob_threshold > 0 and background_index is not None:
-        low = scores.max(dim=0).values < prob_threshold
-        scores[background_index][low] = 1.0
+        for r0, r1 in bands:
+            low = scores[:, r0:r1].max(dim=0).values < prob_threshold
+            scores[background_index, r0:r1][low] = 1.0
     return scores
