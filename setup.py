@@ -10,12 +10,14 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=("sparseclip_d2", "sparseclip_d2.*")),
-    package_data={"sparseclip_d2": ["data/classnames/*.txt", "data/templates/*.txt", "reference/*.csv"]},
+    package_data={"sparseclip_d2": ["data/classnames/*.txt", "reference/*.csv", "attention/csrc/*.cpp"]},
     install_requires=[
         "torch>=2.1",
         "torchvision>=0.16",
         "open_clip_torch>=2.24",
         "entmax>=1.3",
+        # builds the fused alpha-entmax CPU kernel (torch.utils.cpp_extension, first use)
+        "ninja",
         "fvcore>=0.1.5,<0.1.6",
         "pycocotools>=2.0.2",
         "opencv-python-headless",

@@ -39,9 +39,17 @@ PY
   "$VENV/bin/python" -m pip check >/dev/null
 }
 
+# The fused alpha-entmax CPU kernel is JIT-compiled (torch.utils.cpp_extension) into torch's
+# extension cache (~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR) on first use; build it
+# here once (about 70 s) so runs and tests start warm. Cached builds load in seconds.
+warm_kernel() {
+  "$VENV/bin/python" -c "from sparseclip_d2.attention import _entmax_cpu; _entmax_cpu.load_kernel(raise_errors=True)" \
+    || fail "building the alpha-entmax CPU kernel failed (needs a C++ compiler and ninja); set SPARSECLIP_ENTMAX_KERNEL=0 to use the pure-torch path"
+}
+
 WANT="$(inputs_hash)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
-  if verify; then
+  if verify && warm_kernel; then
     log "environment at $VENV is complete and up to date (nothing changed)"
     exit 0
   fi
@@ -87,5 +95,7 @@ log "pip check"
 "${PIP[@]}" check
 
 verify || fail "verification import failed after install"
+log "building the fused alpha-entmax CPU kernel (cached after the first build)"
+warm_kernel
 echo "$WANT" > "$STAMP"
 log "done: activate with 'source $VENV/bin/activate'"
