@@ -38,10 +38,18 @@ def run_tiny_sweep(base_dir, extra_args=()):
     return out, proc.stdout
 
 
+# stdout of the first run of the shared tiny sweep in this pytest session, whichever test
+# file (this one or test_plots.py) triggered it
+_FIRST_RUN_STDOUT = []
+
+
 def tiny_sweep_dir(tmp_path_factory):
     """The tiny sweep's output folder, shared by the test files of one session (resumed, so
     the second caller runs nothing)."""
-    return run_tiny_sweep(str(tmp_path_factory.getbasetemp() / "tiny_sweep"))[0]
+    out, stdout = run_tiny_sweep(str(tmp_path_factory.getbasetemp() / "tiny_sweep"))
+    if not _FIRST_RUN_STDOUT:
+        _FIRST_RUN_STDOUT.append(stdout)
+    return out
 
 
 def test_expand_aliases(tmp_path):
@@ -88,7 +96,8 @@ def test_tiny_sweep_runs_resumes_and_tables(tmp_path_factory):
     from sparseclip_d2.analysis.sweep import read_jsonl
 
     base = str(tmp_path_factory.getbasetemp() / "tiny_sweep")
-    out, stdout = run_tiny_sweep(base)
+    out = tiny_sweep_dir(tmp_path_factory)
+    stdout = _FIRST_RUN_STDOUT[0]
     jsonl = os.path.join(out, "results.jsonl")
     records = read_jsonl(jsonl)
     assert len(records) == 4 and all(r["status"] == "ok" for r in records), stdout
