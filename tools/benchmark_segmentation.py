@@ -9,6 +9,7 @@ short side, whole image, 21 VOC classes, single template; the text classifier is
 before timing. Prints one line per configuration.
 """
 import argparse
+import statistics
 import time
 
 import torch
@@ -39,6 +40,7 @@ def main():
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
           f"model {args.model} (random weights), short side {args.short_side}")
+    models, inputs = {}, {}
     for name in args.variants:
         cfg = get_cfg()
         add_sparseclip_config(cfg)
@@ -46,19 +48,26 @@ def main():
                              "MODEL.SPARSECLIP.CLIP.NAME", args.model, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
                              "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "INPUT.FORMAT", "RGB",
                              "INPUT.MIN_SIZE_TEST", args.short_side, "INPUT.MAX_SIZE_TEST", 2048] + VARIANTS[name])
-        model = build_model(cfg)
-        x = SparseCLIPTestMapper(cfg, "sparseclip_demo")(load_demo_dataset()[0])
-        model([x])  # warm-up, builds the text classifier
-        times = []
-        for _ in range(args.iters):
+        torch.manual_seed(0)  # the same random weights for every variant
+        models[name] = build_model(cfg)
+        inputs[name] = SparseCLIPTestMapper(cfg, "sparseclip_demo")(load_demo_dataset()[0])
+        models[name]([inputs[name]])  # warm-up: builds the text classifier (and the entmax kernel)
+    # interleaved repetitions, so a change of machine load hits every variant alike
+    times = {name: [] for name in args.variants}
+    for _ in range(args.iters):
+        for name in args.variants:
             start = time.perf_counter()
-            model([x])
+            models[name]([inputs[name]])
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        h, w = x["image"].shape[-2:]
-        print(f"{name:14s} {h}x{w}: {min(times):.3f} s/image (min of {args.iters}), mean {sum(times) / len(times):.3f}")
-
+            times[name].append(time.perf_counter() - start)
+    base = {src: statistics.median(times[f"{src}/softmax"]) for src in ("qk", "qq") if f"{src}/softmax" in times}
+    for name in args.variants:
+        h, w = inputs[name]["image"].shape[-2:]
+        med = statistics.median(times[name])
+        ratio = med / base[name.split("/")[0]] if name.split("/")[0] in base else float("nan")
+        print(f"{name:14s} {h}x{w}: {med:.3f} s/image (median of {args.iters}), min {min(times[name]):.3f}, "
+              f"x{ratio:.3f} of the same source with softmax")
 
 if __name__ == "__main__":
     main()
