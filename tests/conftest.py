@@ -32,6 +32,23 @@ def build_tiny_clip(seed: int = 0, precision: str = "fp32"):
         return build_clip(TINY_CLIP_NAME, "none", precision=precision)
 
 
+def tiny_cfg(**opts):
+    """A detectron2 config of ``configs/Base-SparseCLIP.yaml`` with the tiny random-weight CLIP on
+    the CPU, no text disk cache, and ``opts`` (config key -> value) merged last."""
+    from detectron2.config import get_cfg
+
+    import sparseclip_d2
+
+    cfg = get_cfg()
+    sparseclip_d2.add_sparseclip_config(cfg)
+    cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "Base-SparseCLIP.yaml"))
+    cfg.merge_from_list(["MODEL.SPARSECLIP.CLIP.NAME", TINY_CLIP_NAME, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+                         "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"])
+    for k, v in opts.items():
+        cfg.merge_from_list([k, v])
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def tiny_clip():
     """``(model, tokenizer, name)`` of the tiny random-weight CLIP (seed 0); see the module docstring."""

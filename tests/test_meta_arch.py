@@ -1,5 +1,4 @@
 """SparseCLIP META_ARCH, backbone, sliding window and post-processing (issue 4)."""
-import copy
 import itertools
 import os
 
@@ -11,10 +10,10 @@ from PIL import Image
 from torch import nn
 
 import sparseclip_d2  # noqa: F401  (registers everything)
+from conftest import tiny_cfg
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, TextClassifier
 from sparseclip_d2.modeling import SparseCLIP, class_scores, dense_logits, symmetric_pad, window_grid
 
-TINY = "sparseclip-tiny-vit"
 
 
 # ---------------------------------------------------------------- window grid (pure torch)
@@ -233,23 +232,12 @@ def test_tiny_clip_sliding_window_equivalences(tiny_clip):
     assert il.tensor.shape == (2, 3, 64, 96) and il.image_sizes == [(64, 96), (40, 50)]
 
 
-def _tiny_cfg(**opts):
-    from detectron2.config import get_cfg
-
-    cfg = get_cfg()
-    sparseclip_d2.add_sparseclip_config(cfg)
-    cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "Base-SparseCLIP.yaml"))
-    cfg.merge_from_list(["MODEL.SPARSECLIP.CLIP.NAME", TINY, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
-                         "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"])
-    for k, v in opts.items():
-        cfg.merge_from_list([k, v])
-    return cfg
 
 
 def test_build_model_from_config_and_demo_vocabulary():
     from detectron2.modeling import build_model
 
-    cfg = _tiny_cfg(**{"MODEL.SPARSECLIP.ATTENTION.SOURCE": "qq", "MODEL.SPARSECLIP.ATTENTION.NORMALIZER": "entmax",
+    cfg = tiny_cfg(**{"MODEL.SPARSECLIP.ATTENTION.SOURCE": "qq", "MODEL.SPARSECLIP.ATTENTION.NORMALIZER": "entmax",
                        "MODEL.SPARSECLIP.PROB_THRESHOLD": 0.99})
     model = build_model(cfg)
     assert isinstance(model, SparseCLIP) and model.random_weights and model.clip_model is not None
@@ -268,7 +256,7 @@ def test_backbone_through_build_backbone():
 
     from sparseclip_d2.modeling import SparseCLIPBackbone
 
-    cfg = _tiny_cfg(**{"MODEL.BACKBONE.NAME": "SparseCLIPBackbone", "MODEL.SPARSECLIP.ATTENTION.SOURCE": "vv"})
+    cfg = tiny_cfg(**{"MODEL.BACKBONE.NAME": "SparseCLIPBackbone", "MODEL.SPARSECLIP.ATTENTION.SOURCE": "vv"})
     backbone = build_backbone(cfg)
     assert isinstance(backbone, SparseCLIPBackbone)
     shape = backbone.output_shape()["clip"]
@@ -283,7 +271,7 @@ def test_backbone_through_build_backbone():
 def test_unloadable_weights_say_how_to_fix():
     from detectron2.modeling import build_model
 
-    cfg = _tiny_cfg(**{"MODEL.SPARSECLIP.CLIP.PRETRAINED": "/nonexistent/ckpt.pt"})
+    cfg = tiny_cfg(**{"MODEL.SPARSECLIP.CLIP.PRETRAINED": "/nonexistent/ckpt.pt"})
     with pytest.raises(RuntimeError) as e:
         build_model(cfg)
     msg = str(e.value)

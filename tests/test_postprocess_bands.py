@@ -2,7 +2,6 @@
 against the straightforward full-size computation: ``F.interpolate`` of the whole
 ``(S, h, w)`` logits to ``(S, H, W)``, then softmax / max over synonyms / area rule /
 probability threshold on the whole image at once."""
-import os
 from typing import Optional
 
 import pytest
@@ -10,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import sparseclip_d2  # noqa: F401  (registers everything)
+from conftest import tiny_cfg
 from sparseclip_d2.modeling import class_scores
 from sparseclip_d2.modeling.postprocess import bilinear_rows
 
-TINY = "sparseclip-tiny-vit"
 
 
 def reference_scores(logits: torch.Tensor, class_index: torch.Tensor, num_classes: int, out_size, *,
@@ -127,16 +126,9 @@ def test_bad_arguments():
 
 
 def _tiny_model(**opts):
-    from detectron2.config import get_cfg
     from detectron2.modeling import build_model
 
-    cfg = get_cfg()
-    sparseclip_d2.add_sparseclip_config(cfg)
-    cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "Base-SparseCLIP.yaml"))
-    cfg.merge_from_list(["MODEL.SPARSECLIP.CLIP.NAME", TINY, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
-                         "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"])
-    for k, v in opts.items():
-        cfg.merge_from_list([k, v])
+    cfg = tiny_cfg(**opts)
     torch.manual_seed(0)
     return build_model(cfg)
 

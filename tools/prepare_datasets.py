@@ -16,7 +16,6 @@ covers become background).
 """
 import argparse
 import glob
-import json
 import os
 import sys
 

@@ -14,7 +14,6 @@ Every figure says "RANDOM WEIGHTS (smoke test)" in its title when any plotted ru
 random CLIP weights. :func:`save_figure` writes PNG and PDF.
 """
 import logging
-import math
 import os
 from collections import OrderedDict, defaultdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -223,7 +222,7 @@ def gain_scatter(rows: Sequence[Dict[str, Any]], *, metric: Optional[str] = None
     ax.set_ylabel(f"entmax gain: {metric}(alpha {alpha:g}) - {metric}(softmax)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    _title(ax, f"Entmax gain vs non-class attention mass of the softmax baseline", [p for _, p, _ in pairs])
+    _title(ax, "Entmax gain vs non-class attention mass of the softmax baseline", [p for _, p, _ in pairs])
     return fig
 
 

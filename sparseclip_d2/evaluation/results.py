@@ -11,7 +11,7 @@ Layout::
 import json
 import math
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 import yaml
 

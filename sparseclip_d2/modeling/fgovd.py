@@ -20,7 +20,7 @@ optionally through templates, and cached per (model, templates, device, dtype) b
 import logging
 import math
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F

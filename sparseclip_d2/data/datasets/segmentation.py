@@ -178,40 +178,39 @@ def register_sem_seg_dataset(
     )
 
 
-def register_pascal_voc(root: str) -> None:
-    """``sparseclip_voc21_val`` (background + 20) and ``sparseclip_voc20_val`` (20, 0 -> ignore)."""
-    base = os.path.join(root, "VOCdevkit", "VOC2012")
-    prep = f"download VOCtrainval_11-May-2012.tar and extract it under {root}/ (no conversion needed)"
-    for name, classes, bg, reduce in (
-        ("sparseclip_voc21_val", "voc21", 0, False),
-        ("sparseclip_voc20_val", "voc20", None, True),
-    ):
+def _register_voc_style(base: str, image_dir: str, mask_dir: str, split_file: str, prep: str,
+                        variants) -> None:
+    """Register the variants ``(name, class-name file, background_index, reduce_zero_label)``
+    of one VOC-style dataset (images, masks and a split file of ids under ``base``)."""
+    for name, classes, bg, reduce in variants:
         register_sem_seg_dataset(
             name,
             lambda name=name: load_split_file_dataset(
-                name, os.path.join(base, "JPEGImages"), os.path.join(base, "SegmentationClass"),
-                os.path.join(base, "ImageSets", "Segmentation", "val.txt"), prepare_command=prep),
+                name, os.path.join(base, image_dir), os.path.join(base, mask_dir),
+                os.path.join(base, split_file), prepare_command=prep),
             class_names=load_class_names(classes), background_index=bg, reduce_zero_label=reduce,
             dataset_root=base, prepare_command=prep,
         )
+
+
+def register_pascal_voc(root: str) -> None:
+    """``sparseclip_voc21_val`` (background + 20) and ``sparseclip_voc20_val`` (20, 0 -> ignore)."""
+    _register_voc_style(
+        os.path.join(root, "VOCdevkit", "VOC2012"), "JPEGImages", "SegmentationClass",
+        os.path.join("ImageSets", "Segmentation", "val.txt"),
+        f"download VOCtrainval_11-May-2012.tar and extract it under {root}/ (no conversion needed)",
+        (("sparseclip_voc21_val", "voc21", 0, False), ("sparseclip_voc20_val", "voc20", None, True)),
+    )
 
 
 def register_pascal_context(root: str) -> None:
     """``sparseclip_context60_val`` (0 = background) and ``sparseclip_context59_val`` (0 -> ignore)."""
-    base = os.path.join(root, "VOCdevkit", "VOC2010")
-    prep = f"{PREPARE} context --root {root}"
-    for name, classes, bg, reduce in (
-        ("sparseclip_context60_val", "context60", 0, False),
-        ("sparseclip_context59_val", "context59", None, True),
-    ):
-        register_sem_seg_dataset(
-            name,
-            lambda name=name: load_split_file_dataset(
-                name, os.path.join(base, "JPEGImages"), os.path.join(base, "SegmentationClassContext"),
-                os.path.join(base, "ImageSets", "SegmentationContext", "val.txt"), prepare_command=prep),
-            class_names=load_class_names(classes), background_index=bg, reduce_zero_label=reduce,
-            dataset_root=base, prepare_command=prep,
-        )
+    _register_voc_style(
+        os.path.join(root, "VOCdevkit", "VOC2010"), "JPEGImages", "SegmentationClassContext",
+        os.path.join("ImageSets", "SegmentationContext", "val.txt"),
+        f"{PREPARE} context --root {root}",
+        (("sparseclip_context60_val", "context60", 0, False), ("sparseclip_context59_val", "context59", None, True)),
+    )
 
 
 def register_ade20k(root: str) -> None:
