@@ -19,7 +19,8 @@ sparseclip_cityscapes_val      cityscapes/{leftImg8bit,gtFine}/val, *_gtFine_lab
 
 Ground-truth files are read as they are on disk; label maps that differ from the model's
 class indices (``reduce_zero_label``, MMSeg's term) are applied when the evaluator loads
-them (:func:`load_sem_seg_gt`), so nothing needs converting for VOC / Context / ADE.
+them (:func:`load_sem_seg_gt`), so nothing needs converting for VOC / ADE (Pascal Context masks
+are made from the official ``trainval_merged.json`` by ``tools/prepare_datasets.py context``).
 Metadata: ``stuff_classes`` (class names with synonyms), ``ignore_label`` 255,
 ``evaluator_type`` "sem_seg", ``background_index`` (int or None), ``reduce_zero_label``,
 ``dataset_root``, ``prepare_command``.
