@@ -62,12 +62,7 @@ def build_clip_from_config(cfg) -> Tuple[nn.Module, bool]:
             "/path/to/checkpoint.pt. For a smoke run with random weights (meaningless "
             "numbers) pass MODEL.SPARSECLIP.CLIP.PRETRAINED none."
         ) from e
-    if random_weights:
-        for _ in range(2):
-            logger.warning(
-                "RANDOM WEIGHTS: %s built with PRETRAINED=%r; this is a smoke run and its "
-                "numbers mean nothing.", c.NAME, c.PRETRAINED
-            )
+    # build_clip itself logs the RANDOM WEIGHTS warning; callers record random_weights
     return model, random_weights
 
 
