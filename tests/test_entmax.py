@@ -284,6 +284,15 @@ def test_attention_map_785(alpha, kind):
     assert_exact(alpha_entmax(x, alpha), entmax_bisect_reference(x, alpha))
 
 
+@pytest.mark.parametrize("alpha", [1.05, 1.1, 1.2, 1.5])
+@pytest.mark.parametrize("scale", [0.3, 1.0])
+@pytest.mark.parametrize("length", [785, 1025])
+def test_flat_rows(alpha, scale, length):
+    """Flat (dense) rows where nearly every entry is a candidate, as in early ViT blocks."""
+    x = torch.randn(1, 2, 24, length, generator=_gen(20)) * scale
+    assert_exact(alpha_entmax(x, alpha), entmax_bisect_reference(x, alpha))
+
+
 def test_backends_agree(backend):
     x = torch.randn(4, 6, 120, generator=_gen(17)) * 4
     x[0, :, ::5] = -math.inf

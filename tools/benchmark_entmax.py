@@ -4,9 +4,10 @@ package, plus its peak extra memory and its end-to-end cost in a dense ViT-B/16 
 
 One run prints (and optionally writes as JSON):
 
-1. for attention logits of shape (1, 12, L, L), L in --sizes, alpha in --alphas and two
-   input kinds (``randn*3``: q.k/sqrt(d)-like logits; ``peaked``: the same plus one
-   dominant key per row), the median time of torch.softmax, alpha_entmax with each
+1. for attention logits of shape (1, 12, L, L), L in --sizes, alpha in --alphas and the
+   input kinds in --kinds (``randn*3``: q.k/sqrt(d)-like logits; ``peaked``: the same plus
+   one dominant key per row; ``randn*S`` for any scale S, e.g. ``randn*0.5``: flat rows
+   where nearly every entry is in the support), the median time of torch.softmax, alpha_entmax with each
    backend (``kernel``: the fused CPU kernel; ``torch``: the pure torch path, forced with
    SPARSECLIP_ENTMAX_KERNEL=0), entmax.entmax_bisect(alpha) and the exact sort-based
    entmax.entmax15 (alpha 1.5) / entmax.sparsemax (alpha 2), and the ratios; timings of
@@ -69,12 +70,19 @@ def entmax_with(backend: str, x: torch.Tensor, alpha: float) -> torch.Tensor:
 def make_logits(kind: str, length: int, heads: int = 12, seed: int = 0) -> torch.Tensor:
     """Attention logits (1, heads, L, L) float32 of the given kind (randn*3 or peaked)."""
     g = torch.Generator().manual_seed(seed)
+    if kind.startswith("randn*") and kind != "randn*3":
+        # randn*S: flat (dense) rows for small S, e.g. randn*0.5.
+        try:
+            scale = float(kind[len("randn*"):])
+        except ValueError:
+            raise ValueError(f"unknown input kind {kind!r}; valid: randn*S, peaked") from None
+        return torch.randn(1, heads, length, length, generator=g) * scale
     x = torch.randn(1, heads, length, length, generator=g) * 3.0
     if kind == "peaked":
         col = torch.randint(0, length, (1, heads, length, 1), generator=g)
         x.scatter_add_(-1, col, torch.full(col.shape, 12.0))
     elif kind != "randn*3":
-        raise ValueError(f"unknown input kind {kind!r}; valid: randn*3, peaked")
+        raise ValueError(f"unknown input kind {kind!r}; valid: randn*S, peaked")
     return x
 
 

@@ -19,6 +19,10 @@
  *      (u_i is convex in s and a p-norm with p = r >= 1 is convex and monotone on the
  *      non-negative orthant), h(0) >= 0 because the largest entry alone has u = 1, so
  *      Newton from s = 0 increases monotonically to the root without overshooting.
+ *      Dense rows start instead at s0 = mean(w) - K^(-1/r) when that is positive: by the
+ *      power-mean inequality f(s0) >= K (mean(w) - s0)^r = 1, so s0 is also left of the
+ *      root, and it saves about one Newton pass when nearly all K entries are in the
+ *      support.
  *      While the support is fixed h is linear in s for equal entries and close to it
  *      otherwise, so a handful of steps suffice.  A bisection safeguard on the bracket
  *      [lo, hi] (initially [0, 1]; f(1) = 0 < 1) takes over whenever rounding produces
@@ -34,8 +38,12 @@
  * The max and candidate passes use SSE2 (baseline on x86-64; plain loops elsewhere):
  * candidates are packed by a 16-entry table indexed by the 4-lane comparison mask.
  *
- * Powers: integer r (alpha = 2, 1.5, 4/3, 1.25, 1.2, ...) uses repeated multiplication
- * (compile-time unrolled for r <= 5); other r uses exp(r log u) in double.
+ * Powers: integer r (alpha = 2, 1.5, 4/3, 1.25, 1.2, 1.1, 1.05, ...) uses repeated
+ * multiplication, compile-time unrolled (by squaring) for r <= 5, r = 10 and r = 20, with a
+ * branch-free body (max(0, .) as (d + |d|) / 2) so that the Newton sums and the output
+ * pass vectorise -- what dense rows, with every entry a candidate, spend their time on;
+ * the compaction of dropped entries runs only when it removes over 1/8 of them.  Other
+ * integer r uses a scalar squaring loop, other real r exp(r log u), in double.
  *
  * Errors are not raised here: the returned code has bit 1 set when some row is entirely
  * -inf and bit 2 when some row holds NaN or +inf; the Python wrapper raises.
@@ -69,6 +77,20 @@ inline double ipow(double u, int64_t n) {
     if (n) u *= u;
   }
   return result;
+}
+
+// u^N for a compile-time N >= 0 by squaring (branch-free, so loops using it vectorise).
+template <int N>
+inline double upow(double u) {
+  if constexpr (N == 0) {
+    return 1.0;
+  } else if constexpr (N == 1) {
+    return u;
+  } else if constexpr (N % 2 == 0) {
+    return upow<N / 2>(u * u);
+  } else {
+    return u * upow<N / 2>(u * u);
+  }
 }
 
 // Power of u >= 0 with exponent E (compile time, E >= 1) or e (run time, E == 0:
@@ -126,31 +148,52 @@ inline double newton_step(double f, double big_s, double am1) {
 // Solves one row given its K candidates (w, idx; both overwritten, as are the scratch
 // buffers w2, idx2) and writes the candidates' probabilities into out_row.
 template <int E>
-void solve_and_write(double* w, int32_t* idx, double* w2, int32_t* idx2, int64_t k,
-                     const Pow<E>& pw, float* out_row) {
+void solve_and_write(double* __restrict w, int32_t* __restrict idx, double* __restrict w2,
+                     int32_t* idx2, int64_t k,
+                     const Pow<E>& pw, float* out_row, double s0) {
   const double am1 = 1.0 / pw.r;  // alpha - 1
-  double s = 0.0, lo = 0.0, hi = 1.0;
+  // s0 in [0, 1): a start at or left of the root (see run_rows); bracket [0, 1] anyway.
+  double s = s0, lo = 0.0, hi = 1.0;
   for (int it = 0; it < kMaxIter; ++it) {
     // f = sum u^r and S = sum u^(r-1) at s (vectorised reductions where E > 0).
-    double f = 0.0, big_s = 0.0;
-#pragma omp simd reduction(+ : f, big_s)
-    for (int64_t j = 0; j < k; ++j) {
-      double p;
-      big_s += pw.lower(w[j] - s, &p);
-      f += p;
+    // Also counts the entries with u > 0 (w > s).
+    double f = 0.0, big_s = 0.0, pos = 0.0;
+    if constexpr (E >= 1) {
+      // Branch-free body (max(0, .), then multiplications): vectorises.
+#pragma omp simd reduction(+ : f, big_s, pos)
+      for (int64_t j = 0; j < k; ++j) {
+        const double d = w[j] - s;
+        const double u = 0.5 * (d + std::abs(d));  // max(d, 0), exactly, branch-free
+        const double in = static_cast<double>(d > 0.0);
+        const double g = E == 1 ? in : upow<E - 1>(u);
+        big_s += g;
+        f += g * u;
+        pos += in;
+      }
+    } else {
+      for (int64_t j = 0; j < k; ++j) {
+        double p;
+        big_s += pw.lower(w[j] - s, &p);
+        f += p;
+        pos += w[j] > s ? 1.0 : 0.0;
+      }
     }
     const bool left = f >= 1.0;  // h(s) >= 1: s is at or left of the root
     if (left) {
       // The iterates only grow from here (monotone Newton, bracket lo >= s), so the
-      // entries with w <= s stay at zero for good: drop them.
+      // entries with w <= s stay at zero for good: drop them -- when enough of them are
+      // dropped to pay for the (scalar) compaction pass; kept ones just add zeros.
       lo = s;
-      int64_t kept = 0;
-      for (int64_t j = 0; j < k; ++j) {
-        w[kept] = w[j];
-        idx[kept] = idx[j];
-        kept += w[j] > s;
+      const int64_t npos = static_cast<int64_t>(pos);
+      if (npos < k - (k >> 3)) {
+        int64_t kept = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          w[kept] = w[j];
+          idx[kept] = idx[j];
+          kept += w[j] > s;
+        }
+        k = kept;
       }
-      k = kept;
     } else {
       hi = s;
     }
@@ -164,10 +207,19 @@ void solve_and_write(double* w, int32_t* idx, double* w2, int32_t* idx2, int64_t
   }
   // Output at the final s: u^r / f (entries dropped above are exact zeros).
   double f = 0.0;
+  if constexpr (E >= 1) {
 #pragma omp simd reduction(+ : f)
-  for (int64_t j = 0; j < k; ++j) {
-    w2[j] = pw.full(w[j] - s);
-    f += w2[j];
+    for (int64_t j = 0; j < k; ++j) {
+      const double d = w[j] - s;
+      const double p = upow<E>(0.5 * (d + std::abs(d)));
+      w2[j] = p;
+      f += p;
+    }
+  } else {
+    for (int64_t j = 0; j < k; ++j) {
+      w2[j] = pw.full(w[j] - s);
+      f += w2[j];
+    }
   }
   const double inv = 1.0 / f;
   for (int64_t j = 0; j < k; ++j) {
@@ -272,12 +324,22 @@ int run_rows(const float* x, float* out, int64_t begin, int64_t end, int64_t len
     const double cut_d = md - r - (std::abs(md) + r) * (8.0 * FLT_EPSILON);
     const float cut = std::nextafter(static_cast<float>(cut_d), -inf);
     const int64_t k = collect(xr, length, cut, idx.data());
+    double wsum = 0.0;
     for (int64_t j = 0; j < k; ++j) {
       w[j] = 1.0 + (static_cast<double>(xr[idx[j]]) - md) * am1;
+      wsum += w[j];
     }
+    // Start: by the power-mean inequality and (w - s)_+ >= w - s, for s <= mean(w)
+    //   f(s) = sum (w_j - s)_+^r >= k (mean(w) - s)^r,
+    // which is 1 at s0 = mean(w) - k^(-1/r): f(s0) >= 1, so s0 is at or left of the root
+    // (the monotone Newton premise).  It matters for dense rows (many candidates with
+    // similar w), where it starts Newton near the root; else it is <= 0 and s0 = 0.
+    // Rounding may put s0 just right of the root: the bracket [0, 1] then handles it.
+    double s0 = wsum / static_cast<double>(k) - std::exp(-std::log(static_cast<double>(k)) * am1);
+    s0 = s0 > 0.0 && s0 < 1.0 ? s0 : 0.0;
     // 3-4. Newton on the candidates, then the output.
     solve_and_write<E>(w.data(), idx.data(), w.data() + stride, idx.data() + stride, k, pw,
-                       orow);
+                       orow, s0);
   }
   return code;
 }
@@ -326,6 +388,8 @@ std::tuple<at::Tensor, int64_t> entmax_rows(const at::Tensor& x, double r) {
     case 3: code = dispatch_rows<3>(xp, op, rows, length, Pow<3>{3, r, true}); break;
     case 4: code = dispatch_rows<4>(xp, op, rows, length, Pow<4>{4, r, true}); break;
     case 5: code = dispatch_rows<5>(xp, op, rows, length, Pow<5>{5, r, true}); break;
+    case 10: code = dispatch_rows<10>(xp, op, rows, length, Pow<10>{10, r, true}); break;
+    case 20: code = dispatch_rows<20>(xp, op, rows, length, Pow<20>{20, r, true}); break;
     default: code = dispatch_rows<0>(xp, op, rows, length, Pow<0>{n, r, is_int});
   }
   return {out, static_cast<int64_t>(code)};
