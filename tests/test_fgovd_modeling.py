@@ -17,7 +17,7 @@ from detectron2.evaluation import inference_on_dataset
 from detectron2.modeling import build_model
 from detectron2.structures import Boxes, Instances
 
-from sparseclip_d2.clip import TextClassifier
+from sparseclip_d2.clip import TextClassifier, get_tokenizer
 from sparseclip_d2.config import add_sparseclip_config
 from sparseclip_d2.data.datasets.fgovd import register_fgovd_dataset
 from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, FGOVDOptions
@@ -132,7 +132,7 @@ def planted_model():
     clip = PlantedText()
     return SparseCLIP(
         encoder=PlantedEncoder(), text_classifier=TextClassifier(clip, planted_tokenizer, "none", cache_dir="off"),
-        pixel_mean=[0.0, 0.0, 0.0], pixel_std=[1.0, 1.0, 1.0], clip_model=clip,
+        templates="none", pixel_mean=[0.0, 0.0, 0.0], pixel_std=[1.0, 1.0, 1.0], clip_model=clip,
     )
 
 
@@ -291,7 +291,7 @@ def test_tiny_dense_scores_match_patch_embeddings(tiny_model):
     out = model([inp])[0]["fgovd"]
     feats = model.encoder(model.normalize_images([inp]).tensor)  # (1, 32, 4, 4)
     regions = F.normalize(torch.stack([feats[0, :, 0, 1], feats[0, :, 3, 2]]), dim=-1)
-    text = TextClassifier(model.clip_model, model._text_classifier.tokenizer, "none", cache_dir="off")
+    text = TextClassifier(model.clip_model, get_tokenizer("sparseclip-tiny-vit"), "none", cache_dir="off")
     caps = text.encode(CAPS[0])  # captions encoded whole (commas kept)
     assert torch.allclose(out["scores"], regions @ caps.t(), atol=1e-5)
     assert out["matched"].tolist() == [True, True] and out["ann_ids"].tolist() == [0, 1]
@@ -302,7 +302,7 @@ def test_tiny_crop_protocol_full_image_box(tiny_model):
     inp = _tiny_input([[0.0, 0, 64, 64]], CAPS[:1], FGOVDOptions(protocol="crop"))
     out = model([inp])[0]["fgovd"]
     img = F.normalize(model.clip_model.encode_image(model.normalize_image(inp["image"])[None]), dim=-1)
-    text = TextClassifier(model.clip_model, model._text_classifier.tokenizer, "none", cache_dir="off")
+    text = TextClassifier(model.clip_model, get_tokenizer("sparseclip-tiny-vit"), "none", cache_dir="off")
     assert torch.allclose(out["scores"], img @ text.encode(CAPS[0]).t(), atol=1e-5)
 
 

@@ -181,31 +181,12 @@ _CAPTION_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _caption_encoder(model, templates_name: str) -> CaptionEncoder:
-    """The cached :class:`CaptionEncoder` of ``model`` for a template set."""
-    from sparseclip_d2.clip import TextClassifier
-
+    """The cached :class:`CaptionEncoder` of ``model`` for a template set (captions are encoded
+    whole through the META_ARCH's text classifier, never split into synonyms)."""
     per_model = _CAPTION_ENCODERS.setdefault(model.clip_model, {})
     if templates_name not in per_model:
-        classifier = TextClassifier(model.clip_model, _tokenizer_of(model), templates_name, cache_dir="off")
-        per_model[templates_name] = CaptionEncoder(classifier)
+        per_model[templates_name] = CaptionEncoder(model.text_classifier(templates_name))
     return per_model[templates_name]
-
-
-def _tokenizer_of(model):
-    """The open_clip tokenizer of the META_ARCH's text side.
-
-    ``model.tokenizer`` when the META_ARCH exposes it, else the tokenizer of its default
-    text classifier (``model._text_classifier.tokenizer``).
-    """
-    tok = getattr(model, "tokenizer", None)
-    if tok is None:
-        tok = getattr(getattr(model, "_text_classifier", None), "tokenizer", None)
-    if tok is None:
-        raise AttributeError(
-            f"{type(model).__name__} exposes no open_clip tokenizer (looked for model.tokenizer and "
-            f"model._text_classifier.tokenizer); FG-OVD captions cannot be encoded"
-        )
-    return tok
 
 
 def _regions(inp: dict, options) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -187,16 +187,7 @@ class SparseCLIP(nn.Module):
         if key in self._text_cache:
             self._text_cache.move_to_end(key)
             return self._text_cache[key]
-        if templates == self.templates:
-            classifier = self._text_classifier
-        elif self._text_classifier_factory is not None:
-            classifier = self._text_classifier_factory(templates)
-        else:
-            raise ValueError(
-                f"templates {templates!r} requested but this model was built with only "
-                f"{self.templates!r} (no text_classifier_factory)"
-            )
-        emb, class_index = classifier(list(vocabulary))
+        emb, class_index = self.text_classifier(templates)(list(vocabulary))
         if emb.dim() != 2 or class_index.shape != (emb.shape[0],):
             raise ValueError(
                 f"text classifier returned emb {tuple(emb.shape)} and class_index "
@@ -207,6 +198,20 @@ class SparseCLIP(nn.Module):
         while len(self._text_cache) > self._text_cache_size:
             self._text_cache.popitem(last=False)
         return entry
+
+    def text_classifier(self, templates: Optional[str] = None) -> TextClassifierFn:
+        """The text classifier for a template set (None = the model's default): the one the
+        model was built with, or a new one from ``text_classifier_factory``. Uncached: use
+        :meth:`text_classifier_for` for cached vocabulary embeddings."""
+        templates = self.templates if templates is None else templates
+        if templates == self.templates:
+            return self._text_classifier
+        if self._text_classifier_factory is not None:
+            return self._text_classifier_factory(templates)
+        raise ValueError(
+            f"templates {templates!r} requested but this model was built with only "
+            f"{self.templates!r} (no text_classifier_factory)"
+        )
 
     def normalize_image(self, image: torch.Tensor) -> torch.Tensor:
         """``(3, H, W)`` uint8 image in ``input_format`` -> ``(3, H, W)`` float32 normalised RGB."""
