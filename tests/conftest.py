@@ -49,6 +49,19 @@ def tiny_cfg(**opts):
     return cfg
 
 
+def register_sem_seg(name, dicts, classes):
+    """(Re-)register an in-memory segmentation dataset ``name`` (no background class, no label
+    shift) with detectron2's catalogs."""
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    if name in DatasetCatalog.list():
+        DatasetCatalog.remove(name)
+        MetadataCatalog.remove(name)
+    DatasetCatalog.register(name, lambda: dicts)
+    MetadataCatalog.get(name).set(stuff_classes=classes, ignore_label=255, evaluator_type="sem_seg",
+                                  background_index=None, reduce_zero_label=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_clip():
     """``(model, tokenizer, name)`` of the tiny random-weight CLIP (seed 0); see the module docstring."""

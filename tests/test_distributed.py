@@ -40,17 +40,6 @@ def make_dataset(folder):
     return dicts
 
 
-def register(dicts):
-    from detectron2.data import DatasetCatalog, MetadataCatalog
-
-    if SEG in DatasetCatalog.list():
-        DatasetCatalog.remove(SEG)
-        MetadataCatalog.remove(SEG)
-    DatasetCatalog.register(SEG, lambda: dicts)
-    MetadataCatalog.get(SEG).set(stuff_classes=CLASSES, ignore_label=255, evaluator_type="sem_seg",
-                                 background_index=None, reduce_zero_label=False)
-
-
 def fgovd_planted(index):
     """Planted FG-OVD output of image ``index``: a few boxes with scores over 1 + 3 captions."""
     g = torch.Generator().manual_seed(100 + index)
@@ -92,7 +81,9 @@ def worker(rank, world_size, init_file, folder, out_file):
         if world_size > 1:
             dist.barrier()
         dicts = make_dataset(folder) if dicts is None else dicts  # same files, written once
-        register(dicts)
+        from conftest import register_sem_seg
+
+        register_sem_seg(SEG, dicts, CLASSES)
 
         cfg = get_cfg()
         sparseclip_d2.add_sparseclip_config(cfg)

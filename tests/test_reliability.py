@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 import sparseclip_d2
+from conftest import register_sem_seg
 from detectron2.config import get_cfg
-from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.modeling import build_model
 
 from sparseclip_d2.data import SparseCLIPTestMapper
@@ -127,21 +127,12 @@ def test_mask_of_another_size_names_both_files(tmp_path):
     assert mapper()({"file_name": str(image), "sem_seg_file_name": str(mask)})["image"].shape == (3, 30, 40)
 
 
-def _register(name, dicts, classes):
-    if name in DatasetCatalog.list():
-        DatasetCatalog.remove(name)
-        MetadataCatalog.remove(name)
-    DatasetCatalog.register(name, lambda: dicts)
-    MetadataCatalog.get(name).set(stuff_classes=classes, ignore_label=255, evaluator_type="sem_seg",
-                                  background_index=None, reduce_zero_label=False)
-
-
 def test_labels_outside_class_range_raise_naming_the_file(tmp_path):
     gt = tmp_path / "gt_bad.png"
     lab = np.zeros((8, 8), np.uint8)
     lab[0, 0], lab[1, 1] = 3, 255  # 3 is outside [0, 3); 255 is ignore (fine)
     Image.fromarray(lab).save(gt)
-    _register("reliability_bad_labels", [{"file_name": "x.png", "sem_seg_file_name": str(gt)}], VOCAB)
+    register_sem_seg("reliability_bad_labels", [{"file_name": "x.png", "sem_seg_file_name": str(gt)}], VOCAB)
     ev = SparseCLIPSemSegEvaluator("reliability_bad_labels", distributed=False)
     ev.reset()
     with pytest.raises(ValueError, match=r"gt_bad\.png.*\[3\]"):
