@@ -236,9 +236,7 @@ class SparseCLIP(nn.Module):
         ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32). With
         ``attention_sink`` (a list), the last block's attention of each window,
         ``(heads, 1 + h*w, 1 + h*w)`` float32, is appended to it."""
-        param = next(self.encoder.parameters(), None)
-        if param is not None:
-            images = images.to(param.dtype)
+        # the encoder casts the images to its own weights' dtype
         if attention_sink is None:
             feats = self.encoder(images)
         else:
