@@ -9,6 +9,10 @@ a sparseclip_d2 YAML file::
 
 Every key has a comment; the method is training-free, so there are no solver keys.
 """
+from . import require_detectron2
+
+require_detectron2("sparseclip_d2.config")
+
 from detectron2.config import CfgNode as CN
 
 __all__ = ["add_sparseclip_config"]

@@ -8,15 +8,14 @@ import torch
 from sparseclip_d2.evaluation.attention_stats import (
     ROW_STAT_KEYS,
     AttentionStatsEvaluator,
-    attention_record,
     image_statistics,
     patch_labels,
     reduce_image_statistics,
     resize_labels,
     row_statistics,
-    rows_sum_to,
     window_patch_labels,
 )
+from sparseclip_d2.modeling.attention_record import attention_record, rows_sum_to
 
 # One head, 2x2 grid (4 patches, L = 5 tokens, CLS first). Patch labels: 1, 1, 2, 0 with
 # background_index 0: foreground queries are patches 0, 1, 2 (tokens 1, 2, 3).
@@ -172,3 +171,10 @@ def test_evaluator_on_demo_uniform_attention():
     assert res["attention_images"] == 1 and res["attention_rows"] == 2 * F_
     with pytest.raises(KeyError, match="attention"):
         ev.process([d], [{"sem_seg": None}])
+
+
+def test_rows_sum_to_uses_the_source_grammar():
+    # the paper's names are aliases of single sources; a typo is an error, not "1 term"
+    assert rows_sum_to("qqv") == 1 and rows_sum_to("QQ + KK") == 2
+    with pytest.raises(ValueError, match="unknown attention source 'qx'"):
+        rows_sum_to("qx")

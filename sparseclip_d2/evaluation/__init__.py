@@ -1,4 +1,8 @@
 """detectron2 evaluation parts: evaluator factory registry and results.json."""
+from .. import require_detectron2
+
+require_detectron2("sparseclip_d2.evaluation")
+
 from .build import EVALUATOR_FACTORIES, SparseCLIPSemSegEvaluator, build_evaluator, build_sem_seg_evaluator
 from .results import build_results, dataset_summary, write_results
 

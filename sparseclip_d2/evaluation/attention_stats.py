@@ -1,56 +1,6 @@
-"""Attention statistics of the modified last block against the ground truth.
-
-The paper's analysis: the gain of entmax over softmax grows with how much attention a
-foreground query patch spreads onto patches of *other* classes. This module measures it.
-
-Definitions (the reference definition of the statistics)
---------------------------------------------------------
-
-**Patch labels.** The ground-truth label PNG is read with
-:func:`~sparseclip_d2.data.datasets.segmentation.load_sem_seg_gt` (the same class indices and
-``ignore_label`` the segmentation evaluator uses: ``reduce_zero_label`` applied), resized with
-nearest-neighbour interpolation to the size of the image the model saw (the mapper's
-resized image), cropped to each attention window and padded like the model padded it
-(:func:`~sparseclip_d2.modeling.sliding_window.symmetric_pad` to a multiple of the patch
-size; padding pixels count as ``ignore``). Each patch of the window's ``(h, w)`` grid gets
-the **majority value of its ``p x p`` pixels**, ``ignore`` counted as a value; ties go to
-the smallest value, so a real class beats ``ignore`` (255) in a tie. A patch whose label is
-``ignore`` or the dataset's ``background_index`` is a *background/ignored* patch; every
-other patch is a *foreground* patch.
-
-**Rows.** Every foreground patch is a query. Its attention row (all ``1 + h*w`` keys, CLS
-first) is divided by its own sum, ``p = a / sum(a)``. Plain normalisers give rows that sum
-to 1 (unchanged); a sum source with ``normalize_then_sum`` (``qq+kk``: rows sum to 2,
-``qq+kk+vv``: 3) is thereby divided by its number of terms, i.e. the statistics are those of
-the *average* of the term distributions.
-
-**Per-row statistics** (query patch ``i`` with label ``c``; the first five add to 1):
-
-- ``same_class_mass``: sum of ``p_j`` over patches ``j != i`` labelled ``c``;
-- ``non_class_mass``: sum of ``p_j`` over foreground patches labelled ``!= c``;
-- ``background_mass``: sum of ``p_j`` over background/ignored patches;
-- ``self_mass``: ``p_i``; ``cls_mass``: ``p`` of the CLS token;
-- ``support_size``: number of keys with ``p_j > 0`` (exact zeros; softmax rows are full);
-- ``support_fraction``: ``support_size / (1 + h*w)``;
-- ``perplexity``: ``exp(-sum_j p_j log p_j)`` (``0 log 0 = 0``).
-
-**Averaging.** Heads are kept separate: every (window, head, foreground query) row is one
-sample, and an image's value is the mean over its samples (so heads weigh equally). The
-dataset value is the mean over images that have at least one foreground patch
-(``attention_images`` of them; images without any are counted in
-``attention_images_without_foreground``).
-
-Contract with the META_ARCH (when ``TEST.ATTENTION_STATS.ENABLED``): each output dict has
-``output["attention"]`` as built by :func:`attention_record`::
-
-    {"weights": [(heads, 1 + h*w, 1 + h*w) float32, ...],   # one per window
-     "boxes": [(y1, y2, x1, x2), ...],                       # windows in resized-image pixels
-     "grids": [(h, w), ...], "patch_size": p,
-     "image_size": (H, W),                                   # the resized image
-     "rows_sum_to": K}                                       # terms of the source (1, 2, 3)
-
-A single tensor under ``"weights"`` with no ``"boxes"`` means one whole-image window.
-"""
+"""Attention statistics of the modified last block against the ground truth
+(``AttentionStatsEvaluator``). The statistics and the ``output["attention"]`` record they
+read are defined in ``docs/diagnostics.md`` ("Reference definitions")."""
 import logging
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -74,8 +24,6 @@ __all__ = [
     "row_statistics",
     "image_statistics",
     "reduce_image_statistics",
-    "attention_record",
-    "rows_sum_to",
     "AttentionStatsEvaluator",
     "build_attention_stats_evaluator",
 ]
@@ -300,47 +248,6 @@ def _windows(attention: Dict) -> Tuple[List[torch.Tensor], List[Box], List[Tuple
         if wt.shape[-1] != 1 + int(g[0]) * int(g[1]):
             raise ValueError(f"attention of shape {tuple(wt.shape)} does not match grid {tuple(g)} (1 + h*w tokens)")
     return weights, [tuple(b) for b in boxes], [tuple(g) for g in grids]
-
-
-# ---------------------------------------------------------------------------------- META_ARCH side
-def rows_sum_to(source: str, sum_mode: str = "normalize_then_sum") -> int:
-    """What the rows of a source's attention sum to: its number of ``+`` terms with
-    ``normalize_then_sum``, else 1."""
-    return len(str(source).split("+")) if sum_mode == "normalize_then_sum" else 1
-
-
-def attention_record(weights: Sequence[torch.Tensor], image_size: Tuple[int, int], patch_size: int, *,
-                     crop_size: Optional[int] = None, stride: Optional[int] = None,
-                     source: str = "qk", sum_mode: str = "normalize_then_sum") -> Dict:
-    """Build ``output["attention"]`` from the last block's attention of each window.
-
-    Args:
-        weights: per window, in the order of ``window_grid`` (one for whole-image inference),
-            ``(heads, 1 + h*w, 1 + h*w)`` float32.
-        image_size: ``(H, W)`` of the resized image the windows tile.
-        patch_size: the encoder's patch size.
-        crop_size, stride: the sliding window (None = whole image).
-        source, sum_mode: the last block's score source (gives ``rows_sum_to``).
-    """
-    from ..modeling.sliding_window import symmetric_pad, window_grid
-
-    H, W = int(image_size[0]), int(image_size[1])
-    boxes = [(0, H, 0, W)] if crop_size is None else window_grid(H, W, int(crop_size), int(stride or crop_size))
-    if len(boxes) != len(weights):
-        raise ValueError(f"{len(weights)} attention maps for {len(boxes)} windows of a {H}x{W} image")
-    p = int(patch_size)
-    grids = []
-    for (y1, y2, x1, x2) in boxes:
-        l, r, t, b = symmetric_pad(y2 - y1, x2 - x1, p)
-        grids.append(((y2 - y1 + t + b) // p, (x2 - x1 + l + r) // p))
-    return {
-        "weights": [w.detach() for w in weights],
-        "boxes": boxes,
-        "grids": grids,
-        "patch_size": p,
-        "image_size": (H, W),
-        "rows_sum_to": rows_sum_to(source, sum_mode),
-    }
 
 
 # ---------------------------------------------------------------------------------- evaluator

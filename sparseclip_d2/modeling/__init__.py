@@ -1,5 +1,9 @@
 """detectron2 modeling parts: the ``SparseCLIP`` META_ARCH and the ``SparseCLIPBackbone``
 (registered on import), plus the pure-torch sliding-window and post-processing steps."""
+from .. import require_detectron2
+
+require_detectron2("sparseclip_d2.modeling")
+
 from .backbone import SparseCLIPBackbone, build_clip_from_config, resolve_device
 from .meta_arch import SparseCLIP
 from .postprocess import class_scores

@@ -34,6 +34,7 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
 from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
+from .attention_record import attention_record
 from .backbone import build_clip_from_config
 from .postprocess import class_scores
 from .sliding_window import dense_logits
@@ -92,7 +93,7 @@ class SparseCLIP(nn.Module):
             random_weights: the CLIP weights are random (recorded, logged).
             text_cache_size: number of (vocabulary, templates, device) entries kept.
             attention_stats: also return ``output["attention"]`` (the last block's attention
-                of every window, per head; see ``evaluation.attention_stats.attention_record``).
+                of every window, per head; see ``modeling.attention_record``).
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -308,8 +309,6 @@ class SparseCLIP(nn.Module):
     def _attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
         """``output["attention"]`` for the attention-statistics evaluator (per-head weights of
         every window; statistics are averaged over heads there)."""
-        from ..evaluation.attention_stats import attention_record
-
         spec = self.encoder.spec
         return attention_record(
             weights, image_size, int(self.encoder.patch_size),
