@@ -1,4 +1,4 @@
-"""Every config merges; paper and baseline configs say what they reproduce (issue 4)."""
+"""Every config merges; paper and baseline configs say what they reproduce."""
 import csv
 import glob
 import os

@@ -1,4 +1,4 @@
-"""Dataset registration, layouts, label maps, class names, demo data, mapper (issue 4)."""
+"""Dataset registration, layouts, label maps, class names, demo data, mapper."""
 import json
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Issue 9: every evaluator gives the same result with 1 and 2 processes.
+"""Every evaluator gives the same result with 1 and 2 processes.
 
 detectron2 0.6's ``launch`` hard-codes NCCL, so the two CPU processes start their own gloo
 group (``torch.distributed.init_process_group("gloo")``); everything else is detectron2's

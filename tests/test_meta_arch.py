@@ -1,4 +1,4 @@
-"""SparseCLIP META_ARCH, backbone, sliding window and post-processing (issue 4)."""
+"""SparseCLIP META_ARCH, backbone, sliding window and post-processing."""
 import itertools
 import os
 

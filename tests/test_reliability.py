@@ -1,4 +1,4 @@
-"""Issue 9, reliability: bad inputs fail loudly and name the culprit, odd images work, large
+"""Reliability: bad inputs fail loudly and name the culprit, odd images work, large
 images stay memory-bounded, low precision gives no NaN, runs are reproducible."""
 import json
 import logging

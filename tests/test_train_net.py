@@ -1,4 +1,4 @@
-"""tools/train_net.py end to end on CPU with the tiny random-weight CLIP (issue 4)."""
+"""tools/train_net.py end to end on CPU with the tiny random-weight CLIP."""
 import json
 import os
 import subprocess

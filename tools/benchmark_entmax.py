@@ -128,7 +128,10 @@ def peak_extra_memory(fn, x: torch.Tensor) -> float:
 
 
 def bench_kernels(args) -> list:
-    import entmax
+    try:
+        import entmax
+    except ImportError as e:
+        raise SystemExit(f"error: the baselines of this benchmark need the `entmax` package: pip install -e '.[bench]' ({e})")
 
     results = []
     header = (f"{'L':>5} {'input':>8} {'alpha':>5} | {'softmax':>8} {'kernel':>8} "

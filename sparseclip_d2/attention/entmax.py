@@ -1,58 +1,7 @@
-"""Fast exact alpha-entmax for attention rows.
-
-Definition (Peters et al., 2019): for ``alpha`` in (1, 2],
-
-    alpha_entmax(x)_i = [1 + (alpha - 1) (x_i - t)]_+ ** (1 / (alpha - 1))
-
-where the threshold ``t`` (one per row) is the unique value with ``sum_i p_i = 1``;
-``alpha = 1`` is the softmax (the limit of the formula) and ``alpha = 2`` sparsemax.
-Writing ``r = 1 / (alpha - 1) >= 1`` and ``u_i(t) = [1 + (x_i - t) / r]_+``, the row sums
-to one exactly when ``h(t) := (sum_i u_i(t) ** r) ** (1 / r) = 1``.
-
-Algorithm (all of it vectorised over rows; no Python loop over rows):
-
-1. **Bounds.** The largest entry has ``p_max = u_max ** r <= 1``, so ``t >= max(x)``;
-   at ``t = max(x)`` the largest entry alone already gives ``p = 1``, so
-   ``t_lo = max(x)`` is a lower bound with ``h(t_lo) >= 1``.
-2. **Pruning.** An entry with ``x_i <= max(x) - r`` has ``u_i(t) <= u_i(t_lo) <= 0``: it
-   can never be in the support and is exactly zero.  For attention rows at
-   ``alpha >= 1.2`` most entries of a row are pruned (e.g. 7 % kept for randn*3 logits at
-   alpha 1.2, 1 % at alpha 1.5).  Rows whose candidate count is at most ``L / 4`` are
-   compacted (one ``nonzero``) into a padded ``(rows, K)`` float64 matrix, ``K`` the
-   largest candidate count; the remaining ("dense") rows are solved on their full length,
-   in float32 and in bounded chunks of rows.
-3. **Safeguarded Newton on h.** ``h`` is convex and decreasing in ``t`` (``u_i`` is a
-   convex function of ``t``, and a p-norm, ``p = r >= 1``, is convex and monotone on the
-   non-negative orthant), so Newton's method started at ``t_lo`` (where ``h >= 1``)
-   increases monotonically to the root and cannot overshoot; a bisection safeguard on the
-   bracket ``[max(x), max(x) + r (1 - n ** (1 - alpha))]`` (``n`` = finite entries)
-   guards against rounding.  Newton on ``h`` rather than on ``sum p`` matters: ``h`` is
-   exactly linear in ``t`` while the support does not change (``h = n^(1/r) (1 + ...)``
-   for equal entries), so it converges in a few steps where Newton on ``sum p`` (a
-   degree-``r`` polynomial) crawls.  With ``f = sum u^r`` and ``S = sum u^(r-1)`` the
-   step is ``expm1(ln(f) / r) / (f^(1/r - 1) S / r)``; ``expm1``/``log`` keep it accurate
-   as ``alpha -> 1`` (where the first step becomes the log-sum-exp).
-4. **Output.** ``p = u^r / f`` at the converged ``t`` (the final division makes rows sum
-   to one to rounding), written into a zero tensor: pruned entries and ``-inf`` entries
-   are exact zeros.
-
-Why it is exact: pruning removes only entries that are provably zero, and on the
-remaining entries the threshold is the root of the same equation, solved to float64
-precision (compacted rows) or float32 precision (dense rows, followed by the exact
-normalisation), so the result is the exact alpha-entmax up to floating-point rounding.
-
-Cost: one ``amax`` pass, one comparison pass, one ``nonzero`` and a gather/scatter of the
-candidates, plus a zero-filled output; the Newton iterations run on the small padded
-matrix.  Only the dense rows (small alpha or very flat rows) pay full-length passes.
-
-Backends.  On CPU, float32/float16/bfloat16 inputs with alpha in (1, 2] go to a fused
-C++ kernel (``csrc/entmax_cpu.cpp``, loaded by ``_entmax_cpu``) that runs the same
-algorithm row by row in a few cache-resident passes (max, candidate collection, Newton in
-float64 on the candidates, output) instead of many full-size torch ops; it is compiled on
-first use.  CUDA tensors, float64 inputs, ``SPARSECLIP_ENTMAX_KERNEL=0`` and a kernel that
-failed to build use the pure torch implementation below.  :func:`entmax_backend` says
-which one CPU float32 inputs get.
-"""
+"""Fast exact alpha-entmax for attention rows: :func:`alpha_entmax` (CPU: a fused C++
+kernel, elsewhere the pure-torch implementation below; :func:`entmax_backend` says which).
+The algorithm (bounds, pruning, safeguarded Newton on the p-norm, why it is exact) is
+described in ``docs/architecture.md``, section "alpha-entmax"."""
 import logging
 
 import torch
