@@ -11,7 +11,7 @@ from PIL import Image
 
 from sparseclip_d2.clip import AttentionSpec
 from sparseclip_d2.data.image_io import ImageReadError, VocabularyError
-from sparseclip_d2.utils.specs import describe_spec, parse_attention_spec, parse_attention_specs
+from sparseclip_d2.clip import describe_spec, parse_attention_spec, parse_attention_specs
 from sparseclip_d2.utils.visualize import (
     class_colors,
     compare_figure,

@@ -65,7 +65,8 @@ def test_query_attention_stats_match_definition(tiny_clip):
     """Softmax rows are full (support = L); a query outside the image is rejected."""
     import numpy as np
 
-    from sparseclip_d2.analysis.visualize import parse_spec, query_attention
+    from sparseclip_d2.analysis.visualize import query_attention
+    from sparseclip_d2.clip import parse_attention_spec as parse_spec
 
     model = tiny_clip[0]
     image = (np.random.RandomState(0).rand(48, 64, 3) * 255).astype("uint8")
@@ -76,5 +77,5 @@ def test_query_attention_stats_match_definition(tiny_clip):
     assert 1.0 <= res[1]["support"] <= 7 and res[1]["perplexity"] <= res[1]["support"] + 1e-9
     with pytest.raises(ValueError, match="outside"):
         query_attention(model.visual, image, (70, 10), [parse_spec("qk")], resolution=32)
-    with pytest.raises(ValueError, match="expected source"):
+    with pytest.raises(ValueError, match="unknown token 'x'"):
         parse_spec("qq:entmax:1.2:x")

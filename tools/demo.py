@@ -70,7 +70,7 @@ from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, is_random_weight
 from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
 from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
 from sparseclip_d2.modeling import SparseCLIP, resolve_device
-from sparseclip_d2.utils.specs import describe_spec, parse_attention_specs
+from sparseclip_d2.clip import describe_spec, parse_attention_specs
 from sparseclip_d2.utils.visualize import (
     RANDOM_WEIGHTS_BANNER,
     class_colors,

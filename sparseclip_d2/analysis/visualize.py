@@ -15,30 +15,13 @@ import torch.nn.functional as F
 
 from ..clip import AttentionSpec, DenseCLIPEncoder
 
-__all__ = ["DEFAULT_SPECS", "parse_spec", "spec_label", "query_attention", "attention_figure"]
+__all__ = ["DEFAULT_SPECS", "spec_label", "query_attention", "attention_figure"]
 
 logger = logging.getLogger(__name__)
 
-#: qk, qq, kk, vv x softmax, entmax 1.2.
+#: qk, qq, kk, vv x softmax, entmax 1.2 (spec strings of ``sparseclip_d2.clip.parse_attention_spec``).
 DEFAULT_SPECS = ("qk:softmax", "qq:softmax", "kk:softmax", "vv:softmax",
                  "qk:entmax:1.2", "qq:entmax:1.2", "kk:entmax:1.2", "vv:entmax:1.2")
-
-
-def parse_spec(text: str, **base) -> AttentionSpec:
-    """``source:normalizer[:alpha]`` (e.g. ``qq:entmax:1.2``, ``qq+kk:softmax``) -> an
-    ``AttentionSpec`` (other fields from ``base``)."""
-    parts = [p.strip() for p in str(text).split(":")]
-    if not 1 <= len(parts) <= 3 or not parts[0]:
-        raise ValueError(f"attention spec {text!r}: expected source[:normalizer[:alpha]], e.g. qq:entmax:1.2")
-    kwargs = dict(base, source=parts[0])
-    if len(parts) >= 2 and parts[1]:
-        kwargs["normalizer"] = parts[1]
-    if len(parts) == 3:
-        try:
-            kwargs["alpha"] = float(parts[2])
-        except ValueError:
-            raise ValueError(f"attention spec {text!r}: alpha {parts[2]!r} is not a number") from None
-    return AttentionSpec(**kwargs)
 
 
 def spec_label(spec: AttentionSpec) -> str:

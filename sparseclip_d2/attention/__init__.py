@@ -4,14 +4,16 @@ Score sources (:mod:`.sources`), row normalisers (:mod:`.normalizers`), additive
 (:mod:`.priors`) are fvcore registries; :func:`attention_weights` combines them.
 No open_clip or detectron2 import here.
 """
-from .entmax import alpha_entmax
+from .entmax import ALPHA_RANGE, alpha_entmax, check_alpha
 from .functional import SUM_MODES, apply_attention, attention_weights
 from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
 from .priors import PRIOR_REGISTRY, build_prior, get_prior
-from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, parse_source
+from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, paper_source_name, parse_source
 
 __all__ = [
     "alpha_entmax",
+    "ALPHA_RANGE",
+    "check_alpha",
     "attention_weights",
     "apply_attention",
     "SUM_MODES",
@@ -25,5 +27,6 @@ __all__ = [
     "build_prior",
     "parse_source",
     "canonical_source",
+    "paper_source_name",
     "support_size",
 ]

@@ -160,6 +160,28 @@ def _raise_row_error(code: int) -> None:
     raise ValueError(_MSG_ALL_NEG_INF if code & 1 else _MSG_NAN)
 
 
+#: The valid range of alpha: 1 = softmax, 2 = sparsemax.
+ALPHA_RANGE = (1.0, 2.0)
+
+
+def check_alpha(alpha, name: str = "alpha") -> float:
+    """``alpha`` as a float in :data:`ALPHA_RANGE`; the one range check of alpha (used by
+    ``alpha_entmax``, ``attention_weights`` and ``AttentionSpec``).
+
+    Raises:
+        ValueError: not a number (booleans included), NaN, or outside [1, 2].
+    """
+    if isinstance(alpha, bool):
+        raise ValueError(f"{name} must be a number in [1, 2], got {alpha!r}")
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in [1, 2], got {alpha!r}") from None
+    if not ALPHA_RANGE[0] <= a <= ALPHA_RANGE[1]:  # also rejects NaN
+        raise ValueError(f"{name} must be in [1, 2] (1 = softmax, 2 = sparsemax), got {alpha!r}")
+    return a
+
+
 def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
     """Exact alpha-entmax of ``x`` along ``dim`` for ``alpha`` in [1, 2].
 
@@ -181,9 +203,7 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
         ValueError: ``alpha`` outside [1, 2]; a row entirely ``-inf``; NaN or ``+inf``
             scores; a non-floating-point ``x``.
     """
-    alpha = float(alpha)
-    if not 1.0 <= alpha <= 2.0:  # also rejects NaN
-        raise ValueError(f"alpha_entmax: alpha must be in [1, 2], got {alpha}")
+    alpha = check_alpha(alpha, "alpha_entmax: alpha")
     if not torch.is_floating_point(x):
         raise ValueError(f"alpha_entmax: x must be a floating-point tensor, got {x.dtype}")
     if x.dim() == 0:

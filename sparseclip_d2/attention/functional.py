@@ -3,6 +3,7 @@ from typing import Optional
 
 import torch
 
+from .entmax import check_alpha
 from .normalizers import get_normalizer
 from .sources import SCORE_SOURCE_REGISTRY, parse_source
 
@@ -12,16 +13,6 @@ __all__ = ["attention_weights", "apply_attention", "SUM_MODES"]
 #: and the weights are added (rows sum to the number of terms; SCLIP's convention).
 #: ``sum_then_normalize``: the scores are added and normalised once (rows sum to 1).
 SUM_MODES = ("normalize_then_sum", "sum_then_normalize")
-
-
-def _check_alpha(alpha) -> float:
-    try:
-        a = float(alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"alpha must be a number in [1, 2], got {alpha!r}") from None
-    if not 1.0 <= a <= 2.0:
-        raise ValueError(f"alpha must be in [1, 2] (1 = softmax, 2 = sparsemax), got {alpha!r}")
-    return a
 
 
 def attention_weights(
@@ -59,7 +50,7 @@ def attention_weights(
     """
     terms = parse_source(source)
     norm = get_normalizer(normalizer)
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     if sum_mode not in SUM_MODES:
         raise ValueError(f"unknown sum_mode {sum_mode!r}; valid: {', '.join(SUM_MODES)}")
     if not float(temperature) > 0:

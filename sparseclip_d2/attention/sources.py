@@ -19,6 +19,7 @@ from fvcore.common.registry import Registry
 __all__ = [
     "SCORE_SOURCE_REGISTRY",
     "SOURCE_ALIASES",
+    "paper_source_name",
     "get_score_source",
     "parse_source",
     "canonical_source",
@@ -33,6 +34,8 @@ q, k, v of shape (B, H, L, d) and float32 scores of shape (B, H, L, L).
 
 # The paper's names for the same sources (value path is always V).
 SOURCE_ALIASES = {"qkv": "qk", "qqv": "qq", "kkv": "kk", "vvv": "vv", "v-only": "identity", "v": "identity"}
+# The paper's name of each single source (the inverse of SOURCE_ALIASES without the short "v").
+_PAPER_NAMES = {"qk": "qkv", "qq": "qqv", "kk": "kkv", "vv": "vvv", "identity": "v-only"}
 
 
 def pair_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -116,6 +119,19 @@ def parse_source(source: str) -> Tuple[str, ...]:
             raise ValueError(f"unknown attention source {raw!r} in {source!r}; valid: {_valid_sources_text()}")
         terms.append(name)
     return tuple(terms)
+
+
+def paper_source_name(source: str) -> str:
+    """The paper's name of a source: ``qk`` -> ``qkv``, ``identity`` -> ``v-only``; sums keep
+    the short term names, as the paper writes them (``qqv+kkv`` -> ``qq+kk``).
+
+    Raises:
+        ValueError: an unknown term (see :func:`parse_source`).
+    """
+    terms = parse_source(source)
+    if len(terms) == 1:
+        return _PAPER_NAMES.get(terms[0], terms[0])
+    return "+".join(terms)
 
 
 def get_score_source(name: str):

@@ -5,13 +5,17 @@ torch + open_clip only (no detectron2 import).
 from .builder import PRECISIONS, build_clip, get_tokenizer, is_random_weights, tokenizer
 from .encoder import DenseCLIPEncoder, interpolate_pos_embed
 from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME
-from .spec import PRESETS, AttentionSpec
+from .spec import PRESETS, SPEC_KEYS, AttentionSpec, describe_spec, parse_attention_spec, parse_attention_specs
 from .templates import OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
 from .text import TextClassifier, max_over_synonyms, split_synonyms, text_cache_dir, weights_fingerprint
 
 __all__ = [
     "AttentionSpec",
     "PRESETS",
+    "SPEC_KEYS",
+    "parse_attention_spec",
+    "parse_attention_specs",
+    "describe_spec",
     "build_clip",
     "is_random_weights",
     "get_tokenizer",

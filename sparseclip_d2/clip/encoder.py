@@ -1,7 +1,6 @@
 """``DenseCLIPEncoder``: an open_clip ViT whose last blocks run a configurable attention
 and which returns dense patch embeddings in CLIP's joint space at any resolution."""
 import logging
-from collections import OrderedDict
 from typing import Optional, Tuple, Union
 
 import torch
@@ -12,6 +11,7 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
 from ..attention import apply_attention, attention_weights, build_prior
+from ..utils.cache import LRUCache
 from .spec import AttentionSpec
 
 __all__ = ["DenseCLIPEncoder", "interpolate_pos_embed"]
@@ -111,24 +111,13 @@ class DenseCLIPEncoder(nn.Module):
                                                    or OPENAI_DATASET_MEAN))
         self.image_std = tuple(float(s) for s in (pp.get("std") or getattr(visual, "image_std", None)
                                                   or OPENAI_DATASET_STD))
-        self._pos_cache: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-        self._prior_cache: "OrderedDict[tuple, Optional[torch.Tensor]]" = OrderedDict()
+        self._pos_cache: "LRUCache[torch.Tensor]" = LRUCache(_CACHE_SIZE)
+        self._prior_cache: "LRUCache[Optional[torch.Tensor]]" = LRUCache(_CACHE_SIZE)
 
     def extra_repr(self) -> str:
         return f"spec={self.spec}, patch_size={self.patch_size}, depth={self.depth}, embed_dim={self.embed_dim}"
 
     # -- cached helpers ------------------------------------------------------------------
-    @staticmethod
-    def _cache_get(cache: OrderedDict, key, make):
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-        value = make()
-        cache[key] = value
-        while len(cache) > _CACHE_SIZE:
-            cache.popitem(last=False)
-        return value
-
     def positional_embedding(self, grid: Tuple[int, int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """Position embeddings for an ``(h, w)`` patch grid: ``(1 + h*w, C)`` in ``dtype`` on ``device``.
 
@@ -142,13 +131,13 @@ class DenseCLIPEncoder(nn.Module):
             with torch.no_grad():
                 return interpolate_pos_embed(pe, self._native_grid, tuple(grid)).to(device=device, dtype=dtype)
 
-        return self._cache_get(self._pos_cache, key, make)
+        return self._pos_cache.get_or_create(key, make)
 
     def attention_prior(self, grid: Tuple[int, int], device: torch.device) -> Optional[torch.Tensor]:
         """The last block's additive prior for an ``(h, w)`` grid: ``(1 + h*w, 1 + h*w)`` float32 or None."""
         key = (tuple(grid), str(device), self.spec.prior, self.spec.prior_std)
-        return self._cache_get(
-            self._prior_cache, key,
+        return self._prior_cache.get_or_create(
+            key,
             lambda: build_prior(self.spec.prior, grid, std=self.spec.prior_std, num_prefix_tokens=1, device=device))
 
     # -- blocks --------------------------------------------------------------------------
