@@ -6,11 +6,18 @@
     python tools/sweep.py configs/sweeps/alpha_depth.yaml --tables-only --compare-paper
     python tools/sweep.py configs/sweeps/alpha_depth.yaml --set pretrained=none --set max_images=2
 
-Results: ``<out>/results.jsonl`` (one line per finished run, appended as it finishes; a
-re-started sweep skips runs already there), ``<out>/results.csv``, ``<out>/results.md``, and
-with ``--compare-paper`` ``<out>/compare_paper.{csv,md}`` (ours, the paper's number, the
-difference). ``<out>`` defaults to ``output/sweeps/<sweep name>``. The sweep file format is
-documented in ``sparseclip_d2/analysis/sweep.py``.
+Every run is validated first, as the run itself would check it (merged config,
+AttentionSpec, depth, templates, datasets found); invalid runs are listed with their errors
+and nothing runs (exit 2). ``--dry-run`` lists the runs (done / todo / INVALID, warnings for
+settings that change nothing) and exits non-zero when any run is invalid.
+
+Results: ``<out>/results.jsonl`` (one line per finished run, added as it finishes; a
+re-started sweep skips runs whose key already has an ok line), ``<out>/results.csv``,
+``<out>/results.md`` (the current sweep file's runs only, failed runs with their error), and
+with ``--compare-paper`` ``<out>/compare_paper.{csv,md}`` (ours, the paper's number and row,
+the difference, or why there is no paper row). ``<out>`` defaults to
+``output/sweeps/<sweep name>``. The sweep file format is documented in
+``sparseclip_d2/analysis/sweep.py``.
 """
 import argparse
 import logging
@@ -19,7 +26,7 @@ import sys
 
 import yaml
 
-from sparseclip_d2.analysis.sweep import load_sweep, read_jsonl, run_sweep
+from sparseclip_d2.analysis.sweep import SweepValidationError, load_sweep, read_jsonl, run_sweep
 from sparseclip_d2.analysis.tables import write_tables
 
 logger = logging.getLogger("sparseclip_d2.sweep")
@@ -47,7 +54,9 @@ def build_parser():
     p.add_argument("--compare-paper", action="store_true",
                    help="also write compare_paper.{csv,md}: ours vs the paper's numbers")
     p.add_argument("--tables-only", action="store_true", help="only rewrite the tables from results.jsonl")
-    p.add_argument("--dry-run", action="store_true", help="list the runs (and which are finished) and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and list the runs (and which are finished) and exit; non-zero exit when a run "
+                        "is invalid")
     p.add_argument("--no-retry-failed", action="store_true", help="skip combinations that failed before")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run before it is killed")
     p.add_argument("--train-net", default=None, help="evaluation script (default: tools/train_net.py)")
@@ -61,24 +70,44 @@ def main(argv=None):
     out = args.output or os.path.join("output", "sweeps", sweep.name)
     jsonl = os.path.join(out, "results.jsonl")
 
+    run_keys = [r.key for r in sweep.runs]
+
     def tables(_record=None):
-        return write_tables(read_jsonl(jsonl), out, title=sweep.name, compare_paper=args.compare_paper)
+        return write_tables(read_jsonl(jsonl), out, title=sweep.name, compare_paper=args.compare_paper,
+                            run_keys=run_keys)
 
     if args.dry_run:
         done = {r.get("run_key") for r in read_jsonl(jsonl) if r.get("status") == "ok"}
         for run in sweep.runs:
+            state = "INVALID" if run.errors else "done" if run.key in done else "todo"
             opts = " ".join(f"{k} {v}" for k, v in run.opts)
-            print(f"{'done' if run.key in done else 'todo'}  {run.key}  {run.name}  ::  {opts}")
-        print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished; base {sweep.base}")
-        return 0
+            print(f"{state:7s}  {run.key}  {run.name}  ::  {opts}")
+            for e in run.errors:
+                print(f"         error: {e}")
+            for w in run.warnings:
+                print(f"         warning: {w}")
+        invalid = len(sweep.invalid_runs)
+        print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished, {invalid} invalid; "
+              f"base {sweep.base}")
+        return 2 if invalid else 0
     counts = None
     if not args.tables_only:
-        counts = run_sweep(sweep, out, num_gpus=args.num_gpus, train_net=args.train_net,
-                           retry_failed=not args.no_retry_failed, timeout=args.timeout, on_record=tables)
+        try:
+            counts = run_sweep(sweep, out, num_gpus=args.num_gpus, train_net=args.train_net,
+                               retry_failed=not args.no_retry_failed, timeout=args.timeout, on_record=tables)
+        except SweepValidationError as e:
+            print(str(e), file=sys.stderr)
+            print("nothing was run; fix the sweep file (python tools/sweep.py --dry-run lists every run)",
+                  file=sys.stderr)
+            return 2
     paths = tables()
+    stale = paths.pop("stale")
     for k, v in paths.items():
         print(f"{k}: {os.path.abspath(v)}")
     print(f"jsonl: {os.path.abspath(jsonl)}")
+    if stale:
+        print(f"stale: {stale} record(s) of {jsonl} are not runs of the current sweep file (other settings, "
+              "data, code or versions); left out of the tables")
     if counts is not None:
         print(f"runs: {counts['total']} total, {counts['skipped']} already finished, {counts['ok']} ok, "
               f"{counts['failed']} failed")

@@ -34,6 +34,7 @@ from sparseclip_d2 import add_sparseclip_config
 from sparseclip_d2.data import SparseCLIPTestMapper
 from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, attach_fgovd_proposals, is_fgovd_dataset
 from sparseclip_d2.evaluation import add_mhme, build_evaluator, build_results, dataset_summary, write_results
+from sparseclip_d2.evaluation.results import RecordFailures, begin_results
 from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
 from sparseclip_d2.modeling import resolve_device
 
@@ -118,6 +119,7 @@ def main(args):
     if not args.eval_only:
         raise SystemExit(TRAINING_FREE)
     cfg = setup(args)
+    begin_results(cfg.OUTPUT_DIR)  # no results.json of an earlier run survives this one
     datasets = check_datasets(cfg)
     if cfg.MODEL.WEIGHTS:
         raise ValueError(
@@ -156,7 +158,7 @@ if __name__ == "__main__":
     if not args.eval_only:
         sys.exit(TRAINING_FREE)
     launch(
-        main,
+        RecordFailures(main),  # an exception is written to OUTPUT_DIR/error.json
         args.num_gpus,
         num_machines=args.num_machines,
         machine_rank=args.machine_rank,

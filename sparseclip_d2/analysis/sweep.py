@@ -1,4 +1,4 @@
-"""Sweep files: expansion into runs, config-key aliases, run keys, running and resuming.
+"""Sweep files: expansion into runs, config-key aliases, validation, run keys, running and resuming.
 
 A sweep file (YAML)::
 
@@ -28,10 +28,19 @@ grid values. Keys are full config keys (``MODEL.SPARSECLIP.ATTENTION.ALPHA``) or
 - ``block``: the paper's last-block variants ``full``, ``drop_ffn``, ``drop_residual``,
   ``drop_both`` -> ``BLOCK.RESIDUAL`` / ``BLOCK.FFN``.
 
+Every run is validated when the sweep is loaded as the run itself would check it: the merged
+config, ``AttentionSpec.from_config`` (plus ``NUM_LAYERS`` against the model's depth), the
+prompt templates, the datasets (registered and found). Invalid runs carry their errors and
+the sweep refuses to start; settings that change nothing are warnings.
+
 Each run is one ``tools/train_net.py --eval-only`` process with its own ``OUTPUT_DIR``
-(``<out>/runs/<run id>``); its ``results.json`` becomes one line of ``<out>/results.jsonl``,
-appended as soon as the run ends. The run key hashes the base config files' text and the
-run's overrides, so a re-started sweep skips runs whose key already has an ``ok`` line.
+(``<out>/runs/<run id>``; its stdout and stderr in ``stdout.txt`` / ``stderr.txt``, apart from
+detectron2's ``log.txt``); its ``results.json`` (or, when it fails, its exception from
+``error.json`` or its traceback from stderr) becomes one line of ``<out>/results.jsonl``. The
+run key hashes what determines the result (:func:`run_key`): the fully merged config, the
+dataset root, the data found (image count and file-list checksum per dataset), the package
+version and code, the library versions and the weights; a re-started sweep skips runs whose
+key already has an ``ok`` line.
 """
 import hashlib
 import itertools
@@ -39,6 +48,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -49,14 +59,21 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from ..utils.io import atomic_write_text
+
 __all__ = [
     "ALIASES",
     "BACKBONES",
     "BLOCK_VARIANTS",
     "SweepRun",
     "Sweep",
+    "SweepValidationError",
     "load_sweep",
     "expand_params",
+    "merge_run_config",
+    "validate_config",
+    "dataset_identity",
+    "environment_identity",
     "run_key",
     "read_jsonl",
     "append_jsonl",
@@ -104,16 +121,33 @@ BLOCK_VARIANTS = {"full": (True, True), "drop_ffn": (True, False), "drop_residua
 RESERVED = ("name",)
 
 
+
+class SweepValidationError(ValueError):
+    """Some runs of a sweep are invalid; ``runs`` holds them (each with ``errors``)."""
+
+    def __init__(self, runs: Sequence["SweepRun"]):
+        self.runs = list(runs)
+        lines = [f"{len(self.runs)} run(s) of the sweep are invalid:"]
+        for r in self.runs:
+            lines += [f"  {r.name}: {e}" for e in r.errors]
+        super().__init__("\n".join(lines))
+
+
 @dataclass
 class SweepRun:
     """One combination: ``params`` as written in the sweep (alias -> value), ``opts`` the
-    resolved ``(FULL.KEY, value)`` overrides, ``name`` readable, ``key`` the resume hash."""
+    resolved ``(FULL.KEY, value)`` overrides, ``name`` readable, ``key`` the resume hash,
+    ``errors`` what makes the run invalid (it would fail), ``warnings`` settings that change
+    nothing, ``identity`` what the key covers besides the config (data, versions, weights)."""
 
     name: str
     params: Dict[str, Any]
     opts: List[Tuple[str, Any]]
     key: str = ""
     group: str = ""
+    errors: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    identity: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +158,11 @@ class Sweep:
     path: str
     base: str
     runs: List[SweepRun] = field(default_factory=list)
+
+    @property
+    def invalid_runs(self) -> List[SweepRun]:
+        """Runs with errors."""
+        return [r for r in self.runs if r.errors]
 
 
 def default_train_net() -> str:
@@ -146,13 +185,17 @@ def _is_full_key(key: str) -> bool:
 def expand_params(params: Dict[str, Any], base_cfg=None) -> List[Tuple[str, Any]]:
     """Resolve one run's ``{alias or FULL.KEY: value}`` into ordered ``(FULL.KEY, value)`` pairs.
 
+    Values are not range-checked here: :func:`validate_config` checks the merged config the
+    way the run does (``AttentionSpec``).
+
     Args:
         params: the run's parameters (fixed, variant and grid values merged, in that order).
         base_cfg: the merged base config (a detectron2 ``CfgNode``); used to check that full
             keys exist and whether sliding windows are on (for ``resolution``). May be None.
 
     Raises:
-        ValueError: an unknown key or a bad value, naming it and the valid choices.
+        ValueError: an unknown key or a value that cannot be converted, naming it and the
+            valid choices.
     """
     opts: "OrderedDict[str, Any]" = OrderedDict()
     explicit_normalizer = "normalizer" in params or (A + "NORMALIZER") in params
@@ -163,14 +206,18 @@ def expand_params(params: Dict[str, Any], base_cfg=None) -> List[Tuple[str, Any]
         if key in RESERVED:
             continue
         if key == "alpha":
-            alpha = float(value)
-            if not 1.0 <= alpha <= 2.0:
-                raise ValueError(f"sweep value alpha={value!r} is outside [1, 2] (1 = softmax)")
+            try:
+                alpha = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"sweep value alpha={value!r} is not a number") from None
             opts[A + "ALPHA"] = alpha
             if not explicit_normalizer:
                 opts[A + "NORMALIZER"] = "softmax" if alpha == 1.0 else "entmax"
         elif key == "resolution":
-            res = int(value)
+            try:
+                res = int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"sweep value resolution={value!r} is not an integer") from None
             opts["INPUT.MIN_SIZE_TEST"] = res
             opts["MODEL.SPARSECLIP.FGOVD.RESOLUTION"] = res
             if sliding:
@@ -193,44 +240,23 @@ def expand_params(params: Dict[str, Any], base_cfg=None) -> List[Tuple[str, Any]
         raise ValueError("sweep key OUTPUT_DIR is set by the sweep itself (one folder per run); remove it")
     pairs = list(opts.items())
     if base_cfg is not None:
-        cfg = base_cfg.clone()
-        cfg.defrost()
-        flat = []
-        for k, v in pairs:
-            flat += [k, _cli_value(v)]
-        try:
-            cfg.merge_from_list(flat)
-        except (KeyError, AssertionError, ValueError) as e:
-            raise ValueError(f"sweep overrides {dict(pairs)} do not merge into the base config: {e}") from e
+        merge_run_config(base_cfg, pairs)
     return pairs
 
 
-def _config_chain_text(path: str, seen: Optional[set] = None) -> str:
-    """Text of a config file and of its ``_BASE_`` chain (for the run key)."""
-    seen = set() if seen is None else seen
-    path = os.path.abspath(path)
-    if path in seen:
-        return ""
-    seen.add(path)
-    with open(path) as f:
-        text = f.read()
-    base = (yaml.safe_load(text) or {}).get("_BASE_")
-    if base:
-        base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
-        if os.path.isfile(base_path):
-            text = _config_chain_text(base_path, seen) + "\n---\n" + text
-    return text
-
-
-def run_key(base_config: str, opts: Sequence[Tuple[str, Any]]) -> str:
-    """sha256 (16 hex digits) of the base config chain's text and the sorted overrides."""
-    payload = json.dumps({"base": _config_chain_text(base_config),
-                          "opts": sorted((k, _cli_value(v)) for k, v in opts)}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text).strip("-")[:80] or "run"
+def merge_run_config(base_cfg, opts: Sequence[Tuple[str, Any]]):
+    """A copy of ``base_cfg`` with the run's overrides merged as ``train_net`` merges its
+    command line (``merge_from_list``). Raises ``ValueError`` when they do not merge."""
+    cfg = base_cfg.clone()
+    cfg.defrost()
+    flat = []
+    for k, v in opts:
+        flat += [k, _cli_value(v)]
+    try:
+        cfg.merge_from_list(flat)
+    except (KeyError, AssertionError, ValueError, TypeError) as e:
+        raise ValueError(f"sweep overrides {dict(opts)} do not merge into the base config: {e}") from e
+    return cfg
 
 
 def load_base_config(path: str):
@@ -245,18 +271,161 @@ def load_base_config(path: str):
     return cfg
 
 
-def load_sweep(path: str, *, extra: Optional[Dict[str, Any]] = None, validate: bool = True) -> Sweep:
-    """Read a sweep file and expand it into runs.
+def _model_depth(name: str) -> int:
+    """Number of vision blocks of an open_clip (or sparseclip_d2 local) model name."""
+    import open_clip
+
+    from sparseclip_d2.clip.model_configs import get_local_model_config
+
+    mc = get_local_model_config(name) or open_clip.get_model_config(name)
+    if mc is None:
+        raise ValueError(f"MODEL.SPARSECLIP.CLIP.NAME={name!r} is not an open_clip model; valid: "
+                         f"{', '.join(open_clip.list_models()[:8])}, ... (open_clip.list_models())")
+    layers = mc["vision_cfg"]["layers"]
+    return int(layers if isinstance(layers, int) else sum(layers))
+
+
+def validate_config(cfg) -> Tuple[List[str], List[str]]:
+    """Check a run's merged config as the run would: ``(errors, warnings)``.
+
+    Errors: an invalid attention setting (``AttentionSpec.from_config``), ``NUM_LAYERS``
+    beyond the model's depth, an unknown model, unknown prompt templates, an empty or
+    unregistered ``DATASETS.TEST``. Warnings: settings that change nothing
+    (``AttentionSpec.inert_settings``).
+    """
+    from detectron2.data import DatasetCatalog
+
+    import sparseclip_d2  # noqa: F401  (registers the datasets)
+    from sparseclip_d2.clip import AttentionSpec, get_templates
+
+    errors: List[str] = []
+    warnings: List[str] = []
+    spec = None
+    try:
+        spec = AttentionSpec.from_config(cfg, warn=False)
+        warnings += spec.inert_settings()
+    except ValueError as e:
+        errors.append(str(e))
+    try:
+        depth = _model_depth(cfg.MODEL.SPARSECLIP.CLIP.NAME)
+        if spec is not None:
+            try:
+                spec.check_depth(depth)
+            except ValueError as e:
+                errors.append(f"MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS: {e} ({cfg.MODEL.SPARSECLIP.CLIP.NAME})")
+    except ValueError as e:
+        errors.append(str(e))
+    try:
+        get_templates(cfg.MODEL.SPARSECLIP.TEXT.TEMPLATES)
+    except ValueError as e:
+        errors.append(f"MODEL.SPARSECLIP.TEXT.TEMPLATES: {e}")
+    if not cfg.DATASETS.TEST:
+        errors.append("DATASETS.TEST is empty: name at least one registered dataset")
+    registered = set(DatasetCatalog.list())
+    for name in cfg.DATASETS.TEST:
+        if name not in registered:
+            errors.append(f"dataset {name!r} is not registered; registered: {', '.join(sorted(registered))}")
+    return errors, warnings
+
+
+def dataset_identity(name: str) -> Dict[str, Any]:
+    """What a dataset resolves to on this machine: ``{"num_images", "files_sha256"}`` (sha256
+    of the sorted image and annotation paths of its dataset dicts). Raises what the dataset's
+    loader raises when its files are missing."""
+    from detectron2.data import DatasetCatalog
+
+    dicts = DatasetCatalog.get(name)
+    h = hashlib.sha256()
+    files = sorted(f"{d.get('file_name', '')}\t{d.get('sem_seg_file_name', '')}" for d in dicts)
+    for f in files:
+        h.update(f.encode("utf-8", "surrogateescape") + b"\n")
+    return {"num_images": len(dicts), "files_sha256": h.hexdigest()[:16]}
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _code_fingerprint() -> str:
+    """sha256 of the package's files that can change a result (everything but ``analysis/``)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("analysis", "__pycache__"))
+        for fn in sorted(filenames):
+            if fn.endswith((".py", ".cpp", ".txt", ".csv")):
+                path = os.path.join(dirpath, fn)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def environment_identity() -> Dict[str, Any]:
+    """Versions and code of this process: sparseclip_d2 (version and code fingerprint), torch,
+    open_clip, detectron2."""
+    import detectron2
+    import open_clip
+    import torch
+
+    import sparseclip_d2
+
+    return {"sparseclip_d2": sparseclip_d2.__version__, "code": _code_fingerprint(), "torch": torch.__version__,
+            "open_clip": getattr(open_clip, "__version__", "?"), "detectron2": detectron2.__version__}
+
+
+def _weights_identity(cfg, memo: Dict[str, str]) -> str:
+    pretrained = str(cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED)
+    path = os.path.expanduser(pretrained)
+    if os.path.isfile(path):
+        if path not in memo:
+            memo[path] = "file:" + _file_sha256(path)
+        return memo[path]
+    return "tag:" + pretrained  # an open_clip tag (with open_clip's version) or "none" (seeded random)
+
+
+def _datasets_root() -> str:
+    return os.path.abspath(os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets")))
+
+
+def run_key(cfg, identity: Dict[str, Any]) -> str:
+    """sha256 (16 hex digits) of the fully merged config (``OUTPUT_DIR`` excluded, so comments
+    or key order in the config files do not matter) and ``identity`` (dataset root, data
+    found, versions, code, weights)."""
+    c = cfg.clone()
+    c.defrost()
+    c.OUTPUT_DIR = ""
+    payload = json.dumps({"config": yaml.safe_load(c.dump()), "identity": identity}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text).strip("-")[:80] or "run"
+
+
+def load_sweep(path: str, *, extra: Optional[Dict[str, Any]] = None, validate: bool = True,
+               identify_data: bool = True) -> Sweep:
+    """Read a sweep file, expand it into runs and validate each run.
 
     Args:
         path: the YAML sweep file.
         extra: overrides applied to every run after ``fixed`` (e.g. from ``--set`` on the
             command line); they are part of the run key.
-        validate: merge every run's overrides into the base config (catches bad keys/values
-            before anything runs).
+        validate: check every run (:func:`validate_config`); invalid runs get ``errors``.
+        identify_data: load every dataset's dicts for the run key (:func:`dataset_identity`);
+            a dataset that cannot be loaded is an error of the runs that use it.
+
+    Raises:
+        ValueError: a malformed sweep file, or two runs with identical merged configs.
     """
     with open(path) as f:
         spec = yaml.safe_load(f) or {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"sweep file {path!r} must be a YAML mapping, got {type(spec).__name__}")
     allowed = {"name", "base", "fixed", "variants", "grid", "description"}
     unknown = set(spec) - allowed
     if unknown:
@@ -282,23 +451,53 @@ def load_sweep(path: str, *, extra: Optional[Dict[str, Any]] = None, validate: b
     variants = spec.get("variants") or [{}]
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise ValueError(f"sweep file {path!r}: 'variants' must be a list of mappings")
-    base_cfg = load_base_config(base) if validate else None
+    base_cfg = load_base_config(base)
+    env = environment_identity()
+    root = _datasets_root()
+    data_memo: Dict[str, Any] = {}
+    weights_memo: Dict[str, str] = {}
     runs, seen = [], {}
     keys = list(grid)
-    for vi, variant in enumerate(variants):
+    for variant in variants:
         vname = str(variant.get("name", "")) if variant.get("name") is not None else ""
         for values in itertools.product(*(grid[k] for k in keys)):
             gparams = dict(zip(keys, values))
             params = {**fixed, **{k: v for k, v in variant.items() if k != "name"}, **gparams}
-            opts = expand_params(params, base_cfg)
             shown = {**{k: v for k, v in variant.items() if k != "name"}, **gparams}
             label = ",".join(f"{k}={_cli_value(v)}" for k, v in shown.items()) or "base"
             rname = f"{vname}:{label}" if vname else label
-            key = run_key(base, opts)
-            if key in seen:
-                raise ValueError(f"sweep file {path!r}: runs {seen[key]!r} and {rname!r} have identical overrides")
-            seen[key] = rname
-            runs.append(SweepRun(name=rname, params=params, opts=opts, key=key, group=vname))
+            run = SweepRun(name=rname, params=params, opts=[], group=vname)
+            runs.append(run)
+            try:
+                run.opts = expand_params(params, None)
+                cfg = merge_run_config(base_cfg, run.opts)
+            except ValueError as e:
+                run.errors.append(str(e))
+                run.key = hashlib.sha256(repr(sorted(params.items(), key=str)).encode()).hexdigest()[:16]
+                continue
+            if validate:
+                errors, warnings = validate_config(cfg)
+                run.errors += errors
+                run.warnings += warnings
+            data: Dict[str, Any] = {}
+            if identify_data:
+                for ds in cfg.DATASETS.TEST:
+                    if ds not in data_memo:
+                        try:
+                            data_memo[ds] = dataset_identity(ds)
+                        except Exception as e:  # the loader's own error says what is missing
+                            data_memo[ds] = {"error": f"dataset {ds!r} cannot be loaded: {type(e).__name__}: {e}"}
+                    if "error" in data_memo[ds]:
+                        if data_memo[ds]["error"] not in run.errors:
+                            run.errors.append(data_memo[ds]["error"])
+                    data[ds] = data_memo[ds]
+            run.identity = {"datasets_root": root, "data": data, "versions": env,
+                            "weights": _weights_identity(cfg, weights_memo)}
+            run.key = run_key(cfg, run.identity)
+            if run.key in seen:
+                raise ValueError(f"sweep file {path!r}: runs {seen[run.key]!r} and {rname!r} have identical "
+                                 "merged configs")
+            seen[run.key] = rname
     if not runs:
         raise ValueError(f"sweep file {path!r} expands to no run")
     return Sweep(name=name, path=os.path.abspath(path), base=base, runs=runs)
@@ -306,8 +505,8 @@ def load_sweep(path: str, *, extra: Optional[Dict[str, Any]] = None, validate: b
 
 # ------------------------------------------------------------------------------ JSON lines
 def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    """Records of a JSON-lines file; a truncated or corrupt line (a killed writer) is skipped
-    with a warning. A missing file gives []."""
+    """Records of a JSON-lines file; a corrupt line is skipped with a warning. A missing file
+    gives []."""
     if not os.path.isfile(path):
         return []
     out = []
@@ -319,7 +518,7 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
-                logger.warning("%s:%d is not valid JSON (an interrupted write?); skipped", path, i)
+                logger.warning("%s:%d is not valid JSON; skipped", path, i)
     return out
 
 
@@ -327,14 +526,18 @@ _LOCK = threading.Lock()
 
 
 def append_jsonl(path: str, record: Dict[str, Any]) -> None:
-    """Append one record as a line (flushed and fsynced; thread-safe)."""
+    """Add one record as a line: the file is rewritten through a temporary file and
+    ``os.replace`` (a killed sweep leaves the old file or the new one, never half a line);
+    thread-safe within the process."""
     line = json.dumps(record, sort_keys=False, allow_nan=True)
     with _LOCK:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        old = ""
+        if os.path.isfile(path):
+            with open(path) as f:
+                old = f.read()
+            if old and not old.endswith("\n"):
+                old += "\n"
+        atomic_write_text(path, old + line + "\n")
 
 
 def finished_keys(records: Sequence[Dict[str, Any]]) -> set:
@@ -357,40 +560,94 @@ def _dataset_metrics(results: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def _run_error(run_dir: str, rc: Optional[int], timeout: Optional[float]) -> Dict[str, Any]:
+    """The failed run's error: its ``error.json`` (written by train_net), else the last
+    traceback on its stderr, else how it ended (signal, exit code, timeout) and stderr's tail."""
+    err_path = os.path.join(run_dir, "error.json")
+    stderr_path = os.path.join(run_dir, "stderr.txt")
+    stderr = ""
+    if os.path.isfile(stderr_path):
+        with open(stderr_path, errors="replace") as f:
+            stderr = f.read()
+    if rc is None:
+        how = f"timed out after {timeout:g} s and was killed"
+    elif rc < 0:
+        try:
+            how = f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            how = f"killed by signal {-rc}"
+    elif rc == 0:
+        how = "exited 0 without writing results.json"
+    else:
+        how = f"exited with code {rc}"
+    if os.path.isfile(err_path):
+        try:
+            with open(err_path) as f:
+                e = json.load(f)
+            return {"type": e.get("type"), "message": e.get("message"), "traceback": e.get("traceback"),
+                    "exit": how, "stderr": stderr_path}
+        except (OSError, json.JSONDecodeError):
+            pass
+    if _TRACEBACK in stderr:
+        tb = stderr[stderr.rindex(_TRACEBACK):].strip()
+        last = tb.splitlines()[-1]
+        etype, _, msg = last.partition(": ")
+        return {"type": etype.strip(), "message": msg.strip(), "traceback": tb, "exit": how, "stderr": stderr_path}
+    return {"type": None, "message": how, "traceback": None, "stderr_tail": stderr[-1500:], "exit": how,
+            "stderr": stderr_path}
+
+
+def error_summary(error: Any) -> str:
+    """One line of a record's ``error``: ``Type: message``."""
+    if isinstance(error, dict):
+        etype, msg = error.get("type"), str(error.get("message") or "").strip()
+        first = msg.splitlines()[0] if msg else ""
+        return f"{etype}: {first}" if etype else first or str(error.get("exit", "failed"))
+    return str(error or "failed").strip().splitlines()[-1] if error else "failed"
+
+
 def run_one(run: SweepRun, sweep: Sweep, out_dir: str, *, train_net: Optional[str] = None,
             env: Optional[Dict[str, str]] = None, timeout: Optional[float] = None) -> Dict[str, Any]:
-    """Run one combination as a ``train_net.py --eval-only`` subprocess and build its record."""
+    """Run one combination as a ``train_net.py --eval-only`` subprocess and build its record.
+
+    The subprocess's stdout and stderr go to ``stdout.txt`` and ``stderr.txt`` of the run's
+    folder (detectron2 writes its own ``log.txt`` there). A failed run's record has
+    ``status: failed`` and ``error: {type, message, traceback, exit}``.
+    """
     run_dir = _run_dir(out_dir, run)
     os.makedirs(run_dir, exist_ok=True)
     results_path = os.path.join(run_dir, "results.json")
-    if os.path.exists(results_path):
-        os.remove(results_path)  # never read a stale result of an interrupted earlier attempt
+    for stale in (results_path, os.path.join(run_dir, "error.json")):
+        if os.path.exists(stale):
+            os.remove(stale)  # never read a result of an earlier attempt
     cmd = [sys.executable, train_net or default_train_net(), "--eval-only", "--config-file", sweep.base]
     for k, v in run.opts:
         cmd += [k, _cli_value(v)]
     cmd += ["OUTPUT_DIR", run_dir]
     record: Dict[str, Any] = OrderedDict(
         run_key=run.key, run_name=run.name, group=run.group, sweep=sweep.name, base_config=sweep.base,
-        params=run.params, overrides={k: v for k, v in run.opts}, output_dir=run_dir,
+        params=run.params, overrides={k: v for k, v in run.opts}, output_dir=run_dir, identity=run.identity,
     )
+    if run.warnings:
+        record["warnings"] = list(run.warnings)
+    atomic_write_text(os.path.join(run_dir, "command.txt"), " ".join(cmd) + "\n")
     start = time.time()
-    log_path = os.path.join(run_dir, "log.txt")
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
+    with open(os.path.join(run_dir, "stdout.txt"), "w") as out, open(os.path.join(run_dir, "stderr.txt"), "w") as err:
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
-            rc = proc.returncode
+            rc: Optional[int] = subprocess.run(cmd, stdout=out, stderr=err, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            rc = -9
+            rc = None
     record["seconds"] = round(time.time() - start, 3)
     record["returncode"] = rc
     if rc != 0 or not os.path.isfile(results_path):
-        with open(log_path) as f:
-            tail = f.read()[-2000:]
         record["status"] = "failed"
-        record["error"] = tail
-        logger.error("run %s failed (exit %s); log: %s\n%s", run.name, rc, log_path, tail[-800:])
+        record["error"] = _run_error(run_dir, rc, timeout)
+        tb = record["error"].get("traceback") or record["error"].get("stderr_tail") or ""
+        logger.error("run %s failed (%s): %s\n%s\n(stdout/stderr in %s)", run.name, record["error"]["exit"],
+                     error_summary(record["error"]), tb[-3000:], run_dir)
         return record
     with open(results_path) as f:
         results = json.load(f)
@@ -413,23 +670,21 @@ def _config_summary(config: Dict[str, Any]) -> Dict[str, Any]:
         backbone=clip.get("NAME"), pretrained=clip.get("PRETRAINED"),
         source=att.get("SOURCE"), normalizer=att.get("NORMALIZER"), alpha=att.get("ALPHA"),
         temperature=att.get("TEMPERATURE"), num_layers=att.get("NUM_LAYERS"), prior=att.get("PRIOR"),
-        sum_mode=att.get("SUM_MODE"), residual=blk.get("RESIDUAL"), ffn=blk.get("FFN"),
-        resolution=(config.get("INPUT") or {}).get("MIN_SIZE_TEST"),
+        prior_std=att.get("PRIOR_STD"), sum_mode=att.get("SUM_MODE"), residual=blk.get("RESIDUAL"),
+        ffn=blk.get("FFN"), resolution=(config.get("INPUT") or {}).get("MIN_SIZE_TEST"),
         fgovd_resolution=(sc.get("FGOVD") or {}).get("RESOLUTION"),
+        fgovd_protocol=(sc.get("FGOVD") or {}).get("PROTOCOL"),
         sliding=(test.get("SLIDING_WINDOW") or {}).get("ENABLED"),
         templates=(sc.get("TEXT") or {}).get("TEMPLATES"),
-        prob_threshold=sc.get("PROB_THRESHOLD"),
+        logit_scale=sc.get("LOGIT_SCALE"), prob_threshold=sc.get("PROB_THRESHOLD"),
+        area_threshold=sc.get("AREA_THRESHOLD"), max_images=test.get("MAX_IMAGES"),
     )
 
 
 def planned_config(sweep: Sweep, run: SweepRun) -> Tuple[Dict[str, Any], List[str]]:
     """``(config summary, dataset names)`` that ``run`` will evaluate (as recorded after the
     run), without running it."""
-    cfg = load_base_config(sweep.base)
-    flat = []
-    for k, v in run.opts:
-        flat += [k, _cli_value(v)]
-    cfg.merge_from_list(flat)
+    cfg = merge_run_config(load_base_config(sweep.base), run.opts)
     return _config_summary(yaml.safe_load(cfg.dump())), list(cfg.DATASETS.TEST)
 
 
@@ -445,7 +700,12 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
 
     Returns:
         ``{"total", "skipped", "ok", "failed"}`` counts of this invocation.
+
+    Raises:
+        SweepValidationError: some runs are invalid (nothing is run).
     """
+    if sweep.invalid_runs:
+        raise SweepValidationError(sweep.invalid_runs)
     jsonl = os.path.join(out_dir, "results.jsonl")
     records = read_jsonl(jsonl)
     done = finished_keys(records)
@@ -454,6 +714,9 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
     counts = {"total": len(sweep.runs), "skipped": len(sweep.runs) - len(todo), "ok": 0, "failed": 0}
     logger.info("sweep %s: %d runs, %d already finished, %d to run -> %s",
                 sweep.name, len(sweep.runs), counts["skipped"], len(todo), jsonl)
+    for run in todo:
+        for w in run.warnings:
+            logger.warning("run %s: %s", run.name, w)
 
     def finish(record):
         append_jsonl(jsonl, record)
@@ -462,7 +725,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
         if on_record is not None:
             on_record(record)
         logger.info("[%d/%d] %s: %s (%.1f s)", counts["ok"] + counts["failed"], len(todo), record["run_name"],
-                    record["status"], record["seconds"])
+                    record["status"] if record["status"] == "ok" else
+                    f"FAILED: {error_summary(record.get('error'))}", record["seconds"])
 
     if num_gpus <= 1:
         for run in todo:

@@ -175,8 +175,12 @@ class AttentionSpec:
         return dataclasses.replace(PRESETS[key], **overrides)
 
     @classmethod
-    def from_config(cls, cfg) -> "AttentionSpec":
-        """Read ``cfg.MODEL.SPARSECLIP.ATTENTION.*`` and ``cfg.MODEL.SPARSECLIP.BLOCK.*`` (duck-typed)."""
+    def from_config(cls, cfg, *, warn: bool = True) -> "AttentionSpec":
+        """Read ``cfg.MODEL.SPARSECLIP.ATTENTION.*`` and ``cfg.MODEL.SPARSECLIP.BLOCK.*`` (duck-typed).
+
+        Invalid values raise ``ValueError``; settings that change nothing
+        (:meth:`inert_settings`) are logged as warnings unless ``warn`` is False.
+        """
         try:
             a = cfg.MODEL.SPARSECLIP.ATTENTION
             b = cfg.MODEL.SPARSECLIP.BLOCK
@@ -193,7 +197,8 @@ class AttentionSpec:
             spec = cls(**kwargs)
         except ValueError as e:
             raise ValueError(f"MODEL.SPARSECLIP.ATTENTION/BLOCK: {e}") from e
-        spec.warn_inert("MODEL.SPARSECLIP.ATTENTION")
+        if warn:
+            spec.warn_inert("MODEL.SPARSECLIP.ATTENTION")
         return spec
 
 

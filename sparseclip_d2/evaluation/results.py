@@ -7,15 +7,31 @@ Layout::
      "<fgovd dataset>": {"top1": .., ..., "num_images": N, "seconds_per_image": ..},
      "config": {...}, "random_weights": bool,
      "max_images": N, "partial": true}                # only when TEST.MAX_IMAGES > 0
+
+A run that fails (or is interrupted) leaves no ``results.json`` but ``error.json``
+(``{"type", "message", "traceback"}``): :func:`begin_results` removes both at the start
+of a run, :class:`RecordFailures` writes ``error.json`` when the run raises, and
+:func:`write_results` writes ``results.json`` atomically at the end.
 """
-import json
+import logging
 import math
 import os
-from typing import Any, Dict, Mapping
+import traceback
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import yaml
 
-__all__ = ["SEM_SEG_KEYS", "dataset_summary", "build_results", "write_results"]
+from ..utils.io import atomic_write_json
+
+__all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "dataset_summary", "build_results", "write_results",
+           "begin_results", "write_error", "RecordFailures"]
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+ERROR_FILE = "error.json"
+# The output folder of the run in progress in this process (set by begin_results).
+_ACTIVE_OUTPUT_DIR: Optional[str] = None
 
 SEM_SEG_KEYS = ("mIoU", "fwIoU", "mACC", "pACC")
 
@@ -65,13 +81,60 @@ def build_results(per_dataset: Mapping[str, Dict[str, Any]], cfg, *, random_weig
     return results
 
 
-def write_results(results: Mapping[str, Any], output_dir: str, filename: str = "results.json") -> str:
-    """Write ``results`` as indented JSON into ``output_dir``; returns the path."""
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, filename)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+def write_results(results: Mapping[str, Any], output_dir: str, filename: str = RESULTS_FILE) -> str:
+    """Write ``results`` as indented JSON into ``output_dir`` atomically (temporary file +
+    ``os.replace``: a reader never sees half a file); returns the path."""
+    return atomic_write_json(os.path.join(output_dir, filename), dict(results), allow_nan=True)
+
+
+def _is_main_process() -> bool:
+    from detectron2.utils import comm
+
+    return comm.is_main_process()
+
+
+def begin_results(output_dir: str) -> None:
+    """Start a run in ``output_dir``: remove the ``results.json`` and ``error.json`` of an
+    earlier run (so that an interrupted or failing run never leaves a result that looks
+    finished beside its own ``config.yaml``) and remember the folder for
+    :class:`RecordFailures`. Only the main process touches the files."""
+    global _ACTIVE_OUTPUT_DIR
+    _ACTIVE_OUTPUT_DIR = output_dir
+    if not _is_main_process():
+        return
+    for name in (RESULTS_FILE, ERROR_FILE):
+        path = os.path.join(output_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
+            logger.info("removed %s of an earlier run", path)
+
+
+def write_error(output_dir: str, exc: BaseException) -> str:
+    """Write ``error.json`` (``{"type", "message", "traceback"}`` of ``exc``) atomically."""
+    record = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+    return atomic_write_json(os.path.join(output_dir, ERROR_FILE), record)
+
+
+class RecordFailures:
+    """Wrap a ``main(args)`` so that an exception it raises (``KeyboardInterrupt`` included)
+    is written to ``error.json`` of the folder given to :func:`begin_results`, then re-raised.
+    A class (not a closure) so that detectron2's ``launch`` can pickle it for workers."""
+
+    def __init__(self, main: Callable):
+        self.main = main
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.main(*args, **kwargs)
+        except BaseException as e:
+            if _ACTIVE_OUTPUT_DIR is not None and _is_main_process():
+                try:
+                    path = write_error(_ACTIVE_OUTPUT_DIR, e)
+                    logger.error("run failed: %s: %s (details in %s)", type(e).__name__, e, path)
+                except OSError as write_failure:  # never hide the run's own exception
+                    logger.error("could not write %s: %s", ERROR_FILE, write_failure)
+            raise
