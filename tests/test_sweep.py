@@ -74,18 +74,23 @@ def test_expand_aliases(tmp_path):
 
 
 def test_load_sweep_product_and_keys(tmp_path):
-    from sparseclip_d2.analysis.sweep import load_sweep, run_key
+    from sparseclip_d2.analysis.sweep import load_base_config, load_sweep, merge_run_config, run_key
 
     f = tmp_path / "s.yaml"
     f.write_text(f"base: {os.path.join(REPO, 'configs', 'demo.yaml')}\n"
                  "variants: [{name: a, source: qq}, {name: b, source: kk}]\n"
                  "grid: {alpha: [1, 1.2, 1.5], num_layers: [1, 2]}\n")
-    sweep = load_sweep(str(f))
+    sweep = load_sweep(str(f), identify_data=False)
     assert len(sweep.runs) == 12 and len({r.key for r in sweep.runs}) == 12
     assert sweep.runs[0].name == "a:source=qq,alpha=1,num_layers=1"
-    # the key depends on the overrides only, not on their order
+    assert not sweep.invalid_runs
+    # softmax on 2 layers is plain CLIP in the earlier block: a warning, not an error
+    assert [r.name for r in sweep.runs if r.warnings] == ["a:source=qq,alpha=1,num_layers=2",
+                                                        "b:source=kk,alpha=1,num_layers=2"]
+    # the key depends on the merged config, not on the order of the overrides
     r = sweep.runs[3]
-    assert run_key(sweep.base, list(reversed(r.opts))) == r.key
+    cfg = merge_run_config(load_base_config(sweep.base), list(reversed(r.opts)))
+    assert run_key(cfg, r.identity) == r.key
     f.write_text(f"base: {os.path.join(REPO, 'configs', 'demo.yaml')}\ngrid: {{alpha: 1.2}}\n")
     with pytest.raises(ValueError, match="non-empty list"):
         load_sweep(str(f))
@@ -144,21 +149,28 @@ def test_killed_sweep_resumes_partially(tmp_path):
     assert finished_keys(recs) == {"a"}
 
 
+#: A run's config summary with the settings the paper holds fixed (B/16 qkv softmax 448 px).
+PAPER_SETTINGS = {"backbone": "ViT-B-16-quickgelu", "pretrained": "openai", "source": "qk", "normalizer": "softmax",
+                  "alpha": 1.2, "temperature": 1.0, "num_layers": 1, "prior": "none", "prior_std": 5.0,
+                  "sum_mode": "normalize_then_sum", "residual": True, "ffn": True, "resolution": 448,
+                  "fgovd_resolution": 224, "fgovd_protocol": "dense", "sliding": False, "templates": "single",
+                  "logit_scale": 50.0, "prob_threshold": 0.75, "area_threshold": 0.0}
+
+
 def test_paper_join():
     from sparseclip_d2.analysis.tables import compare_with_paper, describe, flatten_records
 
     rec = {
         "run_key": "k", "run_name": "x", "status": "ok", "random_weights": False, "params": {"alpha": 1.2},
-        "config": {"backbone": "ViT-B-16-quickgelu", "source": "qk", "normalizer": "entmax", "alpha": 1.2,
-                   "temperature": 1.0, "num_layers": 1, "residual": True, "ffn": True, "resolution": 448},
+        "config": dict(PAPER_SETTINGS, normalizer="entmax", alpha=1.2),
         "datasets": {"sparseclip_voc21_val": {"mIoU": 20.25}, "sparseclip_ade20k_val": {"mIoU": 3.0}},
     }
     rows = flatten_records([rec])
     assert [r["dataset"] for r in rows] == ["voc21", "ade20k"]
     cmp = compare_with_paper(rows)
     voc = cmp[0]
-    # Paper Tables 1, 4 and 6: B/16 qkv full 448 entmax 1.2 VOC21 mIoU 23.25
-    assert (voc["paper"], voc["paper_tables"]) == (23.25, "1;4;6")
+    # Paper Tables 1, 4 and 6: B/16 qkv full 448 entmax 1.2 VOC21 mIoU 23.25 (CSV lines 3, 147, 192)
+    assert voc["paper"] == 23.25 and voc["paper_row"].startswith("Table 1/4/6: B/16 qkv full 448px entmax alpha=1.2")
     assert voc["diff"] == pytest.approx(20.25 - 23.25)
     assert cmp[1]["paper"] == 2.16
     d = describe({"backbone": "ViT-B-16-quickgelu", "source": "qk", "normalizer": "softmax", "temperature": 0.5,
@@ -174,7 +186,8 @@ def test_shipped_sweeps_match_paper_rows(name):
     from sparseclip_d2.analysis.sweep import load_sweep, planned_config
     from sparseclip_d2.analysis.tables import compare_with_paper, describe, short_dataset
 
-    sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", f"{name}.yaml"))
+    sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", f"{name}.yaml"), identify_data=False)
+    assert not sweep.invalid_runs and not any(r.warnings for r in sweep.runs)
     rows = []
     for run in sweep.runs:
         config, datasets = planned_config(sweep, run)
@@ -188,7 +201,10 @@ def test_shipped_sweeps_match_paper_rows(name):
 def test_alpha_depth_sweep_grid():
     from sparseclip_d2.analysis.sweep import load_sweep
 
-    sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", "alpha_depth.yaml"))
-    assert len(sweep.runs) == 13 * 5
+    sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", "alpha_depth.yaml"), identify_data=False)
+    assert len(sweep.runs) == 13 * 5 and not sweep.invalid_runs
     norms = {dict(r.opts)["MODEL.SPARSECLIP.ATTENTION.NORMALIZER"] for r in sweep.runs if r.params["alpha"] == 1}
     assert norms == {"softmax"}
+    # softmax on the last 2..5 blocks is plain CLIP there: each such run is flagged
+    flagged = [(r.params["alpha"], r.params["num_layers"]) for r in sweep.runs if r.warnings]
+    assert flagged == [(1, 2), (1, 3), (1, 4), (1, 5)]
