@@ -208,3 +208,188 @@ def test_alpha_depth_sweep_grid():
     # softmax on the last 2..5 blocks is plain CLIP there: each such run is flagged
     flagged = [(r.params["alpha"], r.params["num_layers"]) for r in sweep.runs if r.warnings]
     assert flagged == [(1, 2), (1, 3), (1, 4), (1, 5)]
+
+
+# ------------------------------------------------------------------ validation, failures, resume keys
+def _sweep_cli(sweep_file, out, *extra, check=None):
+    env = dict(os.environ, SPARSECLIP_TEXT_CACHE="off", PYTHONPATH=REPO)
+    proc = subprocess.run([PY, os.path.join(REPO, "tools", "sweep.py"), str(sweep_file), "--output", str(out), *extra],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    if check is not None:
+        assert proc.returncode == check, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_dry_run_lists_every_invalid_run_with_its_error(tmp_path):
+    """A typo in a source, a depth beyond the model and a negative temperature are found before
+    anything runs, each run named with the error the run itself would raise."""
+    f = tmp_path / "typo.yaml"
+    f.write_text(f"base: {os.path.join(REPO, 'configs', 'demo.yaml')}\n"
+                 "fixed: {backbone: sparseclip-tiny-vit, pretrained: none}\n"
+                 "variants:\n"
+                 "  - {name: typo, source: qx}\n"
+                 "  - {name: deep, num_layers: 100}\n"
+                 "  - {name: cold, temperature: -1}\n"
+                 "  - {name: fine, source: kk}\n"
+                 "  - {name: idle, source: qq, normalizer: softmax, num_layers: 2}\n")
+    proc = _sweep_cli(f, tmp_path / "out", "--dry-run", check=2)
+    lines = proc.stdout.splitlines()
+    row = {ln.split()[2]: i for i, ln in enumerate(lines) if ln[:7].strip() in ("INVALID", "todo", "done")}
+    assert lines[row["typo:source=qx"]].startswith("INVALID")
+    assert "unknown attention source 'qx'" in lines[row["typo:source=qx"] + 1]
+    assert lines[row["deep:num_layers=100"]].startswith("INVALID")
+    assert "num_layers=100 is outside [1, 2]" in lines[row["deep:num_layers=100"] + 1]
+    assert "temperature must be > 0, got -1" in lines[row["cold:temperature=-1"] + 1]
+    assert lines[row["fine:source=kk"]].startswith("todo")
+    idle = "idle:source=qq,normalizer=softmax,num_layers=2"
+    assert lines[row[idle]].startswith("todo") and "warning: num_layers=2 changes nothing" in lines[row[idle] + 1]
+    assert "5 runs, 0 finished, 3 invalid" in proc.stdout
+    # without --dry-run nothing runs either
+    proc = _sweep_cli(f, tmp_path / "out", check=2)
+    assert "3 run(s) of the sweep are invalid" in proc.stderr and "nothing was run" in proc.stderr
+    assert not os.path.exists(tmp_path / "out" / "results.jsonl")
+
+
+def _write_base(folder, logit_scale="50.0", comment=""):
+    """A copy of configs/demo.yaml (and its base) whose LOGIT_SCALE and comments we can change."""
+    import shutil
+
+    shutil.copy(os.path.join(REPO, "configs", "Base-SparseCLIP.yaml"), folder / "Base-SparseCLIP.yaml")
+    text = open(os.path.join(REPO, "configs", "demo.yaml")).read()
+    text = text.replace("    PROB_THRESHOLD: 0.75", f"    PROB_THRESHOLD: 0.75\n    LOGIT_SCALE: {logit_scale}")
+    (folder / "demo.yaml").write_text(comment + text)
+
+
+def test_failed_run_error_config_change_stale_records_and_killed_run(tmp_path):
+    """End to end with tools/train_net.py (tiny random CLIP, softmax: no entmax kernel):
+
+    1. a run that raises inside train_net is recorded with its own exception (type, message,
+       traceback), shown on the console and listed in results.md as failed;
+    2. a comment added to the base config changes no key (nothing reruns but the failure);
+    3. a changed value in the base config reruns, and the old records are reported stale and
+       left out of the tables (one row per run of the current sweep);
+    4. a run killed mid-way (--timeout) leaves no results.json, is recorded as killed and
+       reruns when the sweep is resumed.
+    """
+    from sparseclip_d2.analysis.sweep import read_jsonl
+
+    _write_base(tmp_path)
+    f = tmp_path / "s.yaml"
+    f.write_text("base: demo.yaml\n"
+                 "fixed: {backbone: sparseclip-tiny-vit, pretrained: none, resolution: 64, normalizer: softmax}\n"
+                 "variants: [{name: good}, {name: bad, precision: fp8}]\n")
+    out = tmp_path / "out"
+    # 1. the failing run
+    proc = _sweep_cli(f, out, check=1)
+    recs = read_jsonl(str(out / "results.jsonl"))
+    assert [(r["run_name"], r["status"]) for r in recs] == [("good:base", "ok"), ("bad:precision=fp8", "failed")]
+    err = recs[1]["error"]
+    assert err["type"] == "ValueError" and "fp8" in err["message"] and "Traceback" in err["traceback"]
+    assert "fp8" in proc.stderr and "run bad:precision=fp8 failed" in proc.stderr
+    bad_dir = recs[1]["output_dir"]
+    assert os.path.isfile(os.path.join(bad_dir, "error.json")) and not os.path.exists(os.path.join(bad_dir, "results.json"))
+    md = (out / "results.md").read_text()
+    assert "| bad:precision=fp8 |" in md and "| failed |" in md and "ValueError:" in md and "fp8" in md
+    good_key = recs[0]["run_key"]
+    # 2. a comment changes nothing; the failure is retried and fails again
+    _write_base(tmp_path, comment="# a comment\n")
+    proc = _sweep_cli(f, out, check=1)
+    assert "runs: 2 total, 1 already finished, 0 ok, 1 failed" in proc.stdout
+    # 3. another LOGIT_SCALE: new keys; old records are stale
+    _write_base(tmp_path, logit_scale="40.0")
+    proc = _sweep_cli(f, out, "--no-retry-failed", check=1)
+    assert "runs: 2 total, 0 already finished, 1 ok, 1 failed" in proc.stdout
+    assert "stale: 3 record(s)" in proc.stdout
+    recs = read_jsonl(str(out / "results.jsonl"))
+    assert len(recs) == 5 and recs[-2]["run_key"] != good_key
+    csv_lines = (out / "results.csv").read_text().strip().splitlines()
+    assert len(csv_lines) == 3  # header, good (its one dataset), bad (failed)
+    assert "3 record(s) of results.jsonl belong to runs that are not in the current sweep" in (out / "results.md").read_text()
+    # 4. killed mid-way: a new setting, one second per run
+    _write_base(tmp_path, logit_scale="30.0")
+    proc = _sweep_cli(f, out, "--no-retry-failed", "--timeout", "1", check=1)
+    killed = read_jsonl(str(out / "results.jsonl"))[-2:]
+    assert [r["status"] for r in killed] == ["failed", "failed"]
+    assert killed[0]["error"]["exit"] == "timed out after 1 s and was killed"
+    assert not os.path.exists(os.path.join(killed[0]["output_dir"], "results.json"))
+    assert "| good:base | - | failed |" in (out / "results.md").read_text()
+    proc = _sweep_cli(f, out, check=1)  # resumed: the killed good run reruns and finishes
+    assert "runs: 2 total, 0 already finished, 1 ok, 1 failed" in proc.stdout
+    final = read_jsonl(str(out / "results.jsonl"))[-2:]
+    assert final[0]["status"] == "ok" and final[0]["run_key"] == killed[0]["run_key"]
+
+
+def test_train_net_removes_an_earlier_result_and_records_its_exception(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text('{"sparseclip_demo": {"mIoU": 99.0}}')
+    env = dict(os.environ, SPARSECLIP_TEXT_CACHE="off", PYTHONPATH=REPO)
+    proc = subprocess.run([PY, os.path.join(REPO, "tools", "train_net.py"), "--eval-only", "--config-file",
+                           os.path.join(REPO, "configs", "demo.yaml"), "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit",
+                           "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none", "MODEL.SPARSECLIP.CLIP.PRECISION", "fp8",
+                           "OUTPUT_DIR", str(out)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode != 0
+    assert not (out / "results.json").exists()  # the earlier result is gone, not left beside the new config.yaml
+    err = json.loads((out / "error.json").read_text())
+    assert err["type"] == "ValueError" and "fp8" in err["message"] and err["traceback"].startswith("Traceback")
+    assert (out / "config.yaml").exists()
+
+
+def test_paper_join_matches_every_setting_the_paper_varies():
+    """Depth 2 (and any other setting outside the paper's protocol) gets no paper number and
+    says why; the paper's controls and partial runs are joined and marked."""
+    from sparseclip_d2.analysis.tables import compare_with_paper, flatten_records
+
+    def rec(key, datasets, partial=False, **config):
+        return {"run_key": key, "run_name": key, "status": "ok", "random_weights": False, "partial": partial,
+                "config": dict(PAPER_SETTINGS, **config), "datasets": datasets}
+
+    voc = {"sparseclip_voc21_val": {"mIoU": 20.0}}
+    records = [
+        rec("depth1", voc, normalizer="entmax"),
+        rec("depth2", voc, normalizer="entmax", num_layers=2),
+        rec("t0.5", voc, resolution=224, temperature=0.5),                      # Table 3 control
+        rec("entmax_t0.5", voc, resolution=224, normalizer="entmax", temperature=0.5),
+        rec("prior", voc, normalizer="entmax", prior="gaussian"),
+        rec("sum_then_norm", voc, source="qq+kk", sum_mode="sum_then_normalize"),
+        rec("qk_sum_mode", voc, sum_mode="sum_then_normalize"),                 # cannot matter for qk
+        rec("templates", voc, templates="openai_imagenet"),
+        rec("sliding", voc, sliding=True),
+        rec("thr", {"sparseclip_voc21_val": {"mIoU": 1.0}, "sparseclip_context59_val": {"mIoU": 2.0}},
+            prob_threshold=0.5),                                                 # only VOC21 has a threshold
+        rec("partial", voc, partial=True),
+        {"run_key": "failed", "run_name": "failed", "status": "failed", "error": {"type": "ValueError", "message": "x"}},
+    ]
+    cmp = {(r["run"], r["dataset"]): r for r in compare_with_paper(flatten_records(records, include_failed=True))}
+    assert cmp[("depth1", "voc21")]["paper"] == 23.25
+    d2 = cmp[("depth2", "voc21")]
+    assert d2["paper"] is None and d2["paper_row"] == "" and d2["no_paper_row"].startswith("num_layers=2")
+    assert cmp[("t0.5", "voc21")]["paper"] == 19.41
+    assert "Table 3: B/16 qkv full 224px softmax_temperature_0.5 voc21 mIoU" in cmp[("t0.5", "voc21")]["paper_row"]
+    assert cmp[("entmax_t0.5", "voc21")]["paper"] is None
+    assert cmp[("entmax_t0.5", "voc21")]["no_paper_row"] == "the paper has no number for this setting"
+    assert cmp[("prior", "voc21")]["no_paper_row"].startswith("prior=gaussian_5")
+    assert cmp[("sum_then_norm", "voc21")]["no_paper_row"].startswith("sum_mode=sum_then_normalize")
+    assert cmp[("qk_sum_mode", "voc21")]["paper"] == 13.35
+    assert cmp[("templates", "voc21")]["no_paper_row"].startswith("templates=openai_imagenet")
+    assert cmp[("sliding", "voc21")]["no_paper_row"].startswith("sliding=True")
+    assert cmp[("thr", "voc21")]["paper"] is None and cmp[("thr", "context59")]["paper"] == 8.11
+    assert cmp[("partial", "voc21")]["paper"] == 13.35 and cmp[("partial", "voc21")]["partial"] is True
+    assert not any(k[0] == "failed" for k in cmp)
+
+
+def test_tables_one_row_per_run_of_the_current_sweep(tmp_path):
+    from sparseclip_d2.analysis.tables import write_tables
+
+    def ok(key, value):
+        return {"run_key": key, "run_name": key, "status": "ok", "config": dict(PAPER_SETTINGS),
+                "datasets": {"sparseclip_voc21_val": {"mIoU": value}}}
+
+    records = [ok("a", 1.0), {"run_key": "b", "run_name": "b", "status": "failed", "error": {"type": "E", "message": "m"}},
+               ok("b", 2.0), ok("a", 3.0), ok("old", 4.0)]
+    paths = write_tables(records, str(tmp_path), compare_paper=True, run_keys=["a", "b", "missing"])
+    assert paths["stale"] == 1
+    lines = open(paths["csv"]).read().strip().splitlines()
+    assert len(lines) == 3 and lines[1].startswith("a,") and ",3.0," in lines[1] and lines[2].startswith("b,")
+    md = open(paths["compare_md"]).read()
+    assert "| a | voc21 |" in md and "| old |" not in md and "1 record(s) of results.jsonl" in md

@@ -244,6 +244,18 @@ def expand_params(params: Dict[str, Any], base_cfg=None) -> List[Tuple[str, Any]
     return pairs
 
 
+def _as_config_type(cfg, key: str, value: Any) -> Any:
+    """An integer given for a float key (``temperature: -1``) as a float, as the user means it."""
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+        if node is None:
+            return value
+    if isinstance(node, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def merge_run_config(base_cfg, opts: Sequence[Tuple[str, Any]]):
     """A copy of ``base_cfg`` with the run's overrides merged as ``train_net`` merges its
     command line (``merge_from_list``). Raises ``ValueError`` when they do not merge."""
@@ -251,7 +263,7 @@ def merge_run_config(base_cfg, opts: Sequence[Tuple[str, Any]]):
     cfg.defrost()
     flat = []
     for k, v in opts:
-        flat += [k, _cli_value(v)]
+        flat += [k, _cli_value(_as_config_type(cfg, k, v))]
     try:
         cfg.merge_from_list(flat)
     except (KeyError, AssertionError, ValueError, TypeError) as e:
@@ -469,7 +481,7 @@ def load_sweep(path: str, *, extra: Optional[Dict[str, Any]] = None, validate: b
             run = SweepRun(name=rname, params=params, opts=[], group=vname)
             runs.append(run)
             try:
-                run.opts = expand_params(params, None)
+                run.opts = [(k, _as_config_type(base_cfg, k, v)) for k, v in expand_params(params, None)]
                 cfg = merge_run_config(base_cfg, run.opts)
             except ValueError as e:
                 run.errors.append(str(e))
