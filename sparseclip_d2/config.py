@@ -49,7 +49,11 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.ATTENTION.ALPHA = 1.2
     # Scores are divided by this temperature before normalising (paper control: 0.5).
     _C.MODEL.SPARSECLIP.ATTENTION.TEMPERATURE = 1.0
-    # Number of final blocks whose softmax is replaced by NORMALIZER (paper: 1..5).
+    # Number of final blocks whose softmax is replaced by NORMALIZER (and whose scores are
+    # divided by TEMPERATURE); paper: 1..5, its depth study varies where entmax applies.
+    # SOURCE, PRIOR, SUM_MODE and BLOCK.* act on the last block only: the earlier blocks keep
+    # QK^T scores and their residual + FFN. So with softmax at TEMPERATURE 1, NUM_LAYERS > 1
+    # changes nothing (a logged warning; an error in spec strings such as "qq+kk:layers=2").
     _C.MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS = 1
     # Additive score prior of the last block: "none" or "gaussian" (NACLIP).
     _C.MODEL.SPARSECLIP.ATTENTION.PRIOR = "none"

@@ -1,5 +1,6 @@
 """tools/sweep.py: expansion, aliases, run keys, a 2x2 sweep on sparseclip_demo (tiny random
 model) that resumes without re-running, CSV/Markdown tables and the paper join."""
+import json
 import os
 import subprocess
 import sys

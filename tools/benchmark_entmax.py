@@ -28,7 +28,6 @@ Example::
 """
 import argparse
 import contextlib
-import json
 import logging
 import os
 import statistics
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparseclip_d2.attention import _entmax_cpu  # noqa: E402
 from sparseclip_d2.attention.entmax import alpha_entmax, entmax_backend  # noqa: E402
+from sparseclip_d2.utils.io import atomic_write_json  # noqa: E402
 
 logger = logging.getLogger("benchmark_entmax")
 
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
         report["end_to_end"] = bench_end_to_end(args)
     print("load average (1, 5, 15 min) at end: %.2f %.2f %.2f" % os.getloadavg())
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        atomic_write_json(str(args.json), report, allow_nan=True)
         print(f"\nwrote {args.json}")
     return 0
 

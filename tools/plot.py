@@ -11,14 +11,18 @@ Commands: ``heatmap`` (a metric over --y x --x, default alpha x num_layers, best
 outlined), ``gain`` (entmax gain vs the softmax run's non-class attention mass, least-squares
 line), ``same-class`` (same-class attention mass per source, softmax vs entmax), ``resolution``
 (a metric vs resolution). ``--where KEY=VALUE`` (repeatable) keeps matching rows (columns of
-results.csv, e.g. dataset=voc21, source=qkv, backbone=B/16, param.alpha=1.2).
+results.csv, e.g. dataset=voc21, source=qkv, backbone=B/16, num_layers=2, param.alpha=1.2).
+``--sweep FILE`` plots exactly the runs of that sweep file (as ``tools/sweep.py`` tabulates
+them); without it, the latest record of each run name (older records of a name, from an
+earlier version of the sweep, are left out with a note). Runs that differ in any setting
+are separate series; partial runs (TEST.MAX_IMAGES) are marked.
 """
 import argparse
 import sys
 
 from sparseclip_d2.analysis import plots
 from sparseclip_d2.analysis.sweep import read_jsonl
-from sparseclip_d2.analysis.tables import flatten_records
+from sparseclip_d2.analysis.tables import flatten_records, select_records
 
 
 def build_parser():
@@ -32,6 +36,7 @@ def build_parser():
     p.add_argument("--y", default="alpha", help="heatmap rows (default alpha)")
     p.add_argument("--alpha", type=float, default=1.2, help="entmax alpha compared with softmax (gain, same-class)")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep matching rows only")
+    p.add_argument("--sweep", default=None, help="plot exactly the runs of this sweep file (its run keys)")
     p.add_argument("--formats", default="png,pdf", help="comma-separated output formats")
     return p
 
@@ -44,9 +49,24 @@ def main(argv=None):
             raise SystemExit(f"--where {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
         where[k] = v
-    rows = plots.filter_rows(flatten_records(read_jsonl(args.jsonl)), where)
+    records = read_jsonl(args.jsonl)
+    if args.sweep:
+        from sparseclip_d2.analysis.sweep import load_sweep
+
+        run_keys = [r.key for r in load_sweep(args.sweep).runs]
+    else:
+        latest = {}
+        for r in select_records(records)[0]:
+            latest[r.get("run_name")] = r.get("run_key")
+        run_keys = list(latest.values())
+    stale = len(select_records(records, run_keys)[1])
+    if stale:
+        print(f"note: {stale} record(s) of {args.jsonl} are not current runs and are not plotted", file=sys.stderr)
+    rows = plots.filter_rows(flatten_records(records, run_keys=run_keys), where)
     if not rows:
-        raise SystemExit(f"no successful run in {args.jsonl} matches {where or 'anything'}")
+        why = (f" ({stale} record(s) belong to other settings, data, code or versions than the runs of "
+               f"{args.sweep}: rerun the sweep)" if args.sweep and stale else "")
+        raise SystemExit(f"no successful run in {args.jsonl} matches {where or 'anything'}{why}")
     if args.command == "heatmap":
         fig = plots.alpha_depth_heatmap(rows, metric=args.metric, dataset=args.dataset,
                                         x=args.x or "num_layers", y=args.y)
