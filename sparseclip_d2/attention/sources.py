@@ -32,10 +32,10 @@ Registry of attention score sources. Each entry is ``fn(q, k, v) -> scores`` wit
 q, k, v of shape (B, H, L, d) and float32 scores of shape (B, H, L, L).
 """
 
-# The paper's names for the same sources (value path is always V).
-SOURCE_ALIASES = {"qkv": "qk", "qqv": "qq", "kkv": "kk", "vvv": "vv", "v-only": "identity", "v": "identity"}
-# The paper's name of each single source (the inverse of SOURCE_ALIASES without the short "v").
+# The paper's name of each single source (value path is always V): the one table of names.
 _PAPER_NAMES = {"qk": "qkv", "qq": "qqv", "kk": "kkv", "vv": "vvv", "identity": "v-only"}
+#: Accepted aliases -> registered source: the paper's names, plus "v" for the value path.
+SOURCE_ALIASES = {**{paper: name for name, paper in _PAPER_NAMES.items()}, "v": "identity"}
 
 
 def pair_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
