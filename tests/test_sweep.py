@@ -395,3 +395,13 @@ def test_tables_one_row_per_run_of_the_current_sweep(tmp_path):
     assert len(lines) == 3 and lines[1].startswith("a,") and ",3.0," in lines[1] and lines[2].startswith("b,")
     md = open(paths["compare_md"]).read()
     assert "| a | voc21 |" in md and "| old |" not in md and "1 record(s) of results.jsonl" in md
+
+
+def test_code_fingerprint_ignores_comments_and_docstrings(tmp_path):
+    from sparseclip_d2.analysis.sweep import _python_code
+
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('def f(x):\n    """Doc."""\n    return x + 1\n')
+    b.write_text('# a comment\ndef f(x):\n    """Another doc."""\n\n    return x + 1  # same code\n')
+    c.write_text('def f(x):\n    """Doc."""\n    return x + 2\n')
+    assert _python_code(str(a)) == _python_code(str(b)) != _python_code(str(c))

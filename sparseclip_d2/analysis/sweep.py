@@ -362,8 +362,23 @@ def _file_sha256(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _python_code(path: str) -> bytes:
+    """A Python file's code without comments, docstrings or formatting (its AST)."""
+    import ast
+
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), filename=path)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            body[0] = ast.Pass()
+    return ast.dump(tree, include_attributes=False).encode()
+
+
 def _code_fingerprint() -> str:
-    """sha256 of the package's files that can change a result (everything but ``analysis/``)."""
+    """sha256 of the package's code that can change a result: every file but ``analysis/``;
+    Python files by their AST, so comments, docstrings and formatting do not count."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
@@ -372,8 +387,11 @@ def _code_fingerprint() -> str:
             if fn.endswith((".py", ".cpp", ".txt", ".csv")):
                 path = os.path.join(dirpath, fn)
                 h.update(os.path.relpath(path, root).encode() + b"\0")
-                with open(path, "rb") as f:
-                    h.update(f.read())
+                if fn.endswith(".py"):
+                    h.update(_python_code(path))
+                else:
+                    with open(path, "rb") as f:
+                        h.update(f.read())
     return h.hexdigest()[:16]
 
 
