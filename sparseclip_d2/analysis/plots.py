@@ -39,7 +39,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RANDOM_NOTE = "RANDOM WEIGHTS (smoke test, numbers meaningless)"
-PARTIAL_NOTE = "partial runs (TEST.MAX_IMAGES) marked"
+PARTIAL_NOTE = "PARTIAL runs marked (first TEST.MAX_IMAGES images)"
 LABELS = {
     "alpha": "entmax alpha (1 = softmax)",
     "num_layers": "layers with entmax (last N)",
@@ -282,13 +282,12 @@ def gain_scatter(rows: Sequence[Dict[str, Any]], *, metric: Optional[str] = None
                 label=f"least squares: slope {slope:.3g}, {r_text} (n = {len(xs)})")
     else:
         logger.warning("gain scatter: %s", why)
-        ax.text(0.02, 0.02, why, transform=ax.transAxes, fontsize=8, color="dimgray")
     ax.axhline(0.0, color="black", linewidth=0.6)
     ax.set_xlabel(LABELS["non_class_mass"])
     ax.set_ylabel(f"entmax gain: {metric}(alpha {alpha:g}) - {metric}(softmax)")
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
-    _title(ax, "Entmax gain vs non-class attention mass of the softmax baseline",
+    _title(ax, "Entmax gain vs non-class attention mass of the softmax baseline" + (f"\n{why}" if why else ""),
            [p for _, p, _ in pairs] + [e for _, _, e in pairs])
     return fig
 
@@ -402,19 +401,21 @@ def resolution_curves(rows: Sequence[Dict[str, Any]], *, metric: Optional[str] =
         ax.set_ylabel(f"{metric}")
         ax.grid(alpha=0.3)
         if curves:
-            ax.legend(fontsize=7)
-        if single:
-            ax.text(0.02, 0.02, f"{single} setting(s) with a single {x} not drawn", transform=ax.transAxes,
-                    fontsize=8, color="dimgray")
-        ax.set_title(ds, fontsize=10)
+            handles, _ = ax.get_legend_handles_labels()
+            if any(r.get("partial") for pts in curves.values() for r in pts):
+                from matplotlib.lines import Line2D
+
+                handles.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="none",
+                                      markeredgecolor="gray", label="partial run (hollow)"))
+            ax.legend(handles=handles, fontsize=7)
+        ax.set_title(ds + (f"\n({single} setting(s) with a single {x} not drawn)" if single else ""), fontsize=10)
         xs = sorted({axis_value(r, x) for r in rows if r["dataset"] == ds and axis_value(r, x) is not None},
                     key=_sort_key)
         if xs and all(isinstance(v, (int, float)) for v in xs):
             ax.set_xticks(xs)
     if not drawn:
         raise ValueError(f"no setting has more than one {x} value: nothing to draw as a curve")
-    _title(fig, f"{metric} vs {LABELS.get(x, x)}" + ("; hollow points: partial runs"
-                                                      if any(r.get("partial") for r in rows) else ""), rows)
+    _title(fig, f"{metric} vs {LABELS.get(x, x)}", rows)
     return fig
 
 
