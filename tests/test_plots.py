@@ -42,7 +42,7 @@ def test_plot_errors_name_the_problem(sweep_jsonl):
     from sparseclip_d2.analysis.tables import flatten_records
 
     rows = flatten_records(read_jsonl(sweep_jsonl))
-    with pytest.raises(ValueError, match="another parameter varies"):
+    with pytest.raises(ValueError, match="differ in resolution besides alpha and num_layers"):
         plots.alpha_depth_heatmap(rows, x="num_layers")  # resolution varies too
     with pytest.raises(ValueError, match="dataset 'voc21' is not in the sweep"):
         plots.same_class_bars(rows, dataset="voc21")
@@ -143,7 +143,8 @@ def test_resolution_curves_skip_one_point_series():
             _row("e", 5.0, num_layers=2, normalizer="entmax", alpha=1.2, resolution=448)]
     fig = plots.resolution_curves(rows)
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert legend == ["normalizer=softmax", "normalizer=entmax, alpha=1.2"]  # the depth-2 run has one point
+    # the depth-2 run has one point: no curve, no legend entry
+    assert legend == ["normalizer=softmax", "normalizer=entmax, alpha=1.2", "partial run (hollow)"]
     assert any("1 setting(s) with a single resolution not drawn" in t for t in _texts(fig))
     with pytest.raises(ValueError, match="no setting has more than one resolution"):
         plots.resolution_curves(rows[-1:])
