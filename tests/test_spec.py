@@ -9,8 +9,8 @@ import torch
 
 from sparseclip_d2.attention import alpha_entmax, attention_weights, paper_source_name
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, parse_attention_spec
-from sparseclip_d2.utils.cache import LRUCache
-from sparseclip_d2.utils.io import atomic_write_json
+from sparseclip_d2.common.cache import LRUCache
+from sparseclip_d2.common.io import atomic_write_json
 
 
 @pytest.mark.parametrize("text, match", [

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparseclip_d2.attention import _entmax_cpu  # noqa: E402
 from sparseclip_d2.attention.entmax import alpha_entmax, entmax_backend  # noqa: E402
-from sparseclip_d2.utils.io import atomic_write_json  # noqa: E402
+from sparseclip_d2.common.io import atomic_write_json  # noqa: E402
 
 logger = logging.getLogger("benchmark_entmax")
 

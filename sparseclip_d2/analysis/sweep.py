@@ -59,7 +59,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from ..utils.io import atomic_write_text
+from ..common.io import atomic_write_text
 
 __all__ = [
     "ALIASES",
@@ -307,7 +307,7 @@ def validate_config(cfg) -> Tuple[List[str], List[str]]:
     """
     from detectron2.data import DatasetCatalog
 
-    import sparseclip_d2  # noqa: F401  (registers the datasets)
+    import sparseclip_d2.data  # noqa: F401  (registers the datasets)
     from sparseclip_d2.clip import AttentionSpec, get_templates
 
     errors: List[str] = []
@@ -398,13 +398,17 @@ def _code_fingerprint() -> str:
 def environment_identity() -> Dict[str, Any]:
     """Versions and code of this process: sparseclip_d2 (version and code fingerprint), torch,
     open_clip, detectron2."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import detectron2
     import open_clip
     import torch
 
-    import sparseclip_d2
-
-    return {"sparseclip_d2": sparseclip_d2.__version__, "code": _code_fingerprint(), "torch": torch.__version__,
+    try:
+        own = version("sparseclip_d2")
+    except PackageNotFoundError:  # run from a checkout without installing it: the code checksum still counts
+        own = "not installed"
+    return {"sparseclip_d2": own, "code": _code_fingerprint(), "torch": torch.__version__,
             "open_clip": getattr(open_clip, "__version__", "?"), "detectron2": detectron2.__version__}
 
 

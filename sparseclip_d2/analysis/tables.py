@@ -18,7 +18,7 @@ from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..attention import paper_source_name
-from ..utils.io import atomic_write_text
+from ..common.io import atomic_write_text
 
 __all__ = [
     "PAPER_CSV",

@@ -11,7 +11,7 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
 from ..attention import apply_attention, attention_weights, build_prior
-from ..utils.cache import LRUCache
+from ..common.cache import LRUCache
 from .spec import AttentionSpec
 
 __all__ = ["DenseCLIPEncoder", "interpolate_pos_embed"]

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import yaml
 
-from ..utils.io import atomic_write_json
+from ..common.io import atomic_write_json
 
 __all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "dataset_summary", "build_results", "write_results",
            "begin_results", "write_error", "RecordFailures"]

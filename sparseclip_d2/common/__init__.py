@@ -1,0 +1,2 @@
+"""Layer 0 of sparseclip_d2: helpers on the standard library alone, importable by every
+layer: the bounded in-memory cache (:mod:`.cache`) and atomic file writes (:mod:`.io`)."""
