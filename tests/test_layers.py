@@ -24,6 +24,7 @@ REPO = PACKAGE_DIR.parent
 
 # Layer of each subpackage / top-level module (a module may import its own layer and below).
 LAYERS = {
+    "common": 0,      # standard library only: bounded cache, atomic writes
     "attention": 1,   # torch (+ fvcore registries)
     "clip": 2,        # + open_clip
     "config": 3,      # detectron2 from here on
@@ -34,7 +35,7 @@ LAYERS = {
     "utils": 6,
 }
 # Third-party packages a layer must not import.
-FORBIDDEN = {1: ("detectron2", "open_clip"), 2: ("detectron2",)}
+FORBIDDEN = {0: ("torch", "detectron2", "open_clip"), 1: ("detectron2", "open_clip"), 2: ("detectron2",)}
 
 
 def _block_script(blocked, body):
