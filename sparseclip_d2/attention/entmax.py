@@ -178,7 +178,7 @@ def check_alpha(alpha, name: str = "alpha") -> float:
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number in [1, 2], got {alpha!r}") from None
     if not ALPHA_RANGE[0] <= a <= ALPHA_RANGE[1]:  # also rejects NaN
-        raise ValueError(f"{name} must be in [1, 2] (1 = softmax, 2 = sparsemax), got {alpha!r}")
+        raise ValueError(f"{name} must be in [1, 2], got {alpha!r} (1 = softmax, 2 = sparsemax)")
     return a
 
 
