@@ -292,6 +292,8 @@ def test_pamr_in_the_model_refines_the_output_size_logits():
     torch.testing.assert_close(out, ref)
     model.pamr_steps = 0
     assert not torch.allclose(model([x])[0]["sem_seg"], out)
+    with pytest.raises(ValueError, match="ATTENTION_STATS.ENABLED needs MODEL.SPARSECLIP.PATCH_REMAINDER pad_crop"):
+        build_model(tiny_cfg(**{"TEST.ATTENTION_STATS.ENABLED": True, "MODEL.SPARSECLIP.PATCH_REMAINDER": "truncate"}))
 
 
 # ---------------------------------------------------------------- class-name sets

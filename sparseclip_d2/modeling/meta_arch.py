@@ -145,6 +145,10 @@ class SparseCLIP(nn.Module):
                              f"got {patch_remainder!r}")
         if int(pamr_steps) != pamr_steps or pamr_steps < 0:
             raise ValueError(f"MODEL.SPARSECLIP.PAMR.STEPS must be a non-negative integer, got {pamr_steps!r}")
+        if attention_stats and patch_remainder != "pad_crop":
+            raise ValueError(
+                f"TEST.ATTENTION_STATS.ENABLED needs MODEL.SPARSECLIP.PATCH_REMAINDER pad_crop (the attention "
+                f"record maps patches to pixels with symmetric padding), got {patch_remainder!r}")
         self.patch_remainder = patch_remainder
         self.pamr_steps = int(pamr_steps)
         self.pamr_dilations = tuple(pamr_dilations)
