@@ -1,5 +1,7 @@
-"""``DenseCLIPEncoder``: an open_clip ViT whose last blocks run a configurable attention
-and which returns dense patch embeddings in CLIP's joint space at any resolution."""
+"""``DenseCLIPEncoder``: an open_clip ViT tower (open_clip, timm ViT or timm Eva) whose last
+blocks run a configurable attention and which returns dense patch embeddings in the joint
+space at any resolution."""
+import functools
 import logging
 from typing import Optional, Tuple, Union
 
@@ -8,11 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
 from ..attention import apply_attention, attention_weights, build_prior
 from ..common.cache import LRUCache
 from .spec import AttentionSpec
+from .towers import make_tower
 
 __all__ = ["DenseCLIPEncoder", "interpolate_pos_embed", "POS_EMBED_INTERP_MODES"]
 
@@ -73,132 +75,104 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
     return torch.cat([pe[:1], grid], dim=0)
 
 
-def _check_visual(visual: nn.Module) -> None:
-    if not isinstance(visual, VisionTransformer):
-        raise TypeError(
-            f"DenseCLIPEncoder supports open_clip VisionTransformer towers only, got {type(visual).__name__} "
-            "(ModifiedResNet / timm towers have no token attention to modify)")
-    if getattr(visual, "attn_pool", None) is not None:
-        raise ValueError("DenseCLIPEncoder does not support towers with attentional pooling (CoCa-style "
-                         "attn_pool): their tokens are not in the joint space")
-    if getattr(visual, "proj", None) is None:
-        raise ValueError("DenseCLIPEncoder needs the tower's output projection `proj`, which is None "
-                         "(pruned head?)")
-    blocks = visual.transformer.resblocks
-    for i, blk in enumerate(blocks):
-        if not isinstance(blk, ResidualAttentionBlock):
-            raise ValueError(
-                f"block {i} is a {type(blk).__name__}; only open_clip ResidualAttentionBlock with "
-                "nn.MultiheadAttention is supported (custom blocks: qk-norm / scaled-cosine attention)")
-        attn = blk.attn
-        if not isinstance(attn, nn.MultiheadAttention):
-            raise ValueError(f"block {i} attention is a {type(attn).__name__}, not nn.MultiheadAttention")
-        if attn.bias_k is not None or attn.add_zero_attn or hasattr(blk, "ln_1_kv"):
-            raise ValueError(f"block {i}: add_bias_kv / add_zero_attn / cross-attention blocks are unsupported")
-
-
 class DenseCLIPEncoder(nn.Module):
-    """Dense open-vocabulary features from a frozen open_clip ViT with a modified final attention.
+    """Dense open-vocabulary features from a frozen open_clip ViT tower with a modified final attention.
 
-    Wraps ``visual`` (an ``open_clip.transformer.VisionTransformer``; it is registered as a
-    submodule, never copied nor modified). Blocks before the last ``spec.num_layers`` run
-    as open_clip runs them; the last ``num_layers`` blocks compute q, k, v from the block's
-    own ``in_proj``/``out_proj`` weights, with ``spec.normalizer``/``spec.temperature``; the
-    very last block also uses ``spec.source``, ``spec.prior`` and the ``residual``/``ffn``
-    switches. Attention scores and weights are float32 whatever the model dtype.
+    Wraps ``visual`` (it is registered as a submodule, never copied nor modified): an open_clip
+    ``VisionTransformer``, or an open_clip ``TimmModel`` whose trunk is a timm
+    ``VisionTransformer`` (SigLIP, SigLIP 2, MobileCLIP-B, ...) or a timm ``Eva`` (EVA01/EVA02,
+    PE-Core); see ``towers.check_tower``. Blocks before the last ``spec.num_layers`` run as
+    the tower runs them; the last ``num_layers`` blocks compute q, k, v from the block's own
+    projections exactly as the tower does (q/k norms, rotary embeddings on q and k), with
+    ``spec.normalizer``/``spec.temperature``; the very last block also uses ``spec.source``,
+    ``spec.prior`` and the ``residual``/``ffn`` switches. Attention scores and weights are
+    float32 whatever the model dtype.
+
+    Args:
+        visual: ``clip_model.visual``.
+        spec: the attention spec (default: unmodified).
+        pos_embed_interp: how open_clip ViTs resize their position embeddings, ``size`` or
+            ``scale_factor`` (see :func:`interpolate_pos_embed`); timm towers always resample
+            as timm's dynamic image size does (the value is recorded, not used).
+        attn_pool_dense: per-patch path through an attention-pooling (MAP) head (SigLIP,
+            PE-Core): ``value`` or ``value_no_mlp`` (see ``towers.ATTN_POOL_DENSE_MODES`` and
+            docs/architecture.md); ignored by towers without one.
 
     Attributes:
         patch_size (int or (int, int)), embed_dim (D, joint space), width (C, tokens),
-        depth (blocks), num_heads, image_mean / image_std (0-1 scale RGB tuples), spec,
-        pos_embed_interp (``size`` or ``scale_factor``, see :func:`interpolate_pos_embed`).
+        depth (blocks), num_heads, num_prefix_tokens (P: 1 for a CLS token, 0 for SigLIP),
+        tower_kind (``open_clip_vit``, ``timm_vit``, ``timm_eva``), image_mean / image_std
+        (0-1 scale RGB tuples), spec, pos_embed_interp.
     """
 
     def __init__(self, visual: nn.Module, spec: Optional[AttentionSpec] = None, *,
-                 pos_embed_interp: str = "size"):
+                 pos_embed_interp: str = "size", attn_pool_dense: str = "value"):
         super().__init__()
         if pos_embed_interp not in POS_EMBED_INTERP_MODES:
             raise ValueError(f"unknown position-embedding interpolation {pos_embed_interp!r}; valid: "
                              f"{', '.join(POS_EMBED_INTERP_MODES)}")
         self.pos_embed_interp = pos_embed_interp
-        _check_visual(visual)
         spec = AttentionSpec() if spec is None else spec
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"spec must be an AttentionSpec, got {type(spec).__name__}")
+        tower = make_tower(visual, interpolate=functools.partial(interpolate_pos_embed, mode=pos_embed_interp),
+                           attn_pool_dense=attn_pool_dense)
         self.visual = visual
         self.spec = spec
-        self.depth = len(visual.transformer.resblocks)
+        self._tower = tower
+        self.tower_kind = tower.kind
+        self.attn_pool_dense = attn_pool_dense
+        self.depth = len(tower.blocks)
         spec.check_depth(self.depth)
-        ph, pw = visual.patch_size if isinstance(visual.patch_size, (tuple, list)) else (visual.patch_size,) * 2
-        self._patch = (int(ph), int(pw))
-        self.patch_size: Union[int, Tuple[int, int]] = int(ph) if ph == pw else (int(ph), int(pw))
-        self.width = int(visual.conv1.out_channels)
-        self.embed_dim = int(visual.proj.shape[1])
-        self.num_heads = int(visual.transformer.resblocks[-1].attn.num_heads)
-        self._native_grid = tuple(int(g) for g in visual.grid_size)
+        ph, pw = tower.patch
+        self._patch = (ph, pw)
+        self.patch_size: Union[int, Tuple[int, int]] = ph if ph == pw else (ph, pw)
+        self.width = tower.width
+        self.embed_dim = tower.embed_dim
+        self.num_heads = tower.num_heads
+        self.num_prefix_tokens = tower.num_prefix_tokens
+        self._native_grid = tower.native_grid
         pp = getattr(visual, "preprocess_cfg", None) or {}
         self.image_mean = tuple(float(m) for m in (pp.get("mean") or getattr(visual, "image_mean", None)
                                                    or OPENAI_DATASET_MEAN))
         self.image_std = tuple(float(s) for s in (pp.get("std") or getattr(visual, "image_std", None)
                                                   or OPENAI_DATASET_STD))
-        self._pos_cache: "LRUCache[torch.Tensor]" = LRUCache(_CACHE_SIZE)
         self._prior_cache: "LRUCache[Optional[torch.Tensor]]" = LRUCache(_CACHE_SIZE)
 
     def extra_repr(self) -> str:
-        return f"spec={self.spec}, patch_size={self.patch_size}, depth={self.depth}, embed_dim={self.embed_dim}"
+        return (f"spec={self.spec}, tower={self.tower_kind}, patch_size={self.patch_size}, depth={self.depth}, "
+                f"embed_dim={self.embed_dim}")
 
     # -- cached helpers ------------------------------------------------------------------
     def positional_embedding(self, grid: Tuple[int, int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """Position embeddings for an ``(h, w)`` patch grid: ``(1 + h*w, C)`` in ``dtype`` on ``device``.
+        """Absolute position embeddings for an ``(h, w)`` patch grid, in ``dtype`` on ``device``.
 
-        Bicubically interpolated from the model's native grid (CLS kept) the
-        ``pos_embed_interp`` way, cached per (grid, device, dtype, version of the parameter).
+        open_clip ViTs: ``(1 + h*w, C)`` bicubically interpolated from the native grid (CLS
+        kept, :func:`interpolate_pos_embed` the ``pos_embed_interp`` way). timm towers: ``(1, P + h*w, C)`` (or
+        ``(1, h*w, C)`` with ``no_embed_class``) resampled as timm's dynamic image size does,
+        or None for towers without them. Cached per (grid, device, dtype, parameter version).
         """
-        pe = self.visual.positional_embedding
-        key = (tuple(grid), str(device), dtype, pe.data_ptr(), pe._version, self.pos_embed_interp)
-
-        def make():
-            with torch.no_grad():
-                return interpolate_pos_embed(pe, self._native_grid, tuple(grid),
-                                             mode=self.pos_embed_interp).to(device=device, dtype=dtype)
-
-        return self._pos_cache.get_or_create(key, make)
+        if self.tower_kind == "open_clip_vit":
+            return self._tower.positional_embedding(grid, device, dtype)
+        return self._tower.abs_pos_embed(grid, device, dtype)
 
     def attention_prior(self, grid: Tuple[int, int], device: torch.device) -> Optional[torch.Tensor]:
-        """The last block's additive prior for an ``(h, w)`` grid: ``(1 + h*w, 1 + h*w)`` float32 or None."""
+        """The last block's additive prior for an ``(h, w)`` grid: ``(P + h*w, P + h*w)`` float32 or None."""
         key = (tuple(grid), str(device), self.spec.prior, self.spec.prior_std)
         return self._prior_cache.get_or_create(
             key,
-            lambda: build_prior(self.spec.prior, grid, std=self.spec.prior_std, num_prefix_tokens=1, device=device))
+            lambda: build_prior(self.spec.prior, grid, std=self.spec.prior_std,
+                                num_prefix_tokens=self.num_prefix_tokens, device=device))
 
     # -- blocks --------------------------------------------------------------------------
-    @staticmethod
-    def _run_native(blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Run an open_clip block unchanged on ``x`` (B, L, C)."""
-        if blk.attn.batch_first:
-            return blk(x)
-        return blk(x.transpose(0, 1)).transpose(0, 1)
-
-    def _qkv(self, attn: nn.MultiheadAttention, y: torch.Tensor):
-        """(B, L, C) -> q, k, v of shape (B, heads, L, C/heads) from the module's own projections."""
-        B, L, C = y.shape
-        if attn.in_proj_weight is not None:
-            q, k, v = F.linear(y, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
-        else:
-            b = attn.in_proj_bias
-            bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
-            q = F.linear(y, attn.q_proj_weight, bq)
-            k = F.linear(y, attn.k_proj_weight, bk)
-            v = F.linear(y, attn.v_proj_weight, bv)
-        nh = attn.num_heads
-        split = lambda t: t.reshape(B, L, nh, C // nh).transpose(1, 2)  # noqa: E731
-        return split(q), split(k), split(v)
-
-    def _run_modified(self, blk: nn.Module, x: torch.Tensor, last: bool, grid: Tuple[int, int],
+    def _run_modified(self, blk: nn.Module, x: torch.Tensor, rope, last: bool, grid: Tuple[int, int],
                       generator: Optional[torch.Generator]):
         """One block with the spec's attention; returns ((B, L, C), weights (B, heads, L, L) float32)."""
         spec = self.spec
-        B, L, C = x.shape
-        q, k, v = self._qkv(blk.attn, blk.ln_1(x))
+        tower = self._tower
+        B, L, _ = x.shape
+        y = tower.norm1(blk, x)
+        q, k, v = tower.qkv(blk, y, rope)
         weights = attention_weights(
             q, k, v,
             source=spec.source if last else "qk",
@@ -209,13 +183,13 @@ class DenseCLIPEncoder(nn.Module):
             sum_mode=spec.sum_mode,
             generator=generator,
         )
-        out = apply_attention(weights, v).transpose(1, 2).reshape(B, L, C)
-        out = blk.ls_1(F.linear(out, blk.attn.out_proj.weight, blk.attn.out_proj.bias))
+        out = apply_attention(weights, v).transpose(1, 2).reshape(B, L, -1)
+        out = tower.attn_out(blk, y, out)
         residual = spec.residual if last else True
         ffn = spec.ffn if last else True
         x = x + out if residual else out
         if ffn:
-            x = x + blk.ls_2(blk.mlp(blk.ln_2(x)))
+            x = x + tower.ffn(blk, x)
         return x, weights
 
     # -- forward -------------------------------------------------------------------------
@@ -228,6 +202,42 @@ class DenseCLIPEncoder(nn.Module):
                 f"{ph}x{pw}; resize or pad the images to multiples of {ph}")
         return height // ph, width // pw
 
+    def forward_tokens(self, images: torch.Tensor):
+        """All final tokens after the tower's final norm (what timm's ``forward_features``
+        returns; for open_clip ViTs after ``ln_post``).
+
+        Args:
+            images: ``(B, 3, H, W)`` normalised, H and W multiples of ``patch_size``.
+        Returns:
+            ``(tokens (B, P + h*w, C), (h, w), attn)`` with ``attn`` the last block's
+            weights ``(B, heads, P + h*w, P + h*w)`` float32 (prefix tokens first).
+        """
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
+        _, _, H, W = images.shape
+        grid = self.grid_for(H, W)
+        tower = self._tower
+        x, rope = tower.embed(images, grid)
+        if x.shape[1] != self.num_prefix_tokens + grid[0] * grid[1]:
+            raise ValueError(f"the patch embedding of a {H}x{W} input gave {x.shape[1]} tokens, expected "
+                             f"{self.num_prefix_tokens} + {grid[0]}x{grid[1]}")
+        generator = None
+        if self.spec.normalizer == "random_matched":
+            generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
+        first_modified = self.depth - self.spec.num_layers
+        attn = None
+        for i, blk in enumerate(tower.blocks):
+            if i < first_modified:
+                x = tower.run_native(blk, x, rope)
+            else:
+                x, attn = self._run_modified(blk, x, rope, i == self.depth - 1, grid, generator)
+        return tower.final_norm(x), grid, attn
+
+    def pooled_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The tower's own pooled image embedding ``(B, D)`` from :meth:`forward_tokens`'
+        tokens (with the unmodified spec this is ``visual(images)``)."""
+        return self._tower.pooled(tokens)
+
     def forward(self, images: torch.Tensor, return_attention: bool = False):
         """Dense patch embeddings.
 
@@ -236,35 +246,16 @@ class DenseCLIPEncoder(nn.Module):
                 multiples of ``patch_size``.
             return_attention: also return the last block's attention weights.
         Returns:
-            features ``(B, D, H/p, W/p)`` in the model dtype (ln_post + proj of every patch
-            token of the final block, CLS dropped, not L2-normalised); with
-            ``return_attention`` a tuple ``(features, attn)`` where ``attn`` is
-            ``(B, heads, 1 + h*w, 1 + h*w)`` float32, CLS first.
+            features ``(B, D, H/p, W/p)`` in the model dtype (every patch token of the final
+            block through the tower's final norm and its per-patch head, prefix tokens
+            dropped, not L2-normalised; definitions per tower kind in docs/architecture.md);
+            with ``return_attention`` a tuple ``(features, attn)`` where ``attn`` is
+            ``(B, heads, P + h*w, P + h*w)`` float32, prefix (CLS) tokens first (P =
+            ``num_prefix_tokens``: 1 for CLS towers, 0 for SigLIP).
         """
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
-        B, _, H, W = images.shape
-        h, w = self.grid_for(H, W)
-        visual = self.visual
-        dtype = visual.conv1.weight.dtype
-        x = visual.conv1(images.to(dtype))  # (B, C, h, w)
-        x = x.flatten(2).transpose(1, 2)  # (B, h*w, C)
-        cls = visual.class_embedding.to(x.dtype).view(1, 1, -1).expand(B, 1, -1)
-        x = torch.cat([cls, x], dim=1) + self.positional_embedding((h, w), x.device, x.dtype)
-        x = visual.ln_pre(x)
-
-        generator = None
-        if self.spec.normalizer == "random_matched":
-            generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
-        first_modified = self.depth - self.spec.num_layers
-        attn = None
-        for i, blk in enumerate(visual.transformer.resblocks):
-            if i < first_modified:
-                x = self._run_native(blk, x)
-            else:
-                x, attn = self._run_modified(blk, x, i == self.depth - 1, (h, w), generator)
-        x = visual.ln_post(x)
-        feats = x[:, 1:] @ visual.proj  # (B, h*w, D)
+        tokens, (h, w), attn = self.forward_tokens(images)
+        B = tokens.shape[0]
+        feats = self._tower.dense(tokens)  # (B, h*w, D)
         feats = feats.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous()
         if return_attention:
             return feats, attn
