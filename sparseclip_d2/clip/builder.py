@@ -94,7 +94,9 @@ def build_clip(
             raise FileNotFoundError(
                 f"checkpoint {pretrained!r} for the sparseclip_d2 test model {name!r} does not exist; "
                 "this model has no published weights: pass a local checkpoint file or `none`")
-        model = open_clip.create_model(_FACTORY_BASE, pretrained=None, **common, **local_cfg)
+        custom_text = bool(local_cfg.pop("custom_text", False))
+        model = open_clip.create_model(_FACTORY_BASE, pretrained=None, force_custom_text=custom_text,
+                                       **common, **local_cfg)
         if pretrained is not None:
             open_clip.load_checkpoint(model, pretrained)
         return _finish(model)
