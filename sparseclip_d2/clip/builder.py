@@ -22,6 +22,9 @@ _RANDOM_VALUES = ("", "none", "random")
 # open_clip builds sparseclip_d2's own configs from this built-in name, with every
 # architecture field overridden by the local config dict.
 _FACTORY_BASE = "ViT-B-16"
+# ... and the configs with a timm vision tower from a timm-tower name, so that open_clip's
+# precision handling takes its timm path (open_clip factory `_set_model_device_and_precision`).
+_FACTORY_BASE_TIMM = "EVA02-B-16"
 
 _NO_NETWORK_HELP = (
     "There is probably no network here: supply a local checkpoint file path via "
@@ -95,7 +98,8 @@ def build_clip(
                 f"checkpoint {pretrained!r} for the sparseclip_d2 test model {name!r} does not exist; "
                 "this model has no published weights: pass a local checkpoint file or `none`")
         custom_text = bool(local_cfg.pop("custom_text", False))
-        model = open_clip.create_model(_FACTORY_BASE, pretrained=None, force_custom_text=custom_text,
+        base = _FACTORY_BASE_TIMM if "timm_model_name" in local_cfg["vision_cfg"] else _FACTORY_BASE
+        model = open_clip.create_model(base, pretrained=None, force_custom_text=custom_text,
                                        **common, **local_cfg)
         if pretrained is not None:
             open_clip.load_checkpoint(model, pretrained)
