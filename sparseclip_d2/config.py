@@ -50,6 +50,11 @@ def add_sparseclip_config(cfg):
     # LayerNorm eps of the vision tower (0 = as built, 1e-5 for CLIP). MaskCLIP: 1e-6
     # (maskclip_vit16.py, norm_cfg). The text tower is never changed.
     _C.MODEL.SPARSECLIP.CLIP.VISION_LN_EPS = 0.0
+    # Per-patch path through an attention-pooling (MAP) head (SigLIP, PE-Core), see
+    # docs/architecture.md: "value" (each patch's value vector through the head's output
+    # projection and residual MLP) or "value_no_mlp" (without the head's MLP).
+    # Ignored by towers pooled with a class token or an average.
+    _C.MODEL.SPARSECLIP.CLIP.ATTN_POOL_DENSE = "value"
 
     # The modified attention of the final block(s) (see sparseclip_d2.clip.AttentionSpec).
     _C.MODEL.SPARSECLIP.ATTENTION = CN()
@@ -94,6 +99,10 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.TEXT.CACHE_DIR = ""
     # Prompts encoded per text-encoder batch.
     _C.MODEL.SPARSECLIP.TEXT.BATCH_SIZE = 256
+    # Tokenizer: "" = the model's own (open_clip.get_tokenizer: CLIP BPE, or a Hugging Face
+    # tokenizer for SigLIP / SigLIP 2, which needs `transformers` and its files), or a local
+    # directory with that Hugging Face tokenizer's files (offline machines).
+    _C.MODEL.SPARSECLIP.TEXT.TOKENIZER = ""
 
     # Class-name set: "" (each dataset's packaged names, with synonyms) or an upstream
     # baseline's published vocabulary for the same dataset: "sclip", "clearclip", "naclip",
@@ -118,6 +127,8 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.PAMR.DILATIONS = [8, 16]
 
     # Logits = LOGIT_SCALE * cosine(patch, class). Paper: unknown; SCLIP 40, ClearCLIP 50.
+    # 0 = the model's own learned scale exp(logit_scale) (SigLIP's sigmoid bias is a shift
+    # shared by all classes and cancels in the softmax over classes).
     _C.MODEL.SPARSECLIP.LOGIT_SCALE = 50.0
     # Background rule: pixels whose max class probability is below this become the
     # background class (index 0) of datasets that have one. 0 disables.

@@ -200,12 +200,83 @@ def vision_tower_variant(model: torch.nn.Module, name: str, *, act: str = "", ln
     return _finish(variant.visual)
 
 
-def get_tokenizer(name: str):
-    """The open_clip tokenizer of model ``name``: ``tokenizer(list[str]) -> (N, context) long``."""
-    local_cfg = get_local_model_config(str(name).strip())
+class _FoldedCLIPTokenizer:
+    """open_clip's bundled CLIP BPE tokenizer with ids folded into a smaller vocabulary
+    (``id % vocab_size``). Only for random-weight smoke runs of models whose own tokenizer
+    cannot be loaded here: the text embeddings mean nothing either way."""
+
+    def __init__(self, context_length: int, vocab_size: int):
+        self._inner = open_clip.SimpleTokenizer(context_length=context_length)
+        self.context_length = int(context_length)
+        self.vocab_size = int(vocab_size)
+
+    def __call__(self, texts, context_length: Optional[int] = None) -> torch.Tensor:
+        return self._inner(texts, context_length=context_length) % self.vocab_size
+
+
+def _text_cfg(name: str) -> dict:
+    local_cfg = get_local_model_config(name)
     if local_cfg is not None:
-        return open_clip.SimpleTokenizer(context_length=local_cfg["text_cfg"].get("context_length", 77))
-    return open_clip.get_tokenizer(name)
+        return local_cfg.get("text_cfg", {})
+    cfg = open_clip.get_model_config(name) or {}
+    return cfg.get("text_cfg", {})
+
+
+def get_tokenizer(name: str, tokenizer: Optional[str] = None, *, random_weights: bool = False):
+    """The tokenizer of model ``name``: ``tokenizer(list[str]) -> (N, context) long``.
+
+    Args:
+        name: open_clip model name or a sparseclip_d2 test config.
+        tokenizer: ``None``/``""`` for the model's own tokenizer (``open_clip.get_tokenizer``:
+            CLIP BPE for OpenAI/LAION/EVA models, a Hugging Face tokenizer such as
+            ``timm/ViT-B-16-SigLIP`` for SigLIP / SigLIP 2, which needs the ``transformers``
+            package and the tokenizer files); or a local directory holding that Hugging Face
+            tokenizer's files (``tokenizer.json``, ``tokenizer_config.json``, ...), loaded
+            with the model's context length and cleaning options.
+        random_weights: the model has random weights. Then, when its own tokenizer cannot be
+            loaded here, open_clip's bundled CLIP BPE with ids folded into the model's
+            vocabulary is used with a WARNING (the text embeddings are meaningless anyway).
+    Raises:
+        RuntimeError: the model's tokenizer cannot be loaded (names the package or the
+        Hugging Face files missing and how to supply them); FileNotFoundError: a
+        ``tokenizer`` directory that does not exist.
+    """
+    name = str(name).strip()
+    text_cfg = _text_cfg(name)
+    local_cfg = get_local_model_config(name)
+    ctx = int(text_cfg.get("context_length", 77))
+    if tokenizer:
+        path = os.path.expanduser(str(tokenizer).strip())
+        if not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"MODEL.SPARSECLIP.TEXT.TOKENIZER {tokenizer!r} is not a directory; give a directory with the "
+                f"Hugging Face tokenizer files of {name} ({text_cfg.get('hf_tokenizer_name') or 'CLIP BPE'}), or "
+                "leave it empty for the model's own tokenizer")
+        from open_clip.tokenizer import HFTokenizer
+
+        return HFTokenizer(path, context_length=ctx, tokenizer_mode=text_cfg.get("tokenizer_mode"),
+                           **text_cfg.get("tokenizer_kwargs", {}))
+    if local_cfg is not None:
+        return open_clip.SimpleTokenizer(context_length=ctx)
+    hf_name = text_cfg.get("hf_tokenizer_name", "")
+    try:
+        return open_clip.get_tokenizer(name)
+    except (ImportError, OSError, ValueError, RuntimeError) as e:
+        missing = ("the Python package 'transformers' (pip install 'sparseclip_d2[hf]')"
+                   if isinstance(e, ImportError) else
+                   f"the Hugging Face tokenizer files of {hf_name or name} (no network here?)")
+        if random_weights:
+            logger.warning(
+                "the tokenizer of %s (%s) cannot be loaded here: %s is missing (%s). The model has RANDOM "
+                "weights, so open_clip's bundled CLIP BPE tokenizer with ids folded into its %d-token "
+                "vocabulary is used instead; text embeddings are meaningless either way.",
+                name, hf_name or "open_clip default", missing, e, int(text_cfg.get("vocab_size", 49408)))
+            return _FoldedCLIPTokenizer(ctx, int(text_cfg.get("vocab_size", 49408)))
+        raise RuntimeError(
+            f"cannot load the tokenizer of CLIP {name!r} (Hugging Face tokenizer {hf_name!r}): {missing} ({e}). "
+            f"Install transformers and either allow the download once (it is cached by huggingface_hub) or "
+            f"copy the files of https://huggingface.co/{hf_name} into a directory and set "
+            f"MODEL.SPARSECLIP.TEXT.TOKENIZER to it") from e
 
 
 #: Alias of :func:`get_tokenizer`.

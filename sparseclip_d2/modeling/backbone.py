@@ -72,8 +72,11 @@ def build_encoder_from_config(cfg, clip_model: nn.Module) -> DenseCLIPEncoder:
     ``MODEL.SPARSECLIP.CLIP.VISION_ACT`` / ``VISION_LN_EPS`` ask for another activation or
     LayerNorm eps (the text tower is never changed)."""
     c = cfg.MODEL.SPARSECLIP.CLIP
-    visual = vision_tower_variant(clip_model, c.NAME, act=c.VISION_ACT, ln_eps=c.VISION_LN_EPS)
-    return DenseCLIPEncoder(visual, AttentionSpec.from_config(cfg), pos_embed_interp=c.POS_EMBED_INTERP)
+    visual = clip_model.visual
+    if c.VISION_ACT or c.VISION_LN_EPS:
+        visual = vision_tower_variant(clip_model, c.NAME, act=c.VISION_ACT, ln_eps=c.VISION_LN_EPS)
+    return DenseCLIPEncoder(visual, AttentionSpec.from_config(cfg), pos_embed_interp=c.POS_EMBED_INTERP,
+                            attn_pool_dense=c.ATTN_POOL_DENSE)
 
 
 @BACKBONE_REGISTRY.register()
@@ -82,7 +85,7 @@ class SparseCLIPBackbone(Backbone):
 
     ``forward(images)``: ``(B, 3, H, W)`` normalised images, H and W multiples of the patch
     size p (``size_divisibility``) -> ``{"clip": (B, D, H / p, W / p)}`` patch embeddings
-    in CLIP's joint space (ln_post + proj, not L2-normalised).
+    in CLIP's joint space (final norm + per-patch head, not L2-normalised).
     """
 
     @configurable

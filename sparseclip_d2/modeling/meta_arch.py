@@ -168,7 +168,13 @@ class SparseCLIP(nn.Module):
         clip_model, random_weights = build_clip_from_config(cfg)
         encoder = build_encoder_from_config(cfg, clip_model)
         pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
-        tokenizer = get_tokenizer(sc.CLIP.NAME)
+        tokenizer = get_tokenizer(sc.CLIP.NAME, sc.TEXT.TOKENIZER or None, random_weights=random_weights)
+        logit_scale = float(sc.LOGIT_SCALE)
+        if logit_scale < 0:
+            raise ValueError(f"MODEL.SPARSECLIP.LOGIT_SCALE must be > 0, or 0 for the model's own scale; "
+                             f"got {logit_scale}")
+        if logit_scale == 0:
+            logit_scale = float(clip_model.logit_scale.detach().float().exp())
 
         def factory(templates: str) -> TextClassifierFn:
             return TextClassifier(
@@ -190,7 +196,7 @@ class SparseCLIP(nn.Module):
             "pixel_mean": pixel_mean,
             "pixel_std": pixel_std,
             "input_format": cfg.INPUT.FORMAT,
-            "logit_scale": sc.LOGIT_SCALE,
+            "logit_scale": logit_scale,
             "prob_threshold": sc.PROB_THRESHOLD,
             "area_threshold": sc.AREA_THRESHOLD,
             "sliding_window": sw.ENABLED,
