@@ -15,6 +15,8 @@ setup(
         "torch>=2.1",
         "torchvision>=0.16",
         "open_clip_torch>=2.24",
+        # timm vision towers of open_clip (SigLIP, EVA, PE-Core, MobileCLIP-B)
+        "timm>=1.0.15",
         # builds the fused alpha-entmax CPU kernel (torch.utils.cpp_extension, first use)
         "ninja",
         "fvcore>=0.1.5,<0.1.6",
@@ -37,5 +39,7 @@ setup(
         # tools/benchmark_entmax.py; the library has its own alpha-entmax
         "test": ["pytest>=7", "imgviz>=1.7", "entmax>=1.3"],
         "bench": ["entmax>=1.3"],
+        # SigLIP / SigLIP 2 tokenizers (open_clip's HFTokenizer loads them with transformers)
+        "hf": ["transformers"],
     },
 )
