@@ -294,7 +294,9 @@ def test_modified_variants_match_float64_reference(timm_clip, spec):
         feats, attn = enc(images, return_attention=True)
         ref, ref_w = _reference(name, enc, model, images, spec)
     torch.testing.assert_close(attn.double(), ref_w, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(feats.double(), ref, atol=2e-4, rtol=1e-4)
+    # float32 against float64: tolerance relative to the feature scale (perturbed weights give
+    # large activations in the tiny PE tower)
+    torch.testing.assert_close(feats.double(), ref, atol=2e-5 * float(ref.abs().max()), rtol=1e-4)
 
 
 def test_entmax_is_sparse_on_timm_towers(timm_clip):
@@ -330,7 +332,7 @@ _TINY_TEXT = {"context_length": 8, "vocab_size": 16, "width": 8, "heads": 1, "la
 def test_real_architecture_shapes_on_meta_device(name, kind, P, D, p):
     with torch.device("meta"):
         model = open_clip.create_model(name, pretrained=None, device="meta", text_cfg=_TINY_TEXT)
-        enc = DenseCLIPEncoder(model.visual, AttentionSpec(source="qq", normalizer="entmax", num_layers=2))
+        enc = DenseCLIPEncoder(model.visual, AttentionSpec(source="qq", num_layers=2))
         feats, attn = enc(torch.empty(2, 3, 14 * p, 20 * p), return_attention=True)
     assert (enc.tower_kind, enc.num_prefix_tokens, enc.embed_dim, enc.patch_size) == (kind, P, D, p)
     assert feats.shape == (2, D, 14, 20)
