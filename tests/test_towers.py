@@ -351,3 +351,41 @@ def test_unsupported_real_towers_name_the_reason(name, why):
     assert check_tower(model.visual)[0] is None
     with pytest.raises((TypeError, ValueError), match=why):
         DenseCLIPEncoder(model.visual)
+
+
+# ---------------------------------------------------------------- text side and META_ARCH
+def test_siglip_tokenizer_missing_transformers_is_a_clear_error(monkeypatch):
+    import sys
+
+    from sparseclip_d2.clip import get_tokenizer
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(RuntimeError, match=r"ViT-B-16-SigLIP.*timm/ViT-B-16-SigLIP.*'transformers'.*TEXT.TOKENIZER"):
+        get_tokenizer("ViT-B-16-SigLIP")
+    tok = get_tokenizer("ViT-B-16-SigLIP", random_weights=True)  # smoke-run fallback, warned
+    ids = tok(["a photo of a dog.", "an airplane"])
+    assert ids.shape == (2, 64) and int(ids.max()) < 32000 and int(ids.min()) >= 0
+    with pytest.raises(FileNotFoundError, match="MODEL.SPARSECLIP.TEXT.TOKENIZER '/no/such/dir' is not a directory"):
+        get_tokenizer("ViT-B-16-SigLIP", "/no/such/dir")
+    assert get_tokenizer("EVA02-B-16")(["a dog"]).shape == (1, 77)  # EVA-CLIP: CLIP BPE, no download
+
+
+@pytest.mark.parametrize("name", ["sparseclip-tiny-siglip", "sparseclip-tiny-eva02"])
+@pytest.mark.parametrize("sliding", [False, True])
+def test_meta_arch_runs_on_timm_towers(name, sliding):
+    from tests.conftest import tiny_cfg
+
+    from sparseclip_d2.modeling.meta_arch import SparseCLIP
+
+    cfg = tiny_cfg(**{"MODEL.SPARSECLIP.CLIP.NAME": name, "MODEL.SPARSECLIP.ATTENTION.SOURCE": "qq",
+                      "MODEL.SPARSECLIP.ATTENTION.NORMALIZER": "entmax", "MODEL.SPARSECLIP.LOGIT_SCALE": 0.0,
+                      "TEST.SLIDING_WINDOW.ENABLED": sliding, "TEST.SLIDING_WINDOW.CROP_SIZE": 64,
+                      "TEST.SLIDING_WINDOW.STRIDE": 32, "MODEL.SPARSECLIP.CLIP.ATTN_POOL_DENSE": "value_no_mlp"})
+    torch.manual_seed(0)
+    model = SparseCLIP(**SparseCLIP.from_config(cfg))
+    assert model.logit_scale == pytest.approx(float(model.clip_model.logit_scale.exp()))
+    assert model.encoder.attn_pool_dense == "value_no_mlp"
+    image = torch.randint(0, 255, (3, 80, 112), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    out = model([{"image": image, "height": 40, "width": 56, "vocabulary": ["cat", "dog, puppy", "sky"]}])
+    scores = out[0]["sem_seg"]
+    assert scores.shape == (3, 40, 56) and torch.isfinite(scores).all()

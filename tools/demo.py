@@ -222,7 +222,8 @@ def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[
     models = []
     for text, spec in specs:
         try:
-            encoder = kwargs["encoder"] if spec == config_spec else DenseCLIPEncoder(base.visual, spec, pos_embed_interp=base.pos_embed_interp)
+            encoder = kwargs["encoder"] if spec == config_spec else DenseCLIPEncoder(
+                base.visual, spec, pos_embed_interp=base.pos_embed_interp, attn_pool_dense=base.attn_pool_dense)
         except ValueError as e:
             raise ValueError(f"attention spec {text!r}: {e}") from e
         models.append(SparseCLIP(**dict(kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE)))
