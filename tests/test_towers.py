@@ -65,7 +65,8 @@ def _dynamic_trunk(trunk, name):
 def test_tower_kinds(timm_clip):
     name, model = timm_clip
     expected = {"sparseclip-tiny-siglip": ("timm_vit", 0), "sparseclip-tiny-timm-vit": ("timm_vit", 2),
-                "sparseclip-tiny-eva02": ("timm_eva", 1), "sparseclip-tiny-pe": ("timm_eva", 1)}[name]
+                "sparseclip-tiny-eva02": ("timm_eva", 1), "sparseclip-tiny-pe": ("timm_eva", 1),
+                "sparseclip-tiny-eva-postnorm": ("timm_eva", 1)}[name]
     enc = DenseCLIPEncoder(model.visual)
     assert (enc.tower_kind, enc.num_prefix_tokens) == expected
     assert (enc.patch_size, enc.width, enc.depth, enc.num_heads) == (16, 64, 2, 4)
@@ -180,7 +181,8 @@ def _ref_block(kind, blk, x, rope, P, source, normalizer, alpha, temperature, pr
     B, L, C = x.shape
     attn = blk.attn
     nh = attn.num_heads
-    y = _ln(x, blk.norm1)
+    post_norm = kind == "timm_eva" and not hasattr(blk, "gamma_1")  # EvaBlockPostNorm
+    y = x if post_norm else _ln(x, blk.norm1)
     if attn.qkv is not None:
         w = attn.qkv.weight.double()
         b = attn.qkv.bias
@@ -216,12 +218,16 @@ def _ref_block(kind, blk, x, rope, P, source, normalizer, alpha, temperature, pr
     o = _lin(_ln(o, attn.norm), attn.proj)
     if kind == "timm_vit":
         o = blk.ls1(o)
+    elif post_norm:
+        o = _ln(o, blk.norm1)
     elif blk.gamma_1 is not None:
         o = blk.gamma_1.double() * o
     x = x + o if residual else o
     if ffn:
-        m = blk.mlp(_ln(x, blk.norm2))  # the FFN module itself (float64 copy)
-        if kind == "timm_vit":
+        m = blk.mlp(x if post_norm else _ln(x, blk.norm2))  # the FFN module itself (float64 copy)
+        if post_norm:
+            m = _ln(m, blk.norm2)
+        elif kind == "timm_vit":
             m = blk.ls2(m)
         elif blk.gamma_2 is not None:
             m = blk.gamma_2.double() * m
@@ -293,7 +299,7 @@ def test_modified_variants_match_float64_reference(timm_clip, spec):
     with torch.no_grad():
         feats, attn = enc(images, return_attention=True)
         ref, ref_w = _reference(name, enc, model, images, spec)
-    torch.testing.assert_close(attn.double(), ref_w, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(attn.double(), ref_w, atol=2e-4, rtol=1e-3)  # weights in [0, 1]
     # float32 against float64: tolerance relative to the feature scale (perturbed weights give
     # large activations in the tiny PE tower)
     torch.testing.assert_close(feats.double(), ref, atol=2e-5 * float(ref.abs().max()), rtol=1e-4)
@@ -328,6 +334,7 @@ _TINY_TEXT = {"context_length": 8, "vocab_size": 16, "width": 8, "heads": 1, "la
     ("PE-Core-B-16", "timm_eva", 1, 1024, 16),
     ("MobileCLIP-B", "timm_vit", 1, 512, 16),
     ("ViT-B-16", "open_clip_vit", 1, 512, 16),
+    ("EVA02-E-14", "timm_eva", 1, 1024, 14),
 ])
 def test_real_architecture_shapes_on_meta_device(name, kind, P, D, p):
     with torch.device("meta"):
@@ -343,7 +350,7 @@ def test_real_architecture_shapes_on_meta_device(name, kind, P, D, p):
     ("RN50", "convolutional tower"),
     ("convnext_base", "ConvNeXt: convolutional"),
     ("MobileCLIP-S1", "FastVit: convolutional"),
-    ("EVA02-E-14", "EvaBlockPostNorm"),
+    ("vit_relpos_medium_patch16_cls_224", "VisionTransformerRelPos"),
 ])
 def test_unsupported_real_towers_name_the_reason(name, why):
     with torch.device("meta"):

@@ -17,6 +17,8 @@ start with ``sparseclip_`` (open_clip's ``TimmModel`` builds its trunk by timm n
   text tower (no causal mask, last-token pool, logit bias).
 - ``sparseclip-tiny-eva02`` (``sparseclip_tiny_eva02``, from ``eva02_base_patch16_clip_224``):
   CLS token, rotary embeddings, SwiGLU, separate q/k/v projections, token pool + linear head.
+- ``sparseclip-tiny-eva-postnorm`` (``sparseclip_tiny_eva_postnorm``): the EVA02 tower with
+  post-norm blocks (``EvaBlockPostNorm``, as EVA02-E-14).
 - ``sparseclip-tiny-pe`` (``sparseclip_tiny_pe``, from ``vit_pe_core_base_patch16_224``): timm
   ``Eva`` with ``AttentionRope`` (xy-indexed rope, grid offset 1), CLS token and a MAP head.
 - ``sparseclip-tiny-timm-vit`` (``sparseclip_tiny_timm_vit``, from
@@ -53,6 +55,13 @@ def sparseclip_tiny_siglip(pretrained: bool = False, **kwargs):
 def sparseclip_tiny_eva02(pretrained: bool = False, **kwargs):
     """Tiny EVA02 CLIP tower (timm ``eva02_base_patch16_clip_224`` at 64 px, width 64, depth 2)."""
     return _tiny(eva02_base_patch16_clip_224, pretrained, kwargs)
+
+
+@register_model
+def sparseclip_tiny_eva_postnorm(pretrained: bool = False, **kwargs):
+    """Tiny EVA02-E-style tower: ``eva02_base_patch16_clip_224`` with post-norm blocks."""
+    return _tiny(eva02_base_patch16_clip_224, pretrained, kwargs, use_post_norm=True, scale_attn_inner=False,
+                 scale_mlp=False)
 
 
 @register_model
@@ -93,6 +102,14 @@ LOCAL_MODEL_CONFIGS: Dict[str, dict] = {
         "custom_text": True,
         "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_eva02", "timm_model_pretrained": False,
                        "timm_pool": "token", "timm_proj": None},
+        "text_cfg": dict(_TINY_TEXT),
+    },
+    # open_clip EVA02-E-14.json (post-norm EVA blocks), shrunk
+    "sparseclip-tiny-eva-postnorm": {
+        "embed_dim": 32,
+        "custom_text": True,
+        "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_eva_postnorm",
+                       "timm_model_pretrained": False, "timm_pool": "token", "timm_proj": None},
         "text_cfg": dict(_TINY_TEXT),
     },
     # open_clip PE-Core-B-16.json, shrunk

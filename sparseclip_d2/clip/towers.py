@@ -49,12 +49,13 @@ def _timm():
     try:
         import timm  # noqa: F401
         from timm.layers import Attention, AttentionPoolLatent, AttentionRope, RotaryEmbeddingCat
-        from timm.models.eva import Eva, EvaAttention, EvaBlock
+        from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
         from timm.models.vision_transformer import Block, VisionTransformer as TimmViT
     except ImportError:  # pragma: no cover - timm is a dependency of the project
         return None
     return dict(Attention=Attention, AttentionPoolLatent=AttentionPoolLatent, AttentionRope=AttentionRope,
                 RotaryEmbeddingCat=RotaryEmbeddingCat, Eva=Eva, EvaAttention=EvaAttention, EvaBlock=EvaBlock,
+                EvaBlockPostNorm=EvaBlockPostNorm,
                 Block=Block, TimmViT=TimmViT)
 
 
@@ -107,7 +108,8 @@ def check_tower(visual: nn.Module) -> Tuple[Optional[str], str]:
     if type(trunk) is t["TimmViT"]:
         kind, block_cls, attn_cls = "timm_vit", (t["Block"],), (t["Attention"],)
     elif type(trunk) is t["Eva"]:
-        kind, block_cls, attn_cls = "timm_eva", (t["EvaBlock"],), (t["EvaAttention"], t["AttentionRope"])
+        kind, block_cls = "timm_eva", (t["EvaBlock"], t["EvaBlockPostNorm"])
+        attn_cls = (t["EvaAttention"], t["AttentionRope"])
         rope = getattr(trunk, "rope", None)
         if rope is not None and type(rope) is not t["RotaryEmbeddingCat"]:
             return None, f"timm Eva with {type(rope).__name__} rotary embeddings (only RotaryEmbeddingCat)"
@@ -446,9 +448,15 @@ class TimmViTTower(_TimmTower):
 class TimmEvaTower(_TimmTower):
     """timm ``Eva`` trunk (EVA01/EVA02/PE-Core): as :class:`TimmViTTower` plus rotary
     embeddings on the patch tokens' q and k, built for any grid like timm's dynamic image
-    size (``timm.layers.build_rotary_pos_embed`` with the rope module's own settings)."""
+    size (``timm.layers.build_rotary_pos_embed`` with the rope module's own settings).
+    Post-norm blocks (``EvaBlockPostNorm``, EVA02-E): ``x + norm1(attn(x))`` and
+    ``x + norm2(mlp(x))``; the residual / FFN switches act on those branches."""
 
     kind = "timm_eva"
+
+    @staticmethod
+    def _post_norm(blk) -> bool:
+        return not hasattr(blk, "gamma_1")
 
     def rope_embed(self, grid, device):
         """``(h*w, 2 * dim)`` concatenated sin/cos rotary embedding for ``grid``, or None."""
@@ -481,7 +489,7 @@ class TimmEvaTower(_TimmTower):
         return blk(x, rope=rope)
 
     def norm1(self, blk, x):
-        return blk.norm1(x)
+        return x if self._post_norm(blk) else blk.norm1(x)
 
     def qkv(self, blk, y, rope):
         from timm.layers import apply_rot_embed_cat
@@ -514,9 +522,13 @@ class TimmEvaTower(_TimmTower):
         return q, k, v
 
     def _ls1(self, blk, out):
+        if self._post_norm(blk):
+            return blk.norm1(out)
         return out if blk.gamma_1 is None else blk.gamma_1 * out
 
     def ffn(self, blk, x):
+        if self._post_norm(blk):
+            return blk.norm2(blk.mlp(x))
         out = blk.mlp(blk.norm2(x))
         return out if blk.gamma_2 is None else blk.gamma_2 * out
 
