@@ -380,7 +380,7 @@ def test_siglip_tokenizer_missing_transformers_is_a_clear_error(monkeypatch):
 @pytest.mark.parametrize("name", ["sparseclip-tiny-siglip", "sparseclip-tiny-eva02"])
 @pytest.mark.parametrize("sliding", [False, True])
 def test_meta_arch_runs_on_timm_towers(name, sliding):
-    from tests.conftest import tiny_cfg
+    from conftest import tiny_cfg
 
     from sparseclip_d2.modeling.meta_arch import SparseCLIP
 
