@@ -305,14 +305,13 @@ class _TimmTower(_Tower):
         self.num_heads = int(self.blocks[-1].attn.num_heads)
         self.num_prefix_tokens = int(trunk.num_prefix_tokens)
         param = next(trunk.patch_embed.parameters())
-        self._dtype_param = param
         with torch.no_grad():  # D from a dry run of the head on one zero token (shape only)
             z = torch.zeros(1, 1, self.width, dtype=param.dtype, device=param.device)
             self.embed_dim = int(self.dense_from_patches(z).shape[-1])
 
     @property
     def dtype(self):
-        return self._dtype_param.dtype
+        return next(self.trunk.patch_embed.parameters()).dtype
 
     # -- embedding
     def _patch_tokens(self, images):
