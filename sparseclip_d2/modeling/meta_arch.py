@@ -33,6 +33,7 @@ from detectron2.data import MetadataCatalog
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
+from ..attention.entmax import entmax_backend
 from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
 from .attention_record import attention_record
 from .backbone import build_clip_from_config
@@ -132,7 +133,12 @@ class SparseCLIP(nn.Module):
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
         clip_model, random_weights = build_clip_from_config(cfg)
-        encoder = DenseCLIPEncoder(clip_model.visual, AttentionSpec.from_config(cfg))
+        spec = AttentionSpec.from_config(cfg)
+        encoder = DenseCLIPEncoder(clip_model.visual, spec)
+        if spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
+            # Build/load the CPU alpha-entmax kernel now (announced, with progress lines)
+            # rather than inside the first forward, under the caller's progress bar.
+            entmax_backend()
         tokenizer = get_tokenizer(sc.CLIP.NAME)
 
         def factory(templates: str) -> TextClassifierFn:
