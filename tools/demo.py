@@ -66,6 +66,7 @@ from detectron2.data import transforms as T
 from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
+from sparseclip_d2.config import check_sparseclip_config
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, is_random_weights
 from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
 from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
@@ -124,6 +125,7 @@ def setup_cfg(args):
     add_sparseclip_config(cfg)
     cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(list(args.opts))
+    check_sparseclip_config(cfg)
     cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
     cfg.freeze()
     return cfg

@@ -31,7 +31,6 @@ from PIL import Image
 _MISSING_THINGS = {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}
 THING_IDS = [c for c in range(1, 91) if c not in _MISSING_THINGS]       # COCO category ids
 STUFF_IDS = list(range(92, 183))                                       # 91 stuff ids
-assert len(THING_IDS) == 80 and len(STUFF_IDS) == 91
 
 # Cityscapes label id -> train id (the 19 evaluated classes; everything else 255).
 CITYSCAPES_TRAIN_IDS = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10,
@@ -114,7 +113,6 @@ CONTEXT59_DETAIL_IDS = (
     115, 144, 158, 159, 162, 187, 189, 207, 220, 232, 258, 259, 260, 284, 295, 296, 308, 324, 326,
     347, 349, 354, 355, 360, 366, 368, 397, 415, 416, 420, 424, 427, 440, 445, 454, 458,
 )
-assert len(CONTEXT59_DETAIL_IDS) == 59 and list(CONTEXT59_DETAIL_IDS) == sorted(set(CONTEXT59_DETAIL_IDS))
 
 
 def _context_json(root, json_path=None):

@@ -34,6 +34,7 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
 from ..attention.entmax import entmax_backend
+from ..config import check_sparseclip_config
 from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
 from .attention_record import attention_record
 from .backbone import build_clip_from_config
@@ -132,8 +133,9 @@ class SparseCLIP(nn.Module):
     @classmethod
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
-        clip_model, random_weights = build_clip_from_config(cfg)
+        check_sparseclip_config(cfg)  # every user-facing value, before anything is built
         spec = AttentionSpec.from_config(cfg)
+        clip_model, random_weights = build_clip_from_config(cfg)
         encoder = DenseCLIPEncoder(clip_model.visual, spec)
         if spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
             # Build/load the CPU alpha-entmax kernel now (announced, with progress lines)
