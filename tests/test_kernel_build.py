@@ -83,3 +83,24 @@ def test_threaded_rows_equal_one_thread(r):
     assert code1 == code4 == 0
     assert torch.equal(one, many)
     torch.testing.assert_close(one.sum(-1), torch.ones(3001), atol=1e-5, rtol=0)
+
+
+def test_many_consecutive_threaded_calls():
+    """Back-to-back jobs of the kernel's thread pool (late workers must never mix two jobs)."""
+    module = (_entmax_cpu.load_kernel(raise_errors=True) if _kernel_must_build()
+              else _entmax_cpu.load_kernel())
+    if module is None:
+        pytest.skip("the CPU kernel cannot be built on this platform")
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(int(n), 64, generator=g) * 3
+              for n in torch.randint(600, 3000, (60,), generator=g)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = [module.entmax_rows(x, 5.0)[0] for x in inputs]
+        torch.set_num_threads(3)
+        for _ in range(3):
+            for x, e in zip(inputs, expected):
+                assert torch.equal(module.entmax_rows(x, 5.0)[0], e)
+    finally:
+        torch.set_num_threads(before)

@@ -341,44 +341,132 @@ int run_rows(const float* x, float* out, int64_t begin, int64_t end, int64_t len
 
 #include <ATen/Parallel.h>
 
+#include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <unistd.h>
 
 namespace {
 
-// Rows [0, rows) split into contiguous chunks over at::get_num_threads() threads (the
-// calling thread takes the first chunk).  Plain std::thread rather than at::parallel_for:
-// with an OpenMP build of torch, at::parallel_for is an inline template that is parallel
-// only when this file is compiled with -fopenmp (it runs serially under -fopenmp-simd),
-// and -fopenmp would link a second OpenMP runtime next to torch's.  Serial inside another
-// parallel region or when the work is below one grain per thread.
+// A persistent pool of worker threads that run the chunks of one job together with the
+// calling thread.  Chunks are claimed from an atomic counter, so a worker that wakes late
+// (a loaded machine) just claims fewer chunks and the caller never waits for a thread to
+// be scheduled: it waits only for chunks already claimed.  Used instead of
+// at::parallel_for, which in an OpenMP build of torch is an inline template that runs in
+// parallel only when this file is compiled with -fopenmp (serially under -fopenmp-simd),
+// and -fopenmp would link a second OpenMP runtime beside torch's.  Created on first use
+// and again after a fork (threads do not survive fork); never destroyed (its threads
+// sleep on a condition variable until the process exits).
+class RowPool {
+ public:
+  static RowPool& instance(int64_t threads) {
+    static std::mutex creation;
+    static RowPool* pool = nullptr;
+    std::lock_guard<std::mutex> lock(creation);
+    if (pool == nullptr || pool->pid_ != getpid() || pool->size_ < threads - 1) {
+      pool = new RowPool(std::max<int64_t>(threads - 1, pool ? pool->size_ : 0));  // old one leaks
+    }
+    return *pool;
+  }
+
+  // Runs fn(c) for every chunk c in [0, chunks) on up to `threads` threads (caller included).
+  void run(int64_t chunks, int64_t threads, const std::function<void(int64_t)>& fn) {
+    std::lock_guard<std::mutex> serial(run_mutex_);  // one job at a time
+    uint32_t gen;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gen = ++generation_;
+      job_ = &fn;
+      chunks_ = chunks;
+      done_ = 0;
+      active_ = threads - 1;
+      ticket_.store(static_cast<uint64_t>(gen) << 32);
+    }
+    wake_.notify_all();
+    const int64_t mine = work(gen, &fn, chunks);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_ += mine;
+    finished_.wait(lock, [&] { return done_ == chunks_; });
+    job_ = nullptr;
+  }
+
+ private:
+  explicit RowPool(int64_t size) : size_(size), pid_(getpid()) {
+    for (int64_t i = 0; i < size; ++i) std::thread([this] { loop(); }).detach();
+  }
+
+  // Claims and runs chunks of job `gen` until none is left.  A ticket holds the job's
+  // generation (high 32 bits) and its next chunk (low 32 bits), so a late worker can never
+  // claim a chunk of a later job with the earlier job's function.
+  int64_t work(uint32_t gen, const std::function<void(int64_t)>* fn, int64_t chunks) {
+    int64_t count = 0;
+    uint64_t t = ticket_.load();
+    while (static_cast<uint32_t>(t >> 32) == gen && static_cast<int64_t>(t & 0xffffffffu) < chunks) {
+      if (ticket_.compare_exchange_weak(t, t + 1)) {
+        (*fn)(static_cast<int64_t>(t & 0xffffffffu));
+        ++count;
+        t = ticket_.load();
+      }
+    }
+    return count;
+  }
+
+  void loop() {
+    uint32_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return job_ != nullptr && generation_ != seen && active_ > 0; });
+      seen = generation_;
+      --active_;
+      const std::function<void(int64_t)>* fn = job_;
+      const int64_t chunks = chunks_;
+      lock.unlock();
+      const int64_t mine = work(seen, fn, chunks);
+      lock.lock();
+      if (mine > 0) {  // the job cannot have finished without these chunks
+        done_ += mine;
+        if (done_ == chunks_) finished_.notify_one();
+      }
+    }
+  }
+
+  const int64_t size_;
+  const pid_t pid_;
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable wake_, finished_;
+  const std::function<void(int64_t)>* job_ = nullptr;
+  int64_t chunks_ = 0, done_ = 0, active_ = 0;
+  uint32_t generation_ = 0;
+  std::atomic<uint64_t> ticket_{0};
+};
+
+// Rows split into chunks of at least `grain` rows (about 4 per thread) run on
+// at::get_num_threads() threads; serial for small inputs or inside a parallel region.
 template <int E>
 int dispatch_rows(const float* x, float* out, int64_t rows, int64_t length,
                   const Exponent& pw) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, length));
-  int64_t threads = std::min<int64_t>(at::get_num_threads(), (rows + grain - 1) / grain);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (rows + grain - 1) / grain);
   if (threads <= 1 || at::in_parallel_region()) {
     return run_rows<E>(x, out, 0, rows, length, pw);
   }
-  const int64_t chunk = (rows + threads - 1) / threads;
+  const int64_t chunk = std::max(grain, (rows + 4 * threads - 1) / (4 * threads));
+  const int64_t chunks = (rows + chunk - 1) / chunk;
   std::atomic<int> code{0};
   std::exception_ptr error;
   std::mutex error_mutex;
-  auto work = [&](int64_t begin) {
+  RowPool::instance(threads).run(chunks, threads, [&](int64_t c) {
     try {
-      const int c = run_rows<E>(x, out, begin, std::min(rows, begin + chunk), length, pw);
-      if (c) code.fetch_or(c);
+      const int64_t begin = c * chunk;
+      const int r = run_rows<E>(x, out, begin, std::min(rows, begin + chunk), length, pw);
+      if (r) code.fetch_or(r);
     } catch (...) {  // e.g. std::bad_alloc: rethrown on the calling thread
       std::lock_guard<std::mutex> lock(error_mutex);
       if (!error) error = std::current_exception();
     }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t begin = chunk; begin < rows; begin += chunk) pool.emplace_back(work, begin);
-  work(0);
-  for (auto& t : pool) t.join();
+  });
   if (error) std::rethrow_exception(error);
   return code.load();
 }
