@@ -123,6 +123,11 @@ def add_sparseclip_config(cfg):
     _C.TEST.ATTENTION_STATS = CN()
     _C.TEST.ATTENTION_STATS.ENABLED = False
 
+    # Outputs whose (C, H, W) float32 scores would exceed this many MiB (e.g. a 12 MP photo
+    # with 150 classes: 6.7 GiB) are returned as an (H, W) label map "sem_seg_labels",
+    # computed in bands of rows, instead of "sem_seg" scores.
+    _C.TEST.SEM_SEG_SCORES_MAX_MB = 1024.0
+
     # Evaluate only the first N images of each test dataset (0 = all). Recorded in
     # results.json so a partial number is never mistaken for a full one.
     _C.TEST.MAX_IMAGES = 0
@@ -156,6 +161,7 @@ def check_sparseclip_config(cfg) -> None:
     # A stride above the crop size would leave pixels no window covers.
     _check_number("TEST.SLIDING_WINDOW.STRIDE", sw.STRIDE, 1, sw.CROP_SIZE, integer=True)
     _check_number("TEST.MAX_IMAGES", cfg.TEST.MAX_IMAGES, 0, inf, integer=True)
+    _check_number("TEST.SEM_SEG_SCORES_MAX_MB", cfg.TEST.SEM_SEG_SCORES_MAX_MB, 0, inf)
     min_sizes = cfg.INPUT.MIN_SIZE_TEST
     for size in (min_sizes if isinstance(min_sizes, (list, tuple)) else [min_sizes]):
         _check_number("INPUT.MIN_SIZE_TEST", size, 0, inf, integer=True)

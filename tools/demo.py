@@ -49,6 +49,7 @@ Runs on the GPU when there is one (MODEL.DEVICE cuda), else on the CPU.
 """
 import argparse
 import glob
+import json
 import logging
 import os
 import re
@@ -78,6 +79,7 @@ from sparseclip_d2.utils.visualize import (
     compare_figure,
     draw_overlay,
     probability_figure,
+    label_map_dtype,
     save_label_map,
     save_png,
 )
@@ -245,10 +247,86 @@ def prepare_input(image_rgb: np.ndarray, cfg, vocabulary: List[str], background:
     return {"image": tensor, "height": h, "width": w, "vocabulary": vocabulary, "background_index": background}
 
 
-def predict(model: SparseCLIP, inputs: Dict) -> np.ndarray:
-    """``(C, H, W)`` float32 class probabilities at the original size (numpy)."""
+class ProbabilityWriter:
+    """Writes ``(C, H, W)`` float16 probabilities to a ``.npy`` file band by band (plain
+    seek + write: neither the array nor a memory map of it is ever held in memory)."""
+
+    def __init__(self, path: str, shape: Tuple[int, int, int]):
+        self.path, self.shape = path, tuple(int(v) for v in shape)
+        self._file = open(path, "wb")
+        np.lib.format.write_array_header_2_0(
+            self._file, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f2")), "fortran_order": False,
+                         "shape": self.shape})
+        self._offset = self._file.tell()
+        self._file.truncate(self._offset + 2 * int(np.prod(self.shape)))
+
+    def write(self, r0: int, probs: np.ndarray) -> None:
+        """Rows ``r0 : r0 + probs.shape[1]`` of every class, ``probs`` ``(C, rows, W)``."""
+        c_total, h, w = self.shape
+        for c in range(c_total):
+            self._file.seek(self._offset + 2 * (c * h * w + r0 * w))
+            self._file.write(np.ascontiguousarray(probs[c], dtype="<f2").tobytes())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Segmentation:
+    """One model's result on one photo, gathered band by band from ``model.score_maps``:
+    the label map at the original size, per-class mean probabilities, and probability
+    thumbnails (every ``step``-th row and column, long side at most ``thumb_side``)."""
+
+    def __init__(self, labels: np.ndarray, means: np.ndarray, thumbs: np.ndarray, rules: Dict):
+        self.labels, self.means, self.thumbs, self.rules = labels, means, thumbs, rules
+
+
+def segment(model: SparseCLIP, inputs: Dict, *, probs_path: Optional[str] = None,
+            thumb_side: int = 512) -> Segmentation:
+    """Label map, probabilities (written to ``probs_path`` as float16 ``.npy`` when given)
+    and probability thumbnails of one photo, computed in bands of output rows, so memory
+    holds the working-resolution logits, one band and the (H, W) label map, never the
+    (C, H, W) probabilities."""
     with torch.no_grad():
-        return model([inputs])[0]["sem_seg"].float().cpu().numpy()
+        maps = model.score_maps(inputs)
+        num_classes, height, width = maps.shape
+        labels = np.empty((height, width), dtype=label_map_dtype(num_classes))
+        step = max(1, -(-max(height, width) // thumb_side))
+        thumbs = np.zeros((num_classes, -(-height // step), -(-width // step)), dtype=np.float32)
+        sums = np.zeros(num_classes, dtype=np.float64)
+        writer = ProbabilityWriter(probs_path, maps.shape) if probs_path else None
+        try:
+            for r0, r1, probs, band_labels in maps.bands():
+                labels[r0:r1] = band_labels.cpu().numpy()
+                p = probs.cpu().numpy()
+                sums += p.sum(axis=(1, 2), dtype=np.float64)
+                first = (-r0) % step  # band rows on the thumbnail grid (multiples of step)
+                if first < r1 - r0:
+                    rows = p[:, first::step, ::step]
+                    t0 = (r0 + first) // step
+                    thumbs[:, t0:t0 + rows.shape[1]] = rows
+                if writer is not None:
+                    writer.write(r0, p)
+                del probs, p
+        finally:
+            if writer is not None:
+                writer.close()
+        return Segmentation(labels, sums / float(height * width), thumbs, maps.rules())
+
+
+def write_probability_metadata(path: str, probs_file: str, vocabulary: Sequence[str], shape, rules: Dict) -> str:
+    """The JSON next to a ``STEM_probs*.npy``: what the array holds and which
+    post-processing the label map applied on top of it."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({
+            "file": os.path.basename(probs_file),
+            "shape": list(shape),
+            "dtype": "float16",
+            "content": "class probabilities at the original image size: for each class, the max over "
+                       "its synonyms of the softmax over all synonyms (no background rule applied)",
+            "classes": list(vocabulary),
+            "label_map_postprocessing": rules,
+        }, f, indent=2)
+    return path
 
 
 def unique_stems(paths: Sequence[str]) -> List[str]:
@@ -309,33 +387,32 @@ def run(args) -> Dict[str, List[str]]:
         inputs = prepare_input(image, cfg, vocabulary, background)
         files = []
         out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
-        if not args.compare:
-            probs = predict(models[0], inputs)
-            labels = probs.argmax(0)
-            files.append(save_label_map(labels, len(vocabulary), out("_labels.png")))
-            title = f"{clip.NAME}: {describe_spec(specs[0][1])}"
-            files.append(save_png(draw_overlay(image, labels, names, colors=colors, alpha=args.opacity,
-                                               banner=banner, title=title), out("_overlay.png")))
+        label_maps, titles, slugs = [], [], set()
+        for (text, spec), model in zip(specs, models):
+            slug = "" if not args.compare else spec_slug(text)
+            while args.compare and slug in slugs:
+                slug += "_"
+            slugs.add(slug)
+            suffix = f"_{slug}" if slug else ""
+            probs_file = out(f"_probs{suffix}.npy") if args.save_probs else None
+            result = segment(model, inputs, probs_path=probs_file)
+            files.append(save_label_map(result.labels, len(vocabulary), out(f"_labels{suffix}.png")))
             if args.save_probs:
-                np.savez_compressed(out("_probs.npz"), probs=probs.astype(np.float16), classes=np.array(vocabulary))
-                files.append(out("_probs.npz"))
-                files.append(save_png(probability_figure(probs, names, banner=banner), out("_probs.png")))
-        else:
-            label_maps, titles, slugs = [], [], set()
-            for (text, spec), model in zip(specs, models):
-                probs = predict(model, inputs)
-                labels = probs.argmax(0)
-                label_maps.append(labels)
+                files.append(probs_file)
+                files.append(write_probability_metadata(out(f"_probs{suffix}.json"), probs_file, vocabulary,
+                                                        (len(vocabulary),) + result.labels.shape, result.rules))
+                files.append(save_png(probability_figure(result.thumbs, names, means=result.means, banner=banner,
+                                                         title=None if not args.compare else text),
+                                      out(f"_probs{suffix}.png")))
+            if not args.compare:
+                title = f"{clip.NAME}: {describe_spec(spec)}"
+                files.append(save_png(draw_overlay(image, result.labels, names, colors=colors, alpha=args.opacity,
+                                                   banner=banner, title=title), out("_overlay.png")))
+            else:
+                label_maps.append(result.labels)
                 titles.append(f"{text}\n{describe_spec(spec)}")
-                slug = spec_slug(text)
-                while slug in slugs:
-                    slug += "_"
-                slugs.add(slug)
-                files.append(save_label_map(labels, len(vocabulary), out(f"_labels_{slug}.png")))
-                if args.save_probs:
-                    np.savez_compressed(out(f"_probs_{slug}.npz"), probs=probs.astype(np.float16),
-                                        classes=np.array(vocabulary))
-                    files.append(out(f"_probs_{slug}.npz"))
+            del result
+        if args.compare:
             fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
                                  suptitle=f"{os.path.basename(path)} - {model_tag}")
             files.append(save_png(fig, out("_compare.png")))

@@ -38,7 +38,7 @@ from ..config import check_sparseclip_config
 from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
 from .attention_record import attention_record
 from .backbone import build_clip_from_config
-from .postprocess import class_scores
+from .postprocess import ScoreMaps
 from .sliding_window import dense_logits
 
 __all__ = ["SparseCLIP"]
@@ -74,6 +74,7 @@ class SparseCLIP(nn.Module):
         random_weights: bool = False,
         text_cache_size: int = 64,
         attention_stats: bool = False,
+        max_scores_mb: float = 1024.0,
     ):
         """
         Args:
@@ -96,6 +97,9 @@ class SparseCLIP(nn.Module):
             text_cache_size: number of (vocabulary, templates, device) entries kept.
             attention_stats: also return ``output["attention"]`` (the last block's attention
                 of every window, per head; see ``modeling.attention_record``).
+            max_scores_mb: outputs whose ``(C, H, W)`` float32 scores would exceed this many
+                MiB return ``{"sem_seg_labels": (H, W) long}`` (computed in bands) instead
+                of ``{"sem_seg": (C, H, W)}``.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -126,6 +130,8 @@ class SparseCLIP(nn.Module):
         self._text_cache: "OrderedDict[tuple, Tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
         self._text_cache_size = int(text_cache_size)
         self._warned_threshold: set = set()
+        self.max_scores_bytes = float(max_scores_mb) * 2 ** 20
+        self._warned_labels_only = False
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -172,6 +178,7 @@ class SparseCLIP(nn.Module):
             "window_batch_size": sw.BATCH_SIZE,
             "random_weights": random_weights,
             "attention_stats": cfg.TEST.ATTENTION_STATS.ENABLED,
+            "max_scores_mb": cfg.TEST.SEM_SEG_SCORES_MAX_MB,
         }
 
     @property
@@ -277,7 +284,9 @@ class SparseCLIP(nn.Module):
                 ``modeling.fgovd.fgovd_inference``.
 
         Returns:
-            list of ``{"sem_seg": (C, height, width) float32}`` class scores.
+            list of ``{"sem_seg": (C, height, width) float32}`` class scores, or of
+            ``{"sem_seg_labels": (height, width) long}`` label maps for outputs whose scores
+            would exceed ``TEST.SEM_SEG_SCORES_MAX_MB``.
         """
         if not batched_inputs:
             return []
@@ -288,31 +297,50 @@ class SparseCLIP(nn.Module):
         outputs = []
         with torch.no_grad():
             for x in batched_inputs:
-                vocabulary, background_index = self._vocabulary(x)
-                emb, class_index = self.text_classifier_for(vocabulary)
-                image = self.normalize_image(x["image"])
                 sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
-                logits = self.synonym_logits(image, emb, sink)
-                out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
-                if self.prob_threshold > 0 and background_index is None:
-                    self._warn_threshold_ignored(x)
-                # Bilinear resize to (out_h, out_w) and post-processing, band by band over
-                # output rows: no full-size (S, out_h, out_w) tensor is allocated.
-                scores = class_scores(
-                    logits,
-                    class_index,
-                    len(vocabulary),
-                    prob_threshold=self.prob_threshold,
-                    area_threshold=self.area_threshold,
-                    background_index=background_index,
-                    out_size=(out_h, out_w),
-                )
-                del logits
-                out = {"sem_seg": scores}
+                maps = self.score_maps(x, sink)
+                num_classes, out_h, out_w = maps.shape
+                if num_classes * out_h * out_w * 4 <= self.max_scores_bytes:
+                    out = {"sem_seg": maps.scores()}
+                else:
+                    # The (C, H, W) scores would exceed TEST.SEM_SEG_SCORES_MAX_MB: only the
+                    # label map, computed in bands (the evaluator reads either).
+                    if not self._warned_labels_only:
+                        self._warned_labels_only = True
+                        logger.info("output of %dx%d with %d classes: returning the label map "
+                                    "'sem_seg_labels' instead of the %.0f MiB of scores "
+                                    "(TEST.SEM_SEG_SCORES_MAX_MB = %.0f)", out_w, out_h, num_classes,
+                                    num_classes * out_h * out_w * 4 / 2 ** 20,
+                                    self.max_scores_bytes / 2 ** 20)
+                    out = {"sem_seg_labels": maps.labels()}
+                del maps
                 if sink is not None:
-                    out["attention"] = self._attention_record(sink, tuple(image.shape[-2:]))
+                    out["attention"] = self._attention_record(sink, tuple(x["image"].shape[-2:]))
                 outputs.append(out)
         return outputs
+
+    def score_maps(self, x: Dict, attention_sink: Optional[List[torch.Tensor]] = None) -> ScoreMaps:
+        """The class scores of one input at its output size (``height`` x ``width``) as a
+        :class:`~sparseclip_d2.modeling.postprocess.ScoreMaps`: working-resolution logits
+        from which the probabilities, the label map and the scores are computed in bands of
+        output rows (no full-size ``(C, H, W)`` tensor unless asked for).
+        ``attention_sink``: see :meth:`encode_logits`."""
+        vocabulary, background_index = self._vocabulary(x)
+        emb, class_index = self.text_classifier_for(vocabulary)
+        image = self.normalize_image(x["image"])
+        logits = self.synonym_logits(image, emb, attention_sink)
+        out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
+        if self.prob_threshold > 0 and background_index is None:
+            self._warn_threshold_ignored(x)
+        return ScoreMaps(
+            logits,
+            class_index,
+            len(vocabulary),
+            prob_threshold=self.prob_threshold,
+            area_threshold=self.area_threshold,
+            background_index=background_index,
+            out_size=(out_h, out_w),
+        )
 
     def _attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
         """``output["attention"]`` for the attention-statistics evaluator (per-head weights of
