@@ -125,3 +125,13 @@ def test_demo_stride_above_crop_under_python_O(tmp_path):
     assert "TEST.SLIDING_WINDOW.STRIDE = 200 is invalid; valid: an integer in [1, 112]" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["sparseclip-tiny-vit", "ViT-B-16-quickgelu"])
+def test_unreadable_checkpoint_names_the_file(tmp_path, name):
+    from sparseclip_d2.clip import build_clip
+
+    bad = tmp_path / "garbage.pt"
+    bad.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(ValueError, match=r"could not read the CLIP checkpoint file '.*garbage.pt'"):
+        build_clip(name, str(bad))
