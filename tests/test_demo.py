@@ -329,3 +329,40 @@ def test_probability_figure_states_how_many_classes(tmp_path):
     probs = np.random.RandomState(0).rand(20, 30, 40).astype(np.float32)
     fig = probability_figure(probs, [f"c{i}" for i in range(20)], max_classes=12)
     assert fig.ndim == 3 and fig.shape[2] == 3
+
+
+def test_output_folder_that_holds_the_inputs_is_refused(demo, voc_photo, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.fromarray(voc_photo[1]).save(folder / "a.png")
+    for given in (str(folder), str(folder / "a.png")):
+        with pytest.raises(ValueError, match="is a folder of input images"):
+            demo.main(["--input", given, "--classes", "cat, dog", "--output", str(folder), "--opts", *TINY])
+    assert sorted(os.listdir(folder)) == ["a.png"]
+
+
+def test_extreme_aspect_ratio_warns(demo):
+    """A 20000 x 200 panorama is capped by INPUT.MAX_SIZE_TEST to a 20 px high strip: said."""
+    import logging
+
+    from detectron2.config import get_cfg
+
+    from sparseclip_d2 import add_sparseclip_config
+
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST = 336, 2048
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    demo.logger.addHandler(handler)
+    try:
+        x = demo.prepare_input(np.zeros((200, 20000, 3), dtype=np.uint8), cfg, ["a", "b"], None)
+        assert tuple(x["image"].shape[1:]) == (20, 2048)
+        assert any("processed at 2048x20" in r.getMessage() and "INPUT.MAX_SIZE_TEST" in r.getMessage()
+                   for r in records)
+        records.clear()
+        demo.prepare_input(np.zeros((300, 400, 3), dtype=np.uint8), cfg, ["a", "b"], None)
+        assert not records
+    finally:
+        demo.logger.removeHandler(handler)

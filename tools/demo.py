@@ -60,6 +60,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detectron2.config import get_cfg
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -162,6 +163,21 @@ def collect_inputs(items: Sequence[str]) -> List[str]:
     return paths
 
 
+def check_output_folder(output: str, items: Sequence[str], paths: Sequence[str]) -> None:
+    """Refuse an ``--output`` folder that holds input images: the demo would write its PNGs
+    among the photos and read them back as inputs on the next run.
+
+    Raises:
+        ValueError: naming the folder.
+    """
+    out = os.path.realpath(output)
+    folders = {os.path.realpath(os.path.dirname(p) or ".") for p in paths}
+    folders |= {os.path.realpath(i) for i in items if os.path.isdir(i)}
+    if out in folders:
+        raise ValueError(f"--output {output!r} is a folder of input images; its outputs would be read as "
+                         f"inputs next time: choose another folder (e.g. {os.path.join(output, 'sparseclip_out')!r})")
+
+
 def resolve_vocabulary(args) -> Tuple[List[str], Optional[int], str]:
     """The vocabulary of the run.
 
@@ -219,7 +235,7 @@ def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[
     if is_random_weights(clip.PRETRAINED):
         seed = cfg.SEED if cfg.SEED >= 0 else 0
         torch.manual_seed(seed)  # reproducible random-weight figures
-        logger.warning("RANDOM WEIGHTS: %s initialised randomly with torch seed %d (SEED)", clip.NAME, seed)
+        logger.info("random weights of %s drawn with torch seed %d (SEED)", clip.NAME, seed)
     kwargs = SparseCLIP.from_config(cfg)
     config_spec = AttentionSpec.from_config(cfg)
     visual = kwargs["clip_model"].visual
@@ -241,6 +257,13 @@ def prepare_input(image_rgb: np.ndarray, cfg, vocabulary: List[str], background:
     image = image_rgb
     if cfg.INPUT.MIN_SIZE_TEST > 0:
         image = T.ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST).get_transform(image).apply_image(image)
+        short = min(image.shape[:2])
+        if short < min(cfg.INPUT.MIN_SIZE_TEST, min(h, w)) / 4:
+            logger.warning(
+                "%dx%d image (aspect ratio %.0f:1) is processed at %dx%d: INPUT.MAX_SIZE_TEST=%d caps the long "
+                "side, so the short side is %d px instead of INPUT.MIN_SIZE_TEST=%d and the prediction is "
+                "coarse; crop the image or raise INPUT.MAX_SIZE_TEST", w, h, max(h, w) / min(h, w),
+                image.shape[1], image.shape[0], cfg.INPUT.MAX_SIZE_TEST, short, cfg.INPUT.MIN_SIZE_TEST)
     if cfg.INPUT.FORMAT == "BGR":
         image = image[:, :, ::-1]
     tensor = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
@@ -295,7 +318,10 @@ def segment(model: SparseCLIP, inputs: Dict, *, probs_path: Optional[str] = None
         sums = np.zeros(num_classes, dtype=np.float64)
         writer = ProbabilityWriter(probs_path, maps.shape) if probs_path else None
         try:
-            for r0, r1, probs, band_labels in maps.bands():
+            # Progress on large outputs (a 12 MP photo with 150 classes takes minutes on a CPU).
+            bands = tqdm.tqdm(maps.bands(), total=maps.num_bands, desc="post-processing", unit="band",
+                              disable=num_classes * height * width < 3e8, leave=False)
+            for r0, r1, probs, band_labels in bands:
                 labels[r0:r1] = band_labels.cpu().numpy()
                 p = probs.cpu().numpy()
                 sums += p.sum(axis=(1, 2), dtype=np.float64)
@@ -348,6 +374,50 @@ def spec_slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+=-]+", "_", text).strip("_") or "spec"
 
 
+def process_image(path: str, stem: str, args, cfg, specs, models, vocabulary, background, names, colors,
+                  banner, model_tag) -> List[str]:
+    """All outputs of one photo (label maps, overlay or comparison figure, probabilities);
+    returns the written files."""
+    clip = cfg.MODEL.SPARSECLIP.CLIP
+    t0 = time.perf_counter()
+    image = read_image_rgb(path)
+    inputs = prepare_input(image, cfg, vocabulary, background)
+    files = []
+    out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
+    label_maps, titles, slugs = [], [], set()
+    for (text, spec), model in zip(specs, models):
+        slug = "" if not args.compare else spec_slug(text)
+        while args.compare and slug in slugs:
+            slug += "_"
+        slugs.add(slug)
+        suffix = f"_{slug}" if slug else ""
+        probs_file = out(f"_probs{suffix}.npy") if args.save_probs else None
+        result = segment(model, inputs, probs_path=probs_file)
+        files.append(save_label_map(result.labels, len(vocabulary), out(f"_labels{suffix}.png")))
+        if args.save_probs:
+            files.append(probs_file)
+            files.append(write_probability_metadata(out(f"_probs{suffix}.json"), probs_file, vocabulary,
+                                                    (len(vocabulary),) + result.labels.shape, result.rules))
+            files.append(save_png(probability_figure(result.thumbs, names, means=result.means, banner=banner,
+                                                     title=None if not args.compare else text),
+                                  out(f"_probs{suffix}.png")))
+        if not args.compare:
+            title = f"{clip.NAME}: {describe_spec(spec)}"
+            files.append(save_png(draw_overlay(image, result.labels, names, colors=colors, alpha=args.opacity,
+                                               banner=banner, title=title), out("_overlay.png")))
+        else:
+            label_maps.append(result.labels)
+            titles.append(f"{text}\n{describe_spec(spec)}")
+        del result
+    if args.compare:
+        fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
+                             suptitle=f"{os.path.basename(path)} - {model_tag}")
+        files.append(save_png(fig, out("_compare.png")))
+    logger.info("%s: %dx%d, %.2fs -> %s", path, image.shape[1], image.shape[0], time.perf_counter() - t0,
+                ", ".join(os.path.basename(f) for f in files))
+    return files
+
+
 def run(args) -> Dict[str, List[str]]:
     """Run the demo for parsed arguments. Returns ``{input path: [written files]}``."""
     cfg = setup_cfg(args)
@@ -359,6 +429,7 @@ def run(args) -> Dict[str, List[str]]:
         spec = AttentionSpec.from_config(cfg)
         specs = [("cfg", spec)]
     paths = collect_inputs(args.input)
+    check_output_folder(args.output, args.input, paths)
     if not 0.0 <= args.opacity <= 1.0:
         raise ValueError(f"--opacity must be in [0, 1], got {args.opacity}")
     logger.info("vocabulary (%s): %d classes: %s%s", vocab_source, len(vocabulary), ", ".join(names),
@@ -371,9 +442,9 @@ def run(args) -> Dict[str, List[str]]:
     logger.info("built %s (%s) with %d attention variant(s) on %s in %.1fs", clip.NAME, clip.PRETRAINED,
                 len(models), cfg.MODEL.DEVICE, time.perf_counter() - start)
     banner = RANDOM_WEIGHTS_BANNER if random_weights else None
-    if random_weights:
-        logger.warning("RANDOM WEIGHTS (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): the segmentations are NOT "
-                       "meaningful; every image is marked %r.", clip.PRETRAINED, RANDOM_WEIGHTS_BANNER)
+    if random_weights:  # the builder has warned once; every image carries the banner
+        logger.info("random weights (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): every image is marked %r",
+                    clip.PRETRAINED, RANDOM_WEIGHTS_BANNER)
 
     os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "classes.txt"), "w", encoding="utf-8") as f:
@@ -381,47 +452,15 @@ def run(args) -> Dict[str, List[str]]:
     colors = class_colors(len(vocabulary))
     model_tag = f"{clip.NAME} ({'random weights' if random_weights else clip.PRETRAINED}), short side {cfg.INPUT.MIN_SIZE_TEST}"
     written: Dict[str, List[str]] = {}
-    for path, stem in tqdm.tqdm(list(zip(paths, unique_stems(paths))), disable=len(paths) < 2, desc="demo", unit="img"):
-        t0 = time.perf_counter()
-        image = read_image_rgb(path)
-        inputs = prepare_input(image, cfg, vocabulary, background)
-        files = []
-        out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
-        label_maps, titles, slugs = [], [], set()
-        for (text, spec), model in zip(specs, models):
-            slug = "" if not args.compare else spec_slug(text)
-            while args.compare and slug in slugs:
-                slug += "_"
-            slugs.add(slug)
-            suffix = f"_{slug}" if slug else ""
-            probs_file = out(f"_probs{suffix}.npy") if args.save_probs else None
-            result = segment(model, inputs, probs_path=probs_file)
-            files.append(save_label_map(result.labels, len(vocabulary), out(f"_labels{suffix}.png")))
-            if args.save_probs:
-                files.append(probs_file)
-                files.append(write_probability_metadata(out(f"_probs{suffix}.json"), probs_file, vocabulary,
-                                                        (len(vocabulary),) + result.labels.shape, result.rules))
-                files.append(save_png(probability_figure(result.thumbs, names, means=result.means, banner=banner,
-                                                         title=None if not args.compare else text),
-                                      out(f"_probs{suffix}.png")))
-            if not args.compare:
-                title = f"{clip.NAME}: {describe_spec(spec)}"
-                files.append(save_png(draw_overlay(image, result.labels, names, colors=colors, alpha=args.opacity,
-                                                   banner=banner, title=title), out("_overlay.png")))
-            else:
-                label_maps.append(result.labels)
-                titles.append(f"{text}\n{describe_spec(spec)}")
-            del result
-        if args.compare:
-            fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
-                                 suptitle=f"{os.path.basename(path)} - {model_tag}")
-            files.append(save_png(fig, out("_compare.png")))
-        logger.info("%s: %dx%d, %.2fs -> %s", path, image.shape[1], image.shape[0], time.perf_counter() - t0,
-                    ", ".join(os.path.basename(f) for f in files))
-        written[path] = files
+    with logging_redirect_tqdm(loggers=[logging.getLogger(), logging.getLogger("sparseclip_d2"),
+                                        logging.getLogger("fvcore")]):  # log lines never split a bar
+        for path, stem in tqdm.tqdm(list(zip(paths, unique_stems(paths))), disable=len(paths) < 2, desc="demo",
+                                    unit="img"):
+            written[path] = process_image(path, stem, args, cfg, specs, models, vocabulary, background, names,
+                                          colors, banner, model_tag)
     if random_weights:
-        logger.warning("RANDOM WEIGHTS: the %d image(s) in %s show a random model, not the method.", len(paths),
-                       args.output)
+        logger.info("random weights: the %d image(s) in %s show a random model, not the method", len(paths),
+                    args.output)
     return written
 
 

@@ -129,6 +129,11 @@ class ScoreMaps:
         """``(C, H, W)`` of the full-size scores."""
         return (self.num_classes,) + self.out_size
 
+    @property
+    def num_bands(self) -> int:
+        """Number of bands :meth:`bands` yields."""
+        return -(-self.out_size[0] // self.band_rows)
+
     def _bands(self):
         out_h = self.out_size[0]
         return [(r, min(r + self.band_rows, out_h)) for r in range(0, out_h, self.band_rows)]
