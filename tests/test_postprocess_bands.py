@@ -184,3 +184,39 @@ def test_score_maps_bands_match_class_scores(area, thr, bg):
         rules = maps.rules()
         assert rules["prob_threshold"] == (thr if bg is not None else 0.0)
         assert rules["area_threshold"] == area
+
+
+def test_meta_arch_returns_labels_above_the_score_budget(tmp_path):
+    """Above TEST.SEM_SEG_SCORES_MAX_MB the META_ARCH returns the label map (equal to the
+    argmax of the scores it returns below the budget) and the evaluator scores it the same."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import register_sem_seg
+    from detectron2.modeling import build_model
+
+    from sparseclip_d2.evaluation.build import SparseCLIPSemSegEvaluator
+
+    g = torch.Generator().manual_seed(5)
+    image = torch.randint(0, 256, (3, 70, 90), dtype=torch.uint8, generator=g)
+    x = {"image": image, "height": 140, "width": 180, "vocabulary": ["sky", "grass, lawn", "dog"]}
+    outputs = {}
+    for budget in ("1024.0", "0.01"):
+        torch.manual_seed(0)
+        model = build_model(tiny_cfg(**{"TEST.SEM_SEG_SCORES_MAX_MB": budget}))
+        outputs[budget] = model([dict(x)])[0]
+    assert set(outputs["1024.0"]) == {"sem_seg"} and set(outputs["0.01"]) == {"sem_seg_labels"}
+    labels = outputs["0.01"]["sem_seg_labels"]
+    assert labels.shape == (140, 180) and torch.equal(labels, outputs["1024.0"]["sem_seg"].argmax(0))
+
+    gt = tmp_path / "gt.png"
+    Image.fromarray(labels.numpy().astype(np.uint8)).save(gt)
+    register_sem_seg("bands_budget_test", [{"file_name": "x.png", "sem_seg_file_name": str(gt)}],
+                     ["sky", "grass, lawn", "dog"])
+    results = []
+    for out in outputs.values():
+        ev = SparseCLIPSemSegEvaluator("bands_budget_test", distributed=False)
+        ev.reset()
+        ev.process([{"file_name": "x.png", "sem_seg_file_name": str(gt)}], [out])
+        results.append(ev.evaluate()["sem_seg"])
+    assert results[0] == results[1] and results[0]["pACC"] == 100.0
