@@ -55,6 +55,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -63,6 +64,14 @@ import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detectron2.config import get_cfg
+
+with warnings.catch_warnings():
+    # fvcore.nn and detectron2.modeling.box_regression (imported by detectron2.data and
+    # .modeling) torch.jit.script functions at import, which torch 2.14 answers with a
+    # FutureWarning each: not ours to fix, silenced for these imports only.
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    import detectron2.data  # noqa: F401
+    import detectron2.modeling  # noqa: F401
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.utils.logger import setup_logger
