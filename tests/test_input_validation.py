@@ -135,3 +135,26 @@ def test_unreadable_checkpoint_names_the_file(tmp_path, name):
     bad.write_bytes(bytes(range(256)) * 64)
     with pytest.raises(ValueError, match=r"could not read the CLIP checkpoint file '.*garbage.pt'"):
         build_clip(name, str(bad))
+
+
+def test_prepare_datasets_check_validates_a_sample_of_masks(tmp_path):
+    import importlib.util
+
+    from conftest import register_sem_seg
+
+    spec = importlib.util.spec_from_file_location("prepare_datasets", ROOT / "tools" / "prepare_datasets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dicts = []
+    for i, (mask_hw, value) in enumerate([((20, 30), 1), ((20, 30), 7), ((30, 20), 0), ((20, 30), 255)]):
+        image, mask = tmp_path / f"{i}.jpg", tmp_path / f"{i}.png"
+        Image.fromarray(np.zeros((20, 30, 3), dtype=np.uint8)).save(image)
+        Image.fromarray(np.full(mask_hw, value, dtype=np.uint8)).save(mask)
+        dicts.append({"file_name": str(image), "sem_seg_file_name": str(mask)})
+    register_sem_seg("check_masks_test", dicts, ["a", "b", "c"])
+    problems = module.check_masks("check_masks_test", dicts, sample=8)
+    assert len(problems) == 2
+    assert "1.png" in problems[0] and "[7]" in problems[0]  # label 7 of 3 classes
+    assert "2.png is 20x30 but its image" in problems[1] and "2.jpg is 30x20" in problems[1]
+    assert module.check_masks("check_masks_test", dicts[:1] + dicts[3:], sample=8) == []
+    assert module.check_masks("check_masks_test", dicts, sample=1) == []  # only the first record
