@@ -21,17 +21,26 @@ names are errors. --vocabulary takes a registered dataset (its metadata's stuff_
 background class, e.g. sparseclip_voc21_val, sparseclip_demo) or a class-name file shipped
 with the package (voc21, context59, ade150, ...).
 
-Outputs in --output, per input image STEM (names made unique when stems repeat):
-  STEM_overlay.png   the prediction over the photo (detectron2 Visualizer: class names on
-                     segments, legend of predicted classes with area %), same size as the photo
+Outputs in --output (not a folder of the inputs), per input image STEM (names made unique
+when stems repeat):
+  STEM_overlay.png   the prediction over the photo: class names inside their segments (never
+                     over the title, banner or legend), legend of predicted classes with
+                     area %, same size as the photo
   STEM_labels.png    raw label map at the ORIGINAL image size: pixel value i = the i-th class
                      of the vocabulary (0-based, in the order given; see classes.txt);
                      8-bit PNG, 16-bit when the vocabulary has more than 256 classes
-  STEM_probs.npz     (--save-probs) "probs": (C, H, W) float16 class probabilities at the
-                     original size, "classes": the vocabulary; STEM_probs.png: heat maps
+  STEM_probs.npy     (--save-probs) (C, H, W) float16 class probabilities at the original size:
+                     per class the max over its synonyms of the softmax over all synonyms,
+                     BEFORE the background rules; STEM_probs.json: the classes and the
+                     post-processing the label map applied (area rule, probability threshold,
+                     background class); STEM_probs.png: heat maps of the top classes
   classes.txt        one line per class: index, tab, class with its synonyms
 With --compare: STEM_compare.png (input + one overlay panel per spec) and one label map per
-spec, STEM_labels_SPEC.png (SPEC with non-alphanumerics replaced by "_").
+spec, STEM_labels_SPEC.png (SPEC with non-alphanumerics replaced by "_"); with --save-probs
+also STEM_probs_SPEC.npy / .json / .png per spec.
+Large photos: labels, probabilities and overlays are computed in bands of rows, so memory
+stays bounded (a 12 MP photo with 150 classes and --save-probs peaks near 2.1 GiB with
+ViT-B/16 on a CPU; docs/reliability.md).
 
 --compare SPEC syntax: colon-separated tokens, [BASE:]TOKEN[:TOKEN...]. BASE: a baseline
 preset (clip, sclip, clearclip, naclip, maskclip) or cfg (the config file's attention);
