@@ -176,6 +176,7 @@ def draw_overlay(
     max_segment_labels: int = 40,
     banner: Optional[str] = None,
     title: Optional[str] = None,
+    text_scale: float = 1.0,
 ) -> np.ndarray:
     """Draw a label map over its photo: coloured segments with darkened boundaries, the
     class name inside each segment, a legend of the predicted classes and optional banner
@@ -198,6 +199,7 @@ def draw_overlay(
         max_segment_labels: at most this many names on segments (the largest classes).
         banner: text drawn on a red band at the top (e.g. :data:`RANDOM_WEIGHTS_BANNER`).
         title: text drawn at the top left (below the banner), e.g. the attention spec.
+        text_scale: text size relative to the default (about 2.8 % of the short side).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB, the size of ``image``.
@@ -208,7 +210,7 @@ def draw_overlay(
     h, w = labels.shape
     canvas = Image.fromarray(_blend(image, labels, colors, alpha))
     draw = ImageDraw.Draw(canvas)
-    size = max(9, int(round(0.028 * max(min(h, w), 0.5 * max(h, w)))))  # text height in px
+    size = max(9, int(round(0.028 * text_scale * max(min(h, w), 0.5 * max(h, w)))))  # text height in px
     font, small, bold = _font(size), _font(0.85 * size), _font(1.2 * size, bold=True)
     pad = max(2, size // 5)
     reserved = []
@@ -330,7 +332,8 @@ def compare_figure(
     small, small_maps = _downscale(image, label_maps, max_side=int(2 * panel_width_inches * dpi))
     panels = [(small, "input")]
     for labels, title in zip(small_maps, panel_titles):
-        panels.append((draw_overlay(small, labels, class_names, colors=colors, legend=False), title))
+        panels.append((draw_overlay(small, labels, class_names, colors=colors, legend=False, text_scale=1.6),
+                       title))
     n = len(panels)
     rows = math.ceil(n / max_cols)
     cols = math.ceil(n / rows)  # balanced rows: 6 panels -> 2 x 3, not 4 + 2
