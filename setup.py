@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=("sparseclip_d2", "sparseclip_d2.*")),
-    package_data={"sparseclip_d2": ["data/classnames/*.txt", "reference/*.csv", "attention/csrc/*.cpp"]},
+    package_data={"sparseclip_d2": ["data/classnames/*.txt", "data/classnames/*/*.txt", "data/classnames/SOURCES.md", "reference/*.csv", "attention/csrc/*.cpp"]},
     install_requires=[
         "torch>=2.1",
         "torchvision>=0.16",

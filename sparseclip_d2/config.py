@@ -39,6 +39,19 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.CLIP.PRECISION = "fp32"
     # Directory where open_clip caches downloaded weights ("" = open_clip default).
     _C.MODEL.SPARSECLIP.CLIP.CACHE_DIR = ""
+    # How position embeddings are resized to another patch grid (bicubic): "size"
+    # (F.interpolate(size=(h, w)), as MMSeg/MaskCLIP) or "scale_factor"
+    # (F.interpolate(scale_factor=((h + 0.1) / side, (w + 0.1) / side)), as SCLIP/ClearCLIP/
+    # NACLIP's interpolate_pos_encoding). Equal at the native grid (224 px crops).
+    _C.MODEL.SPARSECLIP.CLIP.POS_EMBED_INTERP = "size"
+    # Activation of the vision tower's MLPs: "" (as built from NAME/PRETRAINED), "gelu" or
+    # "quick_gelu". MaskCLIP's official ViT-B/16 runs the OpenAI weights with GELU
+    # (chongzhou96/MaskCLIP configs/_base_/models/maskclip_vit16.py, act_cfg). The text
+    # tower is never changed.
+    _C.MODEL.SPARSECLIP.CLIP.VISION_ACT = ""
+    # LayerNorm eps of the vision tower (0 = as built, 1e-5 for CLIP). MaskCLIP: 1e-6
+    # (maskclip_vit16.py, norm_cfg). The text tower is never changed.
+    _C.MODEL.SPARSECLIP.CLIP.VISION_LN_EPS = 0.0
 
     # The modified attention of the final block(s) (see sparseclip_d2.clip.AttentionSpec).
     _C.MODEL.SPARSECLIP.ATTENTION = CN()
@@ -84,6 +97,28 @@ def add_sparseclip_config(cfg):
     # Prompts encoded per text-encoder batch.
     _C.MODEL.SPARSECLIP.TEXT.BATCH_SIZE = 256
 
+    # Class-name set: "" (each dataset's packaged names, with synonyms) or an upstream
+    # baseline's published vocabulary for the same dataset: "sclip", "clearclip", "naclip",
+    # "maskclip" (shipped under sparseclip_d2/data/classnames/<set>/, sources in SOURCES.md).
+    _C.MODEL.SPARSECLIP.CLASS_NAMES = ""
+    # Pixel normalisation: "clip" (the CLIP model's own mean/std), "clip_mmseg" (the rounded
+    # CLIP values mean [122.771, 116.746, 104.094], std [68.501, 66.632, 70.323] of the
+    # SCLIP/ClearCLIP/NACLIP segmentors' SegDataPreProcessor) or "imagenet" (mean
+    # [123.675, 116.28, 103.53], std [58.395, 57.12, 57.375], MaskCLIP's img_norm_cfg).
+    _C.MODEL.SPARSECLIP.PIXEL_NORM = "clip"
+    # Windows (or whole images) whose sides are not multiples of the patch size:
+    # "pad_crop" (zero-pad symmetrically after normalisation, crop the upsampled logits
+    # back; ClearCLIP's compute_padsize), "truncate" (the patch convolution drops the
+    # remainder rows/columns and the patch logits are stretched over the whole window;
+    # SCLIP/NACLIP with OpenAI CLIP) or "pad_corner" (zero-pad bottom/right, logits of the
+    # padded grid stretched over the unpadded window; MaskCLIP's mmseg PatchEmbed 'corner').
+    _C.MODEL.SPARSECLIP.PATCH_REMAINDER = "pad_crop"
+    # PAMR refinement of the logits at the output size (post-processing, any config):
+    # STEPS = 0 disables; NACLIP: 10 steps, dilations [8, 16] (sinahmr/NACLIP naclip.py).
+    _C.MODEL.SPARSECLIP.PAMR = CN()
+    _C.MODEL.SPARSECLIP.PAMR.STEPS = 0
+    _C.MODEL.SPARSECLIP.PAMR.DILATIONS = [8, 16]
+
     # Logits = LOGIT_SCALE * cosine(patch, class). Paper: unknown; SCLIP 40, ClearCLIP 50.
     _C.MODEL.SPARSECLIP.LOGIT_SCALE = 50.0
     # Background rule: pixels whose max class probability is below this become the
@@ -109,6 +144,14 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES = -1
     # With proposals: IoU needed to match a ground-truth box.
     _C.MODEL.SPARSECLIP.FGOVD.IOU_THRESHOLD = 0.5
+
+    # How test images are resized to INPUT.MIN_SIZE_TEST (short side) with
+    # INPUT.MAX_SIZE_TEST (long side): "detectron2" (ResizeShortestEdge: PIL bilinear with
+    # antialiasing; the long side is capped) or "mmseg" (MMSeg Resize(scale=(MAX, MIN),
+    # keep_ratio=True) = mmcv.imrescale: scale = min(MAX / long, MIN / short), new side
+    # int(side * scale + 0.5), cv2.resize INTER_LINEAR without antialiasing). MMSeg's
+    # (2048, 336) is MIN 336 / MAX 2048; MaskCLIP's Context59 (520, 520) is MIN 520 / MAX 520.
+    _C.INPUT.RESIZE_MODE = "detectron2"
 
     # Sliding-window inference (MMSeg "slide" mode).
     _C.TEST.SLIDING_WINDOW = CN()

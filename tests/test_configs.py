@@ -65,17 +65,64 @@ def test_paper_configs_cover_table_1():
     assert found == {(bb[b], src[s], n) for b, s, n in rows}
 
 
-@pytest.mark.parametrize("method", ["sclip", "clearclip", "naclip", "maskclip"])
-def test_baseline_configs_match_presets(method):
-    preset = AttentionSpec.preset(method)
+# What each baseline's configs must select (upstream conventions, see configs/baselines/*.yaml).
+BASELINES = {
+    # method: (preset, templates, class-name set, resize, pixel norm, pos-embed interp, remainder,
+    #          datasets covered)
+    "sclip": ("sclip", "openai_imagenet", "sclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
+    "clearclip": ("clearclip", "openai_imagenet", "clearclip", "mmseg", "clip_mmseg", "scale_factor", "pad_crop", 8),
+    "naclip": ("naclip", "openai_imagenet", "naclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
+    "naclip_pamr": ("naclip", "openai_imagenet", "naclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
+    "maskclip": ("maskclip", "maskclip", "maskclip", "mmseg", "imagenet", "size", "pad_corner", 5),
+}
+
+
+@pytest.mark.parametrize("method", list(BASELINES))
+def test_baseline_configs_select_their_upstream_conventions(method):
+    preset_name, templates, names, resize, norm, interp, remainder, n_datasets = BASELINES[method]
+    preset = AttentionSpec.preset(preset_name)
     paths = glob.glob(os.path.join(ROOT, "configs", "baselines", f"{method}_b16*.yaml"))
     assert paths
     datasets = set()
     for path in paths:
         cfg = load(path)
+        sc = cfg.MODEL.SPARSECLIP
         spec = AttentionSpec.from_config(cfg)
         for field in ("source", "normalizer", "residual", "ffn", "prior", "prior_std", "sum_mode"):
             assert getattr(spec, field) == getattr(preset, field), (path, field)
-        assert cfg.MODEL.SPARSECLIP.TEXT.TEMPLATES == "openai_imagenet" and cfg.TEST.SLIDING_WINDOW.ENABLED
+        got = (sc.TEXT.TEMPLATES, sc.CLASS_NAMES, cfg.INPUT.RESIZE_MODE, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP,
+               sc.PATCH_REMAINDER)
+        assert got == (templates, names, resize, norm, interp, remainder), path
+        assert (sc.PAMR.STEPS, list(sc.PAMR.DILATIONS)) == ((10, [8, 16]) if method == "naclip_pamr" else (0, [8, 16]))
+        text = open(path).read()
+        assert "ASSUMED" not in text.upper(), path
+        assert "@ " in text.split("_BASE_")[0], f"{path} names no upstream commit in its header"
         datasets |= set(cfg.DATASETS.TEST)
-    assert len(datasets) == 8  # the eight usual benchmarks
+    assert len(datasets) == n_datasets
+
+
+def test_baseline_protocol_values_from_upstream_configs():
+    c = lambda name: load(os.path.join(ROOT, "configs", "baselines", name + ".yaml"))  # noqa: E731
+    v = c("naclip_b16_voc21")  # sinahmr/NACLIP configs/cfg_voc21.py
+    assert (v.TEST.SLIDING_WINDOW.ENABLED, v.MODEL.SPARSECLIP.PROB_THRESHOLD, v.MODEL.SPARSECLIP.AREA_THRESHOLD) == (
+        False, 0.1, 0.0)
+    assert not c("naclip_b16_voc20").TEST.SLIDING_WINDOW.ENABLED
+    assert "sparseclip_coco_stuff_val" in c("naclip_b16").DATASETS.TEST and c("naclip_b16").INPUT.MIN_SIZE_TEST == 336
+    city = c("clearclip_b16_cityscapes").TEST.SLIDING_WINDOW
+    assert (city.ENABLED, city.CROP_SIZE, city.STRIDE) == (True, 224, 224)
+    m = c("maskclip_b16")
+    assert (m.TEST.SLIDING_WINDOW.ENABLED, m.INPUT.MIN_SIZE_TEST, m.INPUT.MAX_SIZE_TEST) == (False, 512, 2048)
+    assert (m.MODEL.SPARSECLIP.CLIP.VISION_ACT, m.MODEL.SPARSECLIP.CLIP.VISION_LN_EPS) == ("gelu", 1e-6)
+    ctx = c("maskclip_b16_context59").INPUT
+    assert (ctx.MIN_SIZE_TEST, ctx.MAX_SIZE_TEST) == (520, 520)
+    cs = c("maskclip_b16_cityscapes").INPUT
+    assert (cs.MIN_SIZE_TEST, cs.MAX_SIZE_TEST) == (512, 1024)
+
+
+def test_paper_configs_keep_the_project_conventions():
+    for path in glob.glob(os.path.join(ROOT, "configs", "paper", "*.yaml")):
+        cfg = load(path)
+        sc = cfg.MODEL.SPARSECLIP
+        assert (cfg.INPUT.RESIZE_MODE, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP, sc.PATCH_REMAINDER, sc.CLASS_NAMES,
+                sc.PAMR.STEPS, sc.CLIP.VISION_ACT, sc.CLIP.VISION_LN_EPS) == (
+            "detectron2", "clip", "size", "pad_crop", "", 0, "", 0.0), path

@@ -82,7 +82,6 @@ with warnings.catch_warnings():
     import detectron2.data  # noqa: F401
     import detectron2.modeling  # noqa: F401
 from detectron2.data import DatasetCatalog, MetadataCatalog
-from detectron2.data import transforms as T
 from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
@@ -90,6 +89,7 @@ from sparseclip_d2.config import check_sparseclip_config
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, is_random_weights
 from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
 from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
+from sparseclip_d2.data.mapper import build_resize
 from sparseclip_d2.modeling import SparseCLIP, resolve_device
 from sparseclip_d2.clip import describe_spec, parse_attention_specs
 from sparseclip_d2.utils.visualize import (
@@ -256,11 +256,11 @@ def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[
         logger.info("random weights of %s drawn with torch seed %d (SEED)", clip.NAME, seed)
     kwargs = SparseCLIP.from_config(cfg)
     config_spec = AttentionSpec.from_config(cfg)
-    visual = kwargs["clip_model"].visual
+    base = kwargs["encoder"]  # its vision tower may be a VISION_ACT / VISION_LN_EPS variant
     models = []
     for text, spec in specs:
         try:
-            encoder = kwargs["encoder"] if spec == config_spec else DenseCLIPEncoder(visual, spec)
+            encoder = kwargs["encoder"] if spec == config_spec else DenseCLIPEncoder(base.visual, spec, pos_embed_interp=base.pos_embed_interp)
         except ValueError as e:
             raise ValueError(f"attention spec {text!r}: {e}") from e
         models.append(SparseCLIP(**dict(kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE)))
@@ -269,19 +269,19 @@ def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[
 
 def prepare_input(image_rgb: np.ndarray, cfg, vocabulary: List[str], background: Optional[int]) -> Dict:
     """The META_ARCH input of one photo: resized as the test mapper does (short side
-    ``INPUT.MIN_SIZE_TEST``, long side capped at ``MAX_SIZE_TEST``), channels in
+    ``INPUT.MIN_SIZE_TEST``, long side ``MAX_SIZE_TEST``, ``INPUT.RESIZE_MODE``), channels in
     ``INPUT.FORMAT``, output size = the original size."""
     h, w = image_rgb.shape[:2]
     image = image_rgb
-    if cfg.INPUT.MIN_SIZE_TEST > 0:
-        image = T.ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST).get_transform(image).apply_image(image)
-        short = min(image.shape[:2])
-        if short < min(cfg.INPUT.MIN_SIZE_TEST, min(h, w)) / 4:
-            logger.warning(
-                "%dx%d image (aspect ratio %.0f:1) is processed at %dx%d: INPUT.MAX_SIZE_TEST=%d caps the long "
-                "side, so the short side is %d px instead of INPUT.MIN_SIZE_TEST=%d and the prediction is "
-                "coarse; crop the image or raise INPUT.MAX_SIZE_TEST", w, h, max(h, w) / min(h, w),
-                image.shape[1], image.shape[0], cfg.INPUT.MAX_SIZE_TEST, short, cfg.INPUT.MIN_SIZE_TEST)
+    for aug in build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST):
+        image = aug.get_transform(image).apply_image(image)
+    short = min(image.shape[:2])
+    if short < min(cfg.INPUT.MIN_SIZE_TEST, min(h, w)) / 4:
+        logger.warning(
+            "%dx%d image (aspect ratio %.0f:1) is processed at %dx%d: INPUT.MAX_SIZE_TEST=%d caps the long "
+            "side, so the short side is %d px instead of INPUT.MIN_SIZE_TEST=%d and the prediction is "
+            "coarse; crop the image or raise INPUT.MAX_SIZE_TEST", w, h, max(h, w) / min(h, w),
+            image.shape[1], image.shape[0], cfg.INPUT.MAX_SIZE_TEST, short, cfg.INPUT.MIN_SIZE_TEST)
     if cfg.INPUT.FORMAT == "BGR":
         image = image[:, :, ::-1]
     tensor = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))

@@ -9,9 +9,10 @@ first, patches in row-major order), or ``None`` for no prior. Registered in
 - ``gaussian``: NACLIP's neighbourhood prior. For patches ``i = (r_i, c_i)`` and
   ``j = (r_j, c_j)`` on the ``h x w`` grid, ``bias[i, j] = exp(-((r_i - r_j)^2 +
   (c_i - c_j)^2) / (2 std^2))`` (``std`` in patches); rows and columns of prefix (CLS)
-  tokens are 0. NACLIP computes the same gaussian through a 'same'-padded convolution
-  with a grid-sized window, which truncates it to offsets within half the grid; here it
-  is not truncated.
+  tokens are 0. NACLIP (sinahmr/NACLIP ``clip/model.py``, ``gaussian_window`` and
+  ``get_attention_addition``) computes the same matrix by a 'same'-padded convolution of
+  one-hot patch maps with a ``(2h - 1, 2w - 1)`` gaussian window: the window reaches every
+  offset on the grid, so nothing is truncated and the two agree exactly.
 """
 from typing import Optional, Tuple
 

@@ -2,11 +2,11 @@
 
 torch + open_clip only (no detectron2 import).
 """
-from .builder import PRECISIONS, build_clip, get_tokenizer, is_random_weights, tokenizer
-from .encoder import DenseCLIPEncoder, interpolate_pos_embed
+from .builder import PRECISIONS, VISION_ACTS, build_clip, get_tokenizer, is_random_weights, tokenizer, vision_tower_variant
+from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, interpolate_pos_embed
 from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME
 from .spec import PRESETS, SPEC_KEYS, AttentionSpec, describe_spec, parse_attention_spec, parse_attention_specs
-from .templates import OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
+from .templates import MASKCLIP_TEMPLATES, OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
 from .text import TextClassifier, max_over_synonyms, split_synonyms, text_cache_dir, weights_fingerprint
 
 __all__ = [
@@ -21,8 +21,11 @@ __all__ = [
     "get_tokenizer",
     "tokenizer",
     "PRECISIONS",
+    "vision_tower_variant",
+    "VISION_ACTS",
     "DenseCLIPEncoder",
     "interpolate_pos_embed",
+    "POS_EMBED_INTERP_MODES",
     "LOCAL_MODEL_CONFIGS",
     "TINY_MODEL_NAME",
     "TextClassifier",
@@ -33,4 +36,5 @@ __all__ = [
     "weights_fingerprint",
     "TEMPLATE_SETS",
     "OPENAI_IMAGENET_TEMPLATES",
+    "MASKCLIP_TEMPLATES",
 ]

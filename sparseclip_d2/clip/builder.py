@@ -1,5 +1,6 @@
 """Build a frozen open_clip CLIP model from (name, pretrained tag | local file | none)."""
 import contextlib
+import copy
 import logging
 import os
 from typing import Optional, Union
@@ -10,11 +11,14 @@ import open_clip
 
 from .model_configs import get_local_model_config
 
-__all__ = ["build_clip", "is_random_weights", "get_tokenizer", "tokenizer", "PRECISIONS"]
+__all__ = ["build_clip", "is_random_weights", "get_tokenizer", "tokenizer", "PRECISIONS",
+           "vision_tower_variant", "VISION_ACTS"]
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+#: Vision-tower activations of :func:`vision_tower_variant` ("" = as built).
+VISION_ACTS = ("", "gelu", "quick_gelu")
 _RANDOM_VALUES = ("", "none", "random")
 # open_clip builds sparseclip_d2's own configs from this built-in name, with every
 # architecture field overridden by the local config dict.
@@ -149,6 +153,60 @@ def build_clip(
         f"unknown pretrained value {pretrained!r} for {name}; valid: an open_clip tag "
         f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none known'}), "
         f"a local checkpoint file path, or none")
+
+
+def vision_tower_variant(model: torch.nn.Module, name: str, *, act: str = "", ln_eps: float = 0.0) -> torch.nn.Module:
+    """``model.visual``, or a copy of it built with another MLP activation / LayerNorm eps.
+
+    MaskCLIP runs the OpenAI ViT-B/16 weights in an MMSeg ViT built with GELU and
+    LayerNorm eps 1e-6 (chongzhou96/MaskCLIP ``configs/_base_/models/maskclip_vit16.py``),
+    while its text embeddings come from the original QuickGELU model. This builds such a
+    vision tower: a new open_clip model of the same architecture (``name``'s config) with
+    ``act`` / ``ln_eps`` changed, whose vision tower is loaded with ``model.visual``'s
+    weights. ``model`` itself is not modified.
+
+    Args:
+        model: an open_clip CLIP model built by :func:`build_clip`.
+        name: its model name (open_clip or sparseclip_d2 test config).
+        act: "" (keep), "gelu" or "quick_gelu".
+        ln_eps: LayerNorm eps of the tower; 0 keeps the model's.
+    Returns:
+        a frozen ``VisionTransformer`` (``model.visual`` itself when nothing changes) on the
+        device and in the dtype of ``model.visual``.
+    """
+    if act not in VISION_ACTS:
+        raise ValueError(f"unknown vision activation {act!r}; valid: '' (as built), gelu, quick_gelu")
+    try:
+        ln_eps = float(ln_eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"vision LayerNorm eps must be a number >= 0, got {ln_eps!r}") from None
+    if not ln_eps >= 0:
+        raise ValueError(f"vision LayerNorm eps must be >= 0 (0 = as built), got {ln_eps!r}")
+    visual = model.visual
+    blocks = getattr(getattr(visual, "transformer", None), "resblocks", None)
+    if not blocks:
+        raise ValueError(f"vision_tower_variant supports open_clip VisionTransformer towers, got {type(visual).__name__}")
+    current_quick = isinstance(blocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
+    current_eps = float(visual.ln_pre.eps)
+    quick = current_quick if not act else act == "quick_gelu"
+    eps = current_eps if ln_eps == 0 else ln_eps
+    if quick == current_quick and eps == current_eps:
+        return visual
+    name = str(name).strip()
+    cfg = get_local_model_config(name) or open_clip.get_model_config(name)
+    if cfg is None:
+        raise ValueError(f"no open_clip config for model {name!r}: cannot build a vision tower variant")
+    cfg = copy.deepcopy(cfg)
+    vision_cfg = dict(cfg["vision_cfg"])
+    vision_cfg["norm_kwargs"] = dict(vision_cfg.get("norm_kwargs") or {}, eps=eps)
+    cfg.update(vision_cfg=vision_cfg, quick_gelu=quick)
+    param = next(visual.parameters())
+    precision = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(param.dtype, "fp32")
+    variant = open_clip.create_model(_FACTORY_BASE, pretrained=None, precision=precision, device=param.device, **cfg)
+    variant.visual.load_state_dict(visual.state_dict())
+    logger.info("vision tower of %s rebuilt with %s and LayerNorm eps %g (the text tower is unchanged)",
+                name, "QuickGELU" if quick else "GELU", eps)
+    return _finish(variant.visual)
 
 
 def get_tokenizer(name: str):

@@ -14,27 +14,44 @@ from ..attention import apply_attention, attention_weights, build_prior
 from ..common.cache import LRUCache
 from .spec import AttentionSpec
 
-__all__ = ["DenseCLIPEncoder", "interpolate_pos_embed"]
+__all__ = ["DenseCLIPEncoder", "interpolate_pos_embed", "POS_EMBED_INTERP_MODES"]
 
 logger = logging.getLogger(__name__)
 
 _CACHE_SIZE = 32
 
 
+#: How the position-embedding grid is resized (``interpolate_pos_embed(mode=...)``).
+POS_EMBED_INTERP_MODES = ("size", "scale_factor")
+
+
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
-                          dst_grid: Tuple[int, int]) -> torch.Tensor:
+                          dst_grid: Tuple[int, int], mode: str = "size") -> torch.Tensor:
     """Resize ViT position embeddings to another patch grid (protocol section 2).
 
     The CLS embedding (row 0) is kept; the ``src_grid`` rows are reshaped to a grid,
     bicubically interpolated (``align_corners=False``) in float32 to ``dst_grid`` and
-    concatenated back.
+    concatenated back. ``mode`` selects how the bicubic resize is asked for:
+
+    - ``"size"``: ``F.interpolate(size=(h, w))``; source coordinates use the ratio
+      ``gh / h`` (MMSeg / MaskCLIP ``resize_pos_embed``).
+    - ``"scale_factor"``: ``F.interpolate(scale_factor=((h + 0.1) / gh, (w + 0.1) / gw))``
+      as SCLIP / ClearCLIP / NACLIP do (their ``interpolate_pos_encoding``); PyTorch then
+      maps output pixels with ``1 / scale_factor`` instead of ``gh / h``, which samples the
+      grid at slightly different points. Equal grids are returned unchanged in both modes
+      (upstream also resizes a native-size grid when the input's pixel height and width
+      differ, e.g. 224 x 230; that corner case is not reproduced).
 
     Args:
         pos_embed: ``(1 + gh*gw, C)``.
         src_grid, dst_grid: ``(gh, gw)`` and ``(h, w)``.
+        mode: one of :data:`POS_EMBED_INTERP_MODES`.
     Returns:
         ``(1 + h*w, C)`` float32 (a float32 copy when the grids are equal).
     """
+    if mode not in POS_EMBED_INTERP_MODES:
+        raise ValueError(f"unknown position-embedding interpolation {mode!r}; valid: "
+                         f"{', '.join(POS_EMBED_INTERP_MODES)}")
     gh, gw = src_grid
     h, w = dst_grid
     if pos_embed.shape[0] != 1 + gh * gw:
@@ -45,7 +62,13 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
         return pe.clone()
     C = pe.shape[1]
     grid = pe[1:].reshape(1, gh, gw, C).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
+    if mode == "size":
+        grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
+    else:
+        grid = F.interpolate(grid, scale_factor=((h + 0.1) / gh, (w + 0.1) / gw), mode="bicubic",
+                             align_corners=False)
+        if tuple(grid.shape[-2:]) != (h, w):  # floor(g * (n + 0.1) / g) is n for any sane grid
+            raise RuntimeError(f"scale_factor interpolation gave a {tuple(grid.shape[-2:])} grid, expected {(h, w)}")
     grid = grid.permute(0, 2, 3, 1).reshape(h * w, C)
     return torch.cat([pe[:1], grid], dim=0)
 
@@ -86,11 +109,17 @@ class DenseCLIPEncoder(nn.Module):
 
     Attributes:
         patch_size (int or (int, int)), embed_dim (D, joint space), width (C, tokens),
-        depth (blocks), num_heads, image_mean / image_std (0-1 scale RGB tuples), spec.
+        depth (blocks), num_heads, image_mean / image_std (0-1 scale RGB tuples), spec,
+        pos_embed_interp (``size`` or ``scale_factor``, see :func:`interpolate_pos_embed`).
     """
 
-    def __init__(self, visual: nn.Module, spec: Optional[AttentionSpec] = None):
+    def __init__(self, visual: nn.Module, spec: Optional[AttentionSpec] = None, *,
+                 pos_embed_interp: str = "size"):
         super().__init__()
+        if pos_embed_interp not in POS_EMBED_INTERP_MODES:
+            raise ValueError(f"unknown position-embedding interpolation {pos_embed_interp!r}; valid: "
+                             f"{', '.join(POS_EMBED_INTERP_MODES)}")
+        self.pos_embed_interp = pos_embed_interp
         _check_visual(visual)
         spec = AttentionSpec() if spec is None else spec
         if not isinstance(spec, AttentionSpec):
@@ -121,15 +150,16 @@ class DenseCLIPEncoder(nn.Module):
     def positional_embedding(self, grid: Tuple[int, int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """Position embeddings for an ``(h, w)`` patch grid: ``(1 + h*w, C)`` in ``dtype`` on ``device``.
 
-        Bicubically interpolated from the model's native grid (CLS kept), cached per
-        (grid, device, dtype, version of the parameter).
+        Bicubically interpolated from the model's native grid (CLS kept) the
+        ``pos_embed_interp`` way, cached per (grid, device, dtype, version of the parameter).
         """
         pe = self.visual.positional_embedding
-        key = (tuple(grid), str(device), dtype, pe.data_ptr(), pe._version)
+        key = (tuple(grid), str(device), dtype, pe.data_ptr(), pe._version, self.pos_embed_interp)
 
         def make():
             with torch.no_grad():
-                return interpolate_pos_embed(pe, self._native_grid, tuple(grid)).to(device=device, dtype=dtype)
+                return interpolate_pos_embed(pe, self._native_grid, tuple(grid),
+                                             mode=self.pos_embed_interp).to(device=device, dtype=dtype)
 
         return self._pos_cache.get_or_create(key, make)
 

@@ -165,7 +165,8 @@ class AttentionSpec:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "AttentionSpec":
-        """A baseline's spec: ``clip``, ``sclip``, ``clearclip``, ``naclip``, ``maskclip``.
+        """A baseline's spec: ``clip``, ``sclip``, ``clearclip``, ``naclip``, ``maskclip``,
+        ``maskclip_reduced`` (see :data:`PRESETS`).
 
         ``overrides`` change fields of the preset (e.g. ``normalizer="entmax"``).
         """
@@ -228,15 +229,22 @@ def _boolean(name, value) -> bool:
 
 
 #: Training-free baselines expressed as specs (see docs: protocol section 2).
-#: ``maskclip``: identity attention (value path) with the last block reduced to it
-#: (no residual, no FFN), as the "v-path" last block of the protocol table.
+#:
+#: - ``maskclip``: MaskCLIP as published (chongzhou96/MaskCLIP ``mmseg/models/backbones/vit.py``,
+#:   ``TransformerEncoderLayer.forward`` with ``return_qkv``): the last block's value path
+#:   ``v = out_proj(v_proj(ln_1(x)))`` (identity attention), then the residual ``v + x``, then
+#:   the FFN on ``ln_2`` of that with it as identity: residual and FFN kept.
+#: - ``maskclip_reduced``: the value path alone, no residual, no FFN: what ClearCLIP calls
+#:   "MaskCLIP" (mc-lan/ClearCLIP ``open_clip/transformer.py``, ``model_type='MaskCLIP'``
+#:   with ``ignore_residual=True``).
 PRESETS = {
     "clip": AttentionSpec(),
     "sclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=True),
     "clearclip": AttentionSpec(source="qq", normalizer="softmax", residual=False, ffn=False),
     "naclip": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
                             residual=False, ffn=False),
-    "maskclip": AttentionSpec(source="identity", normalizer="softmax", residual=False, ffn=False),
+    "maskclip": AttentionSpec(source="identity", normalizer="softmax", residual=True, ffn=True),
+    "maskclip_reduced": AttentionSpec(source="identity", normalizer="softmax", residual=False, ffn=False),
 }
 
 

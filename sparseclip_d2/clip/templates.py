@@ -2,12 +2,13 @@
 
 ``OPENAI_IMAGENET_TEMPLATES`` are the 80 ImageNet prompt templates published by OpenAI
 with CLIP (the "Prompt Engineering for ImageNet" notebook); SCLIP, ClearCLIP and NACLIP
-use them for segmentation.
+use them for segmentation. ``MASKCLIP_TEMPLATES`` are MaskCLIP's 85: the 80 followed by
+five "... in the scene." templates.
 """
 import os
 from typing import Dict, List, Tuple
 
-__all__ = ["TEMPLATE_SETS", "OPENAI_IMAGENET_TEMPLATES", "get_templates"]
+__all__ = ["TEMPLATE_SETS", "OPENAI_IMAGENET_TEMPLATES", "MASKCLIP_TEMPLATES", "get_templates"]
 
 OPENAI_IMAGENET_TEMPLATES: Tuple[str, ...] = (
     "a bad photo of a {}.",
@@ -92,8 +93,19 @@ OPENAI_IMAGENET_TEMPLATES: Tuple[str, ...] = (
     "a tattoo of the {}.",
 )
 
+#: MaskCLIP's prompt templates: the 80 above, in the same order, then five scene templates
+#: (chongzhou96/MaskCLIP ``tools/maskclip_utils/prompt_engineering.py``, ``prompt_templates``).
+MASKCLIP_TEMPLATES: Tuple[str, ...] = OPENAI_IMAGENET_TEMPLATES + (
+    "there is a {} in the scene.",
+    "there is the {} in the scene.",
+    "this is a {} in the scene.",
+    "this is the {} in the scene.",
+    "this is one {} in the scene.",
+)
+
 TEMPLATE_SETS: Dict[str, Tuple[str, ...]] = {
     "openai_imagenet": OPENAI_IMAGENET_TEMPLATES,
+    "maskclip": MASKCLIP_TEMPLATES,
     "single": ("a photo of a {}.",),
     "none": ("{}",),
 }
@@ -112,7 +124,7 @@ def get_templates(name_or_path: str) -> List[str]:
     """Prompt templates by set name or from a text file.
 
     Args:
-        name_or_path: ``openai_imagenet`` (80 templates), ``single`` (``"a photo of a {}."``),
+        name_or_path: ``openai_imagenet`` (80 templates), ``maskclip`` (85), ``single`` (``"a photo of a {}."``),
             ``none`` (``"{}"``, the class text as is), or a path to a UTF-8 text file with one
             template per line (blank lines and lines starting with ``#`` ignored).
     Returns:

@@ -171,7 +171,14 @@ class TextClassifier:
 
     @torch.no_grad()
     def encode(self, synonyms: List[str]) -> torch.Tensor:
-        """Template-averaged, L2-normalised embeddings of synonym strings: S -> ``(S, D)`` float32."""
+        """Template-averaged, L2-normalised embeddings of synonym strings: S -> ``(S, D)`` float32.
+
+        A string given twice is encoded once, so its rows are bitwise equal (an upstream
+        vocabulary naming ``bed`` twice then ties exactly, as it does upstream)."""
+        unique = list(dict.fromkeys(synonyms))
+        if len(unique) < len(synonyms):
+            row = {s: i for i, s in enumerate(unique)}
+            return self.encode(unique)[torch.tensor([row[s] for s in synonyms])]
         prompts = [t.replace("{}", s) for s in synonyms for t in self.templates]
         self._warn_truncation(prompts)
         device = self.device

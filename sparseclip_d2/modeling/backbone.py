@@ -16,10 +16,10 @@ from detectron2.config import configurable
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, Backbone
 
-from ..clip import AttentionSpec, DenseCLIPEncoder, build_clip, is_random_weights
+from ..clip import AttentionSpec, DenseCLIPEncoder, build_clip, is_random_weights, vision_tower_variant
 from ..config import check_device
 
-__all__ = ["SparseCLIPBackbone", "build_clip_from_config", "resolve_device"]
+__all__ = ["SparseCLIPBackbone", "build_clip_from_config", "build_encoder_from_config", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,16 @@ def build_clip_from_config(cfg) -> Tuple[nn.Module, bool]:
     return model, random_weights
 
 
+def build_encoder_from_config(cfg, clip_model: nn.Module) -> DenseCLIPEncoder:
+    """The ``DenseCLIPEncoder`` of ``cfg`` around ``clip_model``'s vision tower: the attention
+    spec, ``MODEL.SPARSECLIP.CLIP.POS_EMBED_INTERP``, and a rebuilt tower when
+    ``MODEL.SPARSECLIP.CLIP.VISION_ACT`` / ``VISION_LN_EPS`` ask for another activation or
+    LayerNorm eps (the text tower is never changed)."""
+    c = cfg.MODEL.SPARSECLIP.CLIP
+    visual = vision_tower_variant(clip_model, c.NAME, act=c.VISION_ACT, ln_eps=c.VISION_LN_EPS)
+    return DenseCLIPEncoder(visual, AttentionSpec.from_config(cfg), pos_embed_interp=c.POS_EMBED_INTERP)
+
+
 @BACKBONE_REGISTRY.register()
 class SparseCLIPBackbone(Backbone):
     """Frozen CLIP vision tower with the configured final attention (``DenseCLIPEncoder``).
@@ -102,8 +112,7 @@ class SparseCLIPBackbone(Backbone):
         if input_shape is not None and input_shape.channels not in (None, 3):
             raise ValueError(f"SparseCLIPBackbone needs 3 input channels, got input_shape={input_shape}")
         clip_model, _ = build_clip_from_config(cfg)
-        spec = AttentionSpec.from_config(cfg)
-        return {"encoder": DenseCLIPEncoder(clip_model.visual, spec)}
+        return {"encoder": build_encoder_from_config(cfg, clip_model)}
 
     @property
     def size_divisibility(self) -> int:

