@@ -9,6 +9,14 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 bash scripts/setup.sh
 PY="${SPARSECLIP_VENV:-$REPO/.venv}/bin/python"
+# The results folder: output/demo unless an `OUTPUT_DIR DIR` override is among the arguments
+# (the last one wins, as in the config merge); relative paths are relative to the repository.
+OUT="output/demo"
+ARGS=("$@")
+for ((i = 0; i + 1 < ${#ARGS[@]}; i++)); do
+  [[ "${ARGS[i]}" == "OUTPUT_DIR" ]] && OUT="${ARGS[i + 1]}"
+done
+[[ "$OUT" == /* ]] || OUT="$REPO/$OUT"
 "$PY" tools/train_net.py --eval-only --config-file configs/demo.yaml \
   MODEL.SPARSECLIP.CLIP.PRETRAINED none OUTPUT_DIR output/demo "$@"
-echo "[demo] results: $REPO/output/demo/results.json (random weights: the numbers are meaningless)"
+echo "[demo] results: $OUT/results.json (random weights: the numbers are meaningless)"

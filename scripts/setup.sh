@@ -39,12 +39,22 @@ PY
   "$VENV/bin/python" -m pip check >/dev/null
 }
 
-# The fused alpha-entmax CPU kernel is JIT-compiled (torch.utils.cpp_extension) into torch's
-# extension cache (~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR) on first use; build it
-# here once (about 70 s) so runs and tests start warm. Cached builds load in seconds.
+# The fused alpha-entmax CPU kernel: built here, ahead of time, into a directory named by
+# the hash of its source, flags, compiler and torch version (see
+# sparseclip_d2/attention/_entmax_cpu.py; root $SPARSECLIP_KERNEL_DIR, else
+# $TORCH_EXTENSIONS_DIR/sparseclip_d2, else ~/.cache/sparseclip_d2/kernels), so runs and tests
+# start warm and no other checkout or venv can load or rebuild it.  A cold build takes about
+# a minute; an existing one loads in about a second.  Without it the first CPU call builds it.
 warm_kernel() {
-  "$VENV/bin/python" -c "from sparseclip_d2.attention import _entmax_cpu; _entmax_cpu.load_kernel(raise_errors=True)" \
-    || fail "building the alpha-entmax CPU kernel failed (needs a C++ compiler and ninja); set SPARSECLIP_ENTMAX_KERNEL=0 to use the pure-torch path"
+  "$VENV/bin/python" - <<'PY' || fail "building the alpha-entmax CPU kernel failed (needs a C++ compiler and ninja); set SPARSECLIP_ENTMAX_KERNEL=0 to use the pure-torch path"
+import logging, time
+logging.basicConfig(level=logging.INFO, format="[setup] %(message)s")
+from sparseclip_d2.attention import _entmax_cpu
+name, _, build_dir = _entmax_cpu.kernel_spec()
+start = time.perf_counter()
+_entmax_cpu.load_kernel(raise_errors=True)
+print(f"[setup] alpha-entmax CPU kernel {name} ready in {time.perf_counter() - start:.1f} s ({build_dir})")
+PY
 }
 
 WANT="$(inputs_hash)"
@@ -95,7 +105,7 @@ log "pip check"
 "${PIP[@]}" check
 
 verify || fail "verification import failed after install"
-log "building the fused alpha-entmax CPU kernel (cached after the first build)"
+log "building the fused alpha-entmax CPU kernel ahead of time (about 1 min when cold)"
 warm_kernel
 echo "$WANT" > "$STAMP"
 log "done: activate with 'source $VENV/bin/activate'"

@@ -9,13 +9,15 @@ a sparseclip_d2 YAML file::
 
 Every key has a comment; the method is training-free, so there are no solver keys.
 """
+import math
+
 from . import require_detectron2
 
 require_detectron2("sparseclip_d2.config")
 
 from detectron2.config import CfgNode as CN
 
-__all__ = ["add_sparseclip_config"]
+__all__ = ["add_sparseclip_config", "check_sparseclip_config"]
 
 
 def add_sparseclip_config(cfg):
@@ -175,7 +177,70 @@ def add_sparseclip_config(cfg):
     _C.TEST.ATTENTION_STATS = CN()
     _C.TEST.ATTENTION_STATS.ENABLED = False
 
+    # Outputs whose (C, H, W) float32 scores would exceed this many MiB (e.g. a 12 MP photo
+    # with 150 classes: 6.7 GiB) are returned as an (H, W) label map "sem_seg_labels",
+    # computed in bands of rows, instead of "sem_seg" scores.
+    _C.TEST.SEM_SEG_SCORES_MAX_MB = 1024.0
+
     # Evaluate only the first N images of each test dataset (0 = all). Recorded in
     # results.json so a partial number is never mistaken for a full one.
     _C.TEST.MAX_IMAGES = 0
     return cfg
+
+
+def _check_number(key: str, value, low: float, high: float, *, integer: bool = False,
+                  low_open: bool = False) -> None:
+    """Raise ValueError naming ``key``, ``value`` and the valid range when out of it."""
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (float(value).is_integer() if integer else math.isfinite(float(value)))
+    if ok:
+        ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        lo = "(" if low_open else "["
+        hi = "inf)" if math.isinf(high) else f"{high:g}]"
+        raise ValueError(f"{key} = {value!r} is invalid; valid: {kind} in {lo}{low:g}, {hi}")
+
+
+def check_sparseclip_config(cfg) -> None:
+    """Validate the user-facing inference keys of ``cfg`` before any model is built.
+
+    Raises:
+        ValueError: naming the key, its value and the valid range or choices.
+    """
+    inf = math.inf
+    sw = cfg.TEST.SLIDING_WINDOW
+    _check_number("TEST.SLIDING_WINDOW.CROP_SIZE", sw.CROP_SIZE, 1, inf, integer=True)
+    _check_number("TEST.SLIDING_WINDOW.BATCH_SIZE", sw.BATCH_SIZE, 1, inf, integer=True)
+    # A stride above the crop size would leave pixels no window covers.
+    _check_number("TEST.SLIDING_WINDOW.STRIDE", sw.STRIDE, 1, sw.CROP_SIZE, integer=True)
+    _check_number("TEST.MAX_IMAGES", cfg.TEST.MAX_IMAGES, 0, inf, integer=True)
+    _check_number("TEST.SEM_SEG_SCORES_MAX_MB", cfg.TEST.SEM_SEG_SCORES_MAX_MB, 0, inf)
+    min_sizes = cfg.INPUT.MIN_SIZE_TEST
+    for size in (min_sizes if isinstance(min_sizes, (list, tuple)) else [min_sizes]):
+        _check_number("INPUT.MIN_SIZE_TEST", size, 0, inf, integer=True)
+    _check_number("INPUT.MAX_SIZE_TEST", cfg.INPUT.MAX_SIZE_TEST, 1, inf, integer=True)
+    if cfg.INPUT.FORMAT not in ("RGB", "BGR"):
+        raise ValueError(f"INPUT.FORMAT = {cfg.INPUT.FORMAT!r} is invalid; valid: RGB, BGR")
+    sc = cfg.MODEL.SPARSECLIP
+    _check_number("MODEL.SPARSECLIP.LOGIT_SCALE", sc.LOGIT_SCALE, 0, inf)  # 0 = the model's own scale
+    _check_number("MODEL.SPARSECLIP.PROB_THRESHOLD", sc.PROB_THRESHOLD, 0, 1)
+    _check_number("MODEL.SPARSECLIP.AREA_THRESHOLD", sc.AREA_THRESHOLD, 0, 1)
+    _check_number("MODEL.SPARSECLIP.TEXT.BATCH_SIZE", sc.TEXT.BATCH_SIZE, 1, inf, integer=True)
+    if sc.CLIP.PRECISION not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"MODEL.SPARSECLIP.CLIP.PRECISION = {sc.CLIP.PRECISION!r} is invalid; "
+                         "valid: fp32, fp16, bf16")
+    check_device(cfg.MODEL.DEVICE)
+
+
+def check_device(device) -> None:
+    """Raise ValueError unless ``device`` is cpu, cuda, cuda:N or mps (named in the error)."""
+    import torch
+
+    try:
+        kind = torch.device(str(device)).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"MODEL.DEVICE = {device!r} is not a supported device; "
+                         "valid: cpu, cuda, cuda:N (GPU index N), mps")

@@ -128,7 +128,7 @@ def test_all_layouts_register_and_load_under_detectron2_datasets(tmp_path):
         "print(json.dumps(out))\n"
     )
     env = dict(os.environ, DETECTRON2_DATASETS=str(tmp_path))
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     expected = {"sparseclip_voc21_val": (21, 0), "sparseclip_voc20_val": (20, None),

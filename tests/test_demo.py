@@ -1,5 +1,6 @@
 """tools/demo.py end to end with the tiny random-weight CLIP, its spec syntax, figures and errors."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def test_cli_on_voc_photo_random_weights(voc_photo, tmp_path):
     res = subprocess.run(
         [sys.executable, DEMO, "--input", path, "--vocabulary", "sparseclip_demo", "--save-probs",
          "--output", str(out), "--opts", *TINY],
-        cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=3600,
     )
     assert res.returncode == 0, res.stderr[-4000:]
     assert "RANDOM WEIGHTS" in res.stdout + res.stderr
@@ -72,9 +73,21 @@ def test_cli_on_voc_photo_random_weights(voc_photo, tmp_path):
         overlay = np.array(im.convert("RGB"))
     assert np.abs(overlay.astype(int) - rgb.astype(int)).mean() > 5  # masks were drawn
     assert _red_banner_pixels(overlay) > 500  # the RANDOM WEIGHTS band is on the image
-    probs = np.load(out / "voc_probs.npz")
-    assert probs["probs"].shape == (21, 375, 500) and list(probs["classes"])[15].startswith("person")
-    assert (probs["probs"].astype(np.float32).argmax(0) == labels).mean() > 0.99
+    # --save-probs: the raw probabilities (no background rule), and what the labels add to them.
+    probs = np.load(out / "voc_probs.npy").astype(np.float32)
+    meta = json.loads((out / "voc_probs.json").read_text())
+    assert probs.shape == (21, 375, 500) and meta["shape"] == [21, 375, 500]
+    assert meta["classes"][15].startswith("person")
+    rules = meta["label_map_postprocessing"]
+    assert rules["prob_threshold"] == 0.75 and rules["background_index"] == 0
+    sums = probs.sum(0)
+    assert sums.max() <= 1.0 + 2e-3 and sums.min() > 0.2  # class maxima of one softmax, not forced to 1
+    # The label rule recomputed by hand: argmax, and background where the max is below 0.75
+    # (float16 storage: pixels within rounding of the threshold are left out).
+    best = probs.max(0)
+    expected = np.where(best < 0.75, 0, probs.argmax(0))
+    clear = np.abs(best - 0.75) > 2e-3
+    assert (expected[clear] == labels[clear]).mean() > 0.99
     with Image.open(out / "voc_probs.png") as im:
         assert im.size[0] > 200
 
@@ -90,7 +103,7 @@ def test_compare_on_folder_with_exif_and_gray(demo, voc_photo, tmp_path):
     written = demo.main([
         "--input", str(folder), "--classes", "person; people, chair, table; dining table, wall",
         "--output", str(tmp_path / "out"), "--compare", "softmax", "entmax:1.2", "qq:entmax:1.2", "clearclip",
-        "--opts", *TINY,
+        "--save-probs", "--opts", *TINY,
     ])
     assert sorted(os.path.basename(p) for p in written) == ["gray.png", "rotated.jpg"]
     sizes = {"rotated": (375, 500), "gray": (200, 120)}
@@ -99,6 +112,12 @@ def test_compare_on_folder_with_exif_and_gray(demo, voc_photo, tmp_path):
             with Image.open(tmp_path / "out" / f"{stem}_labels_{slug}.png") as im:
                 assert im.size == size
                 assert np.array(im).max() < 4
+            # --save-probs with --compare: probabilities, their metadata and a figure per spec
+            probs = np.load(tmp_path / "out" / f"{stem}_probs_{slug}.npy")
+            assert probs.shape == (4, size[1], size[0])
+            assert (tmp_path / "out" / f"{stem}_probs_{slug}.json").is_file()
+            with Image.open(tmp_path / "out" / f"{stem}_probs_{slug}.png") as im:
+                assert im.size[0] > 200
         with Image.open(tmp_path / "out" / f"{stem}_compare.png") as im:
             fig = np.array(im.convert("RGB"))
         assert fig.shape[1] > 3 * 300  # 5 panels side by side
@@ -274,3 +293,76 @@ def test_overlay_and_compare_figure():
     colors = class_colors(200)
     assert colors.shape == (200, 3) and len({tuple(c) for c in colors}) == 200
     assert np.array_equal(colors, class_colors(200))
+
+
+def test_segment_names_inside_the_image_and_off_title_and_legend():
+    """Names go to the most interior free point of their class, inside the image, never on
+    a reserved box (banner, title, legend) nor on another name."""
+    from sparseclip_d2.utils.visualize import _label_positions
+
+    labels = np.zeros((300, 400), dtype=np.int64)
+    labels[:, 200:] = 1
+    labels[250:, :] = 2  # a strip along the bottom
+    title = (0, 0, 400, 60)
+    legend = (250, 200, 400, 300)  # covers the right part of the strip
+    sizes = [(80, 20), (80, 20), (80, 20)]
+    placed = dict(_label_positions(labels, [0, 1, 2], sizes, [title, legend]))
+    assert set(placed) == {0, 1, 2}
+    boxes = list(placed.values())
+    for c, (x0, y0, x1, y1) in placed.items():
+        assert 0 <= x0 and 0 <= y0 and x1 <= 400 and y1 <= 300
+        for other in (title, legend):
+            assert not (x0 < other[2] and other[0] < x1 and y0 < other[3] and other[1] < y1)
+        assert labels[int((y0 + y1) / 2), int((x0 + x1) / 2)] == c
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3])
+    # a class with no room left is not labelled at all (listed in the legend only)
+    tiny = np.zeros((100, 100), dtype=np.int64)
+    tiny[0:3, 0:3] = 1
+    assert [c for c, _ in _label_positions(tiny, [0, 1], [(30, 12), (30, 12)], [])] == [0]
+
+
+def test_probability_figure_states_how_many_classes(tmp_path):
+    from sparseclip_d2.utils.visualize import probability_figure
+
+    probs = np.random.RandomState(0).rand(20, 30, 40).astype(np.float32)
+    fig = probability_figure(probs, [f"c{i}" for i in range(20)], max_classes=12)
+    assert fig.ndim == 3 and fig.shape[2] == 3
+
+
+def test_output_folder_that_holds_the_inputs_is_refused(demo, voc_photo, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.fromarray(voc_photo[1]).save(folder / "a.png")
+    for given in (str(folder), str(folder / "a.png")):
+        with pytest.raises(ValueError, match="is a folder of input images"):
+            demo.main(["--input", given, "--classes", "cat, dog", "--output", str(folder), "--opts", *TINY])
+    assert sorted(os.listdir(folder)) == ["a.png"]
+
+
+def test_extreme_aspect_ratio_warns(demo):
+    """A 20000 x 200 panorama is capped by INPUT.MAX_SIZE_TEST to a 20 px high strip: said."""
+    import logging
+
+    from detectron2.config import get_cfg
+
+    from sparseclip_d2 import add_sparseclip_config
+
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST = 336, 2048
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    demo.logger.addHandler(handler)
+    try:
+        x = demo.prepare_input(np.zeros((200, 20000, 3), dtype=np.uint8), cfg, ["a", "b"], None)
+        assert tuple(x["image"].shape[1:]) == (20, 2048)
+        assert any("processed at 2048x20" in r.getMessage() and "INPUT.MAX_SIZE_TEST" in r.getMessage()
+                   for r in records)
+        records.clear()
+        demo.prepare_input(np.zeros((300, 400, 3), dtype=np.uint8), cfg, ["a", "b"], None)
+        assert not records
+    finally:
+        demo.logger.removeHandler(handler)

@@ -7,7 +7,6 @@ model's own block modules.
 import copy
 import logging
 import math
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -427,11 +426,8 @@ def test_build_clip_errors(monkeypatch, caplog):
 
 
 def test_real_vit_b16_quickgelu_shapes():
-    t0 = time.time()
     torch.manual_seed(0)
     model = build_clip("ViT-B-16-quickgelu", "none")
-    if time.time() - t0 > 20:
-        pytest.skip("building ViT-B-16 took more than 20 s on this machine")
     enc = DenseCLIPEncoder(model.visual, AttentionSpec(source="qq+kk", normalizer="entmax", alpha=1.2))
     assert (enc.patch_size, enc.embed_dim, enc.width, enc.depth, enc.num_heads) == (16, 512, 768, 12, 12)
     with torch.no_grad():

@@ -158,3 +158,65 @@ def test_meta_arch_output_unchanged(out_size):
     assert got.shape == (len(vocabulary), *out_size)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     assert torch.equal(got.argmax(dim=0), expected.argmax(dim=0))
+
+
+@pytest.mark.parametrize("area, thr, bg", [(0.0, 0.0, None), (0.2, 0.0, None), (0.0, 0.4, 0), (0.15, 0.4, 2)])
+def test_score_maps_bands_match_class_scores(area, thr, bg):
+    """ScoreMaps: band labels equal the argmax of class_scores (rules included), band
+    probabilities are the raw max-over-synonym softmax (rules not applied), any band height."""
+    from sparseclip_d2.modeling.postprocess import ScoreMaps
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(7, 13, 17, generator=g) * 2
+    class_index = torch.tensor([0, 0, 1, 2, 3, 3, 4])
+    kwargs = dict(prob_threshold=thr, area_threshold=area, background_index=bg, out_size=(41, 29))
+    full = class_scores(logits, class_index, 5, **kwargs)
+    # independent reference for the raw probabilities: full-size resize, softmax, max per class
+    big = torch.nn.functional.interpolate(logits[None], size=(41, 29), mode="bilinear", align_corners=False)[0]
+    soft = big.softmax(0)
+    raw = torch.stack([soft[class_index == c].max(0).values for c in range(5)])
+    for rows in (1, 5, 41):
+        maps = ScoreMaps(logits, class_index, 5, band_rows=rows, **kwargs)
+        assert maps.shape == (5, 41, 29)
+        assert torch.equal(maps.labels(), full.argmax(0))
+        probs = torch.cat([p for _, _, p, _ in maps.bands()], dim=1)
+        torch.testing.assert_close(probs, raw, atol=1e-5, rtol=0)
+        rules = maps.rules()
+        assert rules["prob_threshold"] == (thr if bg is not None else 0.0)
+        assert rules["area_threshold"] == area
+
+
+def test_meta_arch_returns_labels_above_the_score_budget(tmp_path):
+    """Above TEST.SEM_SEG_SCORES_MAX_MB the META_ARCH returns the label map (equal to the
+    argmax of the scores it returns below the budget) and the evaluator scores it the same."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import register_sem_seg
+    from detectron2.modeling import build_model
+
+    from sparseclip_d2.evaluation.build import SparseCLIPSemSegEvaluator
+
+    g = torch.Generator().manual_seed(5)
+    image = torch.randint(0, 256, (3, 70, 90), dtype=torch.uint8, generator=g)
+    x = {"image": image, "height": 140, "width": 180, "vocabulary": ["sky", "grass, lawn", "dog"]}
+    outputs = {}
+    for budget in ("1024.0", "0.01"):
+        torch.manual_seed(0)
+        model = build_model(tiny_cfg(**{"TEST.SEM_SEG_SCORES_MAX_MB": budget}))
+        outputs[budget] = model([dict(x)])[0]
+    assert set(outputs["1024.0"]) == {"sem_seg"} and set(outputs["0.01"]) == {"sem_seg_labels"}
+    labels = outputs["0.01"]["sem_seg_labels"]
+    assert labels.shape == (140, 180) and torch.equal(labels, outputs["1024.0"]["sem_seg"].argmax(0))
+
+    gt = tmp_path / "gt.png"
+    Image.fromarray(labels.numpy().astype(np.uint8)).save(gt)
+    register_sem_seg("bands_budget_test", [{"file_name": "x.png", "sem_seg_file_name": str(gt)}],
+                     ["sky", "grass, lawn", "dog"])
+    results = []
+    for out in outputs.values():
+        ev = SparseCLIPSemSegEvaluator("bands_budget_test", distributed=False)
+        ev.reset()
+        ev.process([{"file_name": "x.png", "sem_seg_file_name": str(gt)}], [out])
+        results.append(ev.evaluate()["sem_seg"])
+    assert results[0] == results[1] and results[0]["pACC"] == 100.0

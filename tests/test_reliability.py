@@ -218,7 +218,7 @@ def test_large_image_memory_bounded_by_sliding_window():
         [sys.executable, os.path.join(ROOT, "tools", "benchmark_memory.py"), "--height", "2400", "--width", "3600",
          "--num-classes", "3", "--threads", "1", *TINY, "TEST.SLIDING_WINDOW.ENABLED", "True",
          "TEST.SLIDING_WINDOW.CROP_SIZE", "448", "TEST.SLIDING_WINDOW.STRIDE", "448", "INPUT.MIN_SIZE_TEST", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(res.stdout.strip().splitlines()[-1])
     assert r["output_shape"] == [3, 2400, 3600] and r["output_finite"] and r["windows"] == 6 * 9
@@ -264,7 +264,7 @@ def test_random_matched_seed_reproduces_and_changes():
 
 def _train_net(args, env):
     return subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_net.py"), *args], cwd=ROOT,
-                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=600)
+                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=3600)
 
 
 def test_train_net_twice_identical_and_max_images_flag(tmp_path):

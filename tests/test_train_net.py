@@ -13,7 +13,7 @@ TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.C
         "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "INPUT.MIN_SIZE_TEST", "64", "DATALOADER.NUM_WORKERS", "0"]
 
 
-def run(args, env=None, timeout=300):
+def run(args, env=None, timeout=3600):
     return subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_net.py")] + args, cwd=ROOT,
                           env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=timeout)
 

@@ -25,6 +25,15 @@ Example::
     python tools/benchmark_entmax.py                       # full table (~5 min on 2 cores)
     python tools/benchmark_entmax.py --sizes 785 --alphas 1.2 1.5 --no-e2e
     python tools/benchmark_entmax.py --backends kernel --no-baselines --no-memory
+    # the kernel against another version of its source (e.g. main's), in the same run
+    git show main:sparseclip_d2/attention/csrc/entmax_cpu.cpp > /tmp/entmax_main.cpp
+    python tools/benchmark_entmax.py --no-baselines --no-memory --no-e2e \
+        --reference-source /tmp/entmax_main.cpp --reference-cflags="-O3 -fopenmp -mavx2 -mfma" \
+        --reference-ldflags=-fopenmp
+
+With ``--reference-source`` the ``ref`` column times that source's kernel (built like this
+one, under its own content-addressed name), called directly on the (12 L, L) rows,
+interleaved with the others, and ``kern/ref`` is this kernel's time over it.
 """
 import argparse
 import contextlib
@@ -137,6 +146,8 @@ def bench_kernels(args) -> list:
     header = (f"{'L':>5} {'input':>8} {'alpha':>5} | {'softmax':>8} {'kernel':>8} "
               f"{'torch':>8} {'bisect':>8} {'sort':>8} | {'kern/sm':>7} {'torch/sm':>8} "
               f"{'bis/kern':>8} {'sort/kern':>9}")
+    if args.reference is not None:
+        header += f" | {'ref':>8} {'kern/ref':>8}"
     print("Times: median ms over interleaved runs; shape (1, 12, L, L) float32, "
           f"{torch.get_num_threads()} threads; kernel backend available: "
           f"{available_backends()['kernel']}")
@@ -149,6 +160,10 @@ def bench_kernels(args) -> list:
                 fns = {"softmax": lambda: torch.softmax(x, -1)}
                 for backend in args.backends:
                     fns[backend] = lambda b=backend: entmax_with(b, x, alpha)
+                if args.reference is not None and alpha > 1.0:
+                    rows2d = x.reshape(-1, length)
+                    r = 1.0 / (alpha - 1.0)
+                    fns["ref"] = lambda: args.reference.entmax_rows(rows2d, r)
                 fast = median_times(fns, args.reps)
                 slow = {}
                 if kind == "randn*3" and not args.no_baselines:
@@ -171,7 +186,9 @@ def bench_kernels(args) -> list:
                 print(f"{length:5d} {kind:>8} {alpha:5.2f} | {ms('softmax')} {ms('kernel')} "
                       f"{ms('torch')} {ms('bisect')} {ms('sort')} | "
                       f"{ratio('kernel', 'softmax', 7)} {ratio('torch', 'softmax', 8)} "
-                      f"{ratio('bisect', 'kernel', 8)} {ratio('sort', 'kernel', 9)}",
+                      f"{ratio('bisect', 'kernel', 8)} {ratio('sort', 'kernel', 9)}"
+                      + (f" | {ms('ref')} {ratio('kernel', 'ref', 8)}"
+                         if args.reference is not None else ""),
                       flush=True)
     return results
 
@@ -242,14 +259,28 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e-alpha", type=float, default=1.2)
     parser.add_argument("--e2e-reps", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--reference-source", type=Path, default=None,
+                        help="another version of csrc/entmax_cpu.cpp to time beside this one")
+    parser.add_argument("--reference-cflags", default=None,
+                        help="its compiler flags, space-separated (default: this kernel's)")
+    parser.add_argument("--reference-ldflags", default="",
+                        help="its linker flags, space-separated")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads (default: torch's default)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     print("load average (1, 5, 15 min) at start: %.2f %.2f %.2f" % os.getloadavg())
 
+    args.reference = None
+    if args.reference_source is not None:
+        base, flags = _entmax_cpu._build_config()
+        args.reference = _entmax_cpu.build_kernel(
+            args.reference_source, base_name=base + "_ref",
+            cflags=args.reference_cflags.split() if args.reference_cflags else flags,
+            ldflags=args.reference_ldflags.split())
+        print(f"reference kernel: {args.reference_source} built as {args.reference.__name__}")
     backends = available_backends()
     if "kernel" in args.backends and not backends["kernel"]:
         print("the CPU kernel is unavailable (see the warning above): timing the torch "

@@ -21,17 +21,26 @@ names are errors. --vocabulary takes a registered dataset (its metadata's stuff_
 background class, e.g. sparseclip_voc21_val, sparseclip_demo) or a class-name file shipped
 with the package (voc21, context59, ade150, ...).
 
-Outputs in --output, per input image STEM (names made unique when stems repeat):
-  STEM_overlay.png   the prediction over the photo (detectron2 Visualizer: class names on
-                     segments, legend of predicted classes with area %), same size as the photo
+Outputs in --output (not a folder of the inputs), per input image STEM (names made unique
+when stems repeat):
+  STEM_overlay.png   the prediction over the photo: class names inside their segments (never
+                     over the title, banner or legend), legend of predicted classes with
+                     area %, same size as the photo
   STEM_labels.png    raw label map at the ORIGINAL image size: pixel value i = the i-th class
                      of the vocabulary (0-based, in the order given; see classes.txt);
                      8-bit PNG, 16-bit when the vocabulary has more than 256 classes
-  STEM_probs.npz     (--save-probs) "probs": (C, H, W) float16 class probabilities at the
-                     original size, "classes": the vocabulary; STEM_probs.png: heat maps
+  STEM_probs.npy     (--save-probs) (C, H, W) float16 class probabilities at the original size:
+                     per class the max over its synonyms of the softmax over all synonyms,
+                     BEFORE the background rules; STEM_probs.json: the classes and the
+                     post-processing the label map applied (area rule, probability threshold,
+                     background class); STEM_probs.png: heat maps of the top classes
   classes.txt        one line per class: index, tab, class with its synonyms
 With --compare: STEM_compare.png (input + one overlay panel per spec) and one label map per
-spec, STEM_labels_SPEC.png (SPEC with non-alphanumerics replaced by "_").
+spec, STEM_labels_SPEC.png (SPEC with non-alphanumerics replaced by "_"); with --save-probs
+also STEM_probs_SPEC.npy / .json / .png per spec.
+Large photos: labels, probabilities and overlays are computed in bands of rows, so memory
+stays bounded (a 12 MP photo with 150 classes and --save-probs peaks near 2.1 GiB with
+ViT-B/16 on a CPU; docs/reliability.md).
 
 --compare SPEC syntax: colon-separated tokens, [BASE:]TOKEN[:TOKEN...]. BASE: a baseline
 preset (clip, sclip, clearclip, naclip, maskclip) or cfg (the config file's attention);
@@ -49,22 +58,34 @@ Runs on the GPU when there is one (MODEL.DEVICE cuda), else on the CPU.
 """
 import argparse
 import glob
+import json
 import logging
 import os
 import re
 import sys
 import time
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detectron2.config import get_cfg
+
+with warnings.catch_warnings():
+    # fvcore.nn and detectron2.modeling.box_regression (imported by detectron2.data and
+    # .modeling) torch.jit.script functions at import, which torch 2.14 answers with a
+    # FutureWarning each: not ours to fix, silenced for these imports only.
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    import detectron2.data  # noqa: F401
+    import detectron2.modeling  # noqa: F401
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
+from sparseclip_d2.config import check_sparseclip_config
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, is_random_weights
 from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
 from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
@@ -77,6 +98,7 @@ from sparseclip_d2.utils.visualize import (
     compare_figure,
     draw_overlay,
     probability_figure,
+    label_map_dtype,
     save_label_map,
     save_png,
 )
@@ -124,6 +146,7 @@ def setup_cfg(args):
     add_sparseclip_config(cfg)
     cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(list(args.opts))
+    check_sparseclip_config(cfg)
     cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
     cfg.freeze()
     return cfg
@@ -156,6 +179,21 @@ def collect_inputs(items: Sequence[str]) -> List[str]:
             if p not in paths:
                 paths.append(p)
     return paths
+
+
+def check_output_folder(output: str, items: Sequence[str], paths: Sequence[str]) -> None:
+    """Refuse an ``--output`` folder that holds input images: the demo would write its PNGs
+    among the photos and read them back as inputs on the next run.
+
+    Raises:
+        ValueError: naming the folder.
+    """
+    out = os.path.realpath(output)
+    folders = {os.path.realpath(os.path.dirname(p) or ".") for p in paths}
+    folders |= {os.path.realpath(i) for i in items if os.path.isdir(i)}
+    if out in folders:
+        raise ValueError(f"--output {output!r} is a folder of input images; its outputs would be read as "
+                         f"inputs next time: choose another folder (e.g. {os.path.join(output, 'sparseclip_out')!r})")
 
 
 def resolve_vocabulary(args) -> Tuple[List[str], Optional[int], str]:
@@ -215,7 +253,7 @@ def build_models(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> Tuple[List[
     if is_random_weights(clip.PRETRAINED):
         seed = cfg.SEED if cfg.SEED >= 0 else 0
         torch.manual_seed(seed)  # reproducible random-weight figures
-        logger.warning("RANDOM WEIGHTS: %s initialised randomly with torch seed %d (SEED)", clip.NAME, seed)
+        logger.info("random weights of %s drawn with torch seed %d (SEED)", clip.NAME, seed)
     kwargs = SparseCLIP.from_config(cfg)
     config_spec = AttentionSpec.from_config(cfg)
     base = kwargs["encoder"]  # its vision tower may be a VISION_ACT / VISION_LN_EPS variant
@@ -238,16 +276,102 @@ def prepare_input(image_rgb: np.ndarray, cfg, vocabulary: List[str], background:
     image = image_rgb
     for aug in build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST):
         image = aug.get_transform(image).apply_image(image)
+    short = min(image.shape[:2])
+    if short < min(cfg.INPUT.MIN_SIZE_TEST, min(h, w)) / 4:
+        logger.warning(
+            "%dx%d image (aspect ratio %.0f:1) is processed at %dx%d: INPUT.MAX_SIZE_TEST=%d caps the long "
+            "side, so the short side is %d px instead of INPUT.MIN_SIZE_TEST=%d and the prediction is "
+            "coarse; crop the image or raise INPUT.MAX_SIZE_TEST", w, h, max(h, w) / min(h, w),
+            image.shape[1], image.shape[0], cfg.INPUT.MAX_SIZE_TEST, short, cfg.INPUT.MIN_SIZE_TEST)
     if cfg.INPUT.FORMAT == "BGR":
         image = image[:, :, ::-1]
     tensor = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
     return {"image": tensor, "height": h, "width": w, "vocabulary": vocabulary, "background_index": background}
 
 
-def predict(model: SparseCLIP, inputs: Dict) -> np.ndarray:
-    """``(C, H, W)`` float32 class probabilities at the original size (numpy)."""
+class ProbabilityWriter:
+    """Writes ``(C, H, W)`` float16 probabilities to a ``.npy`` file band by band (plain
+    seek + write: neither the array nor a memory map of it is ever held in memory)."""
+
+    def __init__(self, path: str, shape: Tuple[int, int, int]):
+        self.path, self.shape = path, tuple(int(v) for v in shape)
+        self._file = open(path, "wb")
+        np.lib.format.write_array_header_2_0(
+            self._file, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f2")), "fortran_order": False,
+                         "shape": self.shape})
+        self._offset = self._file.tell()
+        self._file.truncate(self._offset + 2 * int(np.prod(self.shape)))
+
+    def write(self, r0: int, probs: np.ndarray) -> None:
+        """Rows ``r0 : r0 + probs.shape[1]`` of every class, ``probs`` ``(C, rows, W)``."""
+        c_total, h, w = self.shape
+        for c in range(c_total):
+            self._file.seek(self._offset + 2 * (c * h * w + r0 * w))
+            self._file.write(np.ascontiguousarray(probs[c], dtype="<f2").tobytes())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Segmentation:
+    """One model's result on one photo, gathered band by band from ``model.score_maps``:
+    the label map at the original size, per-class mean probabilities, and probability
+    thumbnails (every ``step``-th row and column, long side at most ``thumb_side``)."""
+
+    def __init__(self, labels: np.ndarray, means: np.ndarray, thumbs: np.ndarray, rules: Dict):
+        self.labels, self.means, self.thumbs, self.rules = labels, means, thumbs, rules
+
+
+def segment(model: SparseCLIP, inputs: Dict, *, probs_path: Optional[str] = None,
+            thumb_side: int = 512) -> Segmentation:
+    """Label map, probabilities (written to ``probs_path`` as float16 ``.npy`` when given)
+    and probability thumbnails of one photo, computed in bands of output rows, so memory
+    holds the working-resolution logits, one band and the (H, W) label map, never the
+    (C, H, W) probabilities."""
     with torch.no_grad():
-        return model([inputs])[0]["sem_seg"].float().cpu().numpy()
+        maps = model.score_maps(inputs)
+        num_classes, height, width = maps.shape
+        labels = np.empty((height, width), dtype=label_map_dtype(num_classes))
+        step = max(1, -(-max(height, width) // thumb_side))
+        thumbs = np.zeros((num_classes, -(-height // step), -(-width // step)), dtype=np.float32)
+        sums = np.zeros(num_classes, dtype=np.float64)
+        writer = ProbabilityWriter(probs_path, maps.shape) if probs_path else None
+        try:
+            # Progress on large outputs (a 12 MP photo with 150 classes takes minutes on a CPU).
+            bands = tqdm.tqdm(maps.bands(), total=maps.num_bands, desc="post-processing", unit="band",
+                              disable=num_classes * height * width < 3e8, leave=False)
+            for r0, r1, probs, band_labels in bands:
+                labels[r0:r1] = band_labels.cpu().numpy()
+                p = probs.cpu().numpy()
+                sums += p.sum(axis=(1, 2), dtype=np.float64)
+                first = (-r0) % step  # band rows on the thumbnail grid (multiples of step)
+                if first < r1 - r0:
+                    rows = p[:, first::step, ::step]
+                    t0 = (r0 + first) // step
+                    thumbs[:, t0:t0 + rows.shape[1]] = rows
+                if writer is not None:
+                    writer.write(r0, p)
+                del probs, p
+        finally:
+            if writer is not None:
+                writer.close()
+        return Segmentation(labels, sums / float(height * width), thumbs, maps.rules())
+
+
+def write_probability_metadata(path: str, probs_file: str, vocabulary: Sequence[str], shape, rules: Dict) -> str:
+    """The JSON next to a ``STEM_probs*.npy``: what the array holds and which
+    post-processing the label map applied on top of it."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({
+            "file": os.path.basename(probs_file),
+            "shape": list(shape),
+            "dtype": "float16",
+            "content": "class probabilities at the original image size: for each class, the max over "
+                       "its synonyms of the softmax over all synonyms (no background rule applied)",
+            "classes": list(vocabulary),
+            "label_map_postprocessing": rules,
+        }, f, indent=2)
+    return path
 
 
 def unique_stems(paths: Sequence[str]) -> List[str]:
@@ -269,6 +393,50 @@ def spec_slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+=-]+", "_", text).strip("_") or "spec"
 
 
+def process_image(path: str, stem: str, args, cfg, specs, models, vocabulary, background, names, colors,
+                  banner, model_tag) -> List[str]:
+    """All outputs of one photo (label maps, overlay or comparison figure, probabilities);
+    returns the written files."""
+    clip = cfg.MODEL.SPARSECLIP.CLIP
+    t0 = time.perf_counter()
+    image = read_image_rgb(path)
+    inputs = prepare_input(image, cfg, vocabulary, background)
+    files = []
+    out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
+    label_maps, titles, slugs = [], [], set()
+    for (text, spec), model in zip(specs, models):
+        slug = "" if not args.compare else spec_slug(text)
+        while args.compare and slug in slugs:
+            slug += "_"
+        slugs.add(slug)
+        suffix = f"_{slug}" if slug else ""
+        probs_file = out(f"_probs{suffix}.npy") if args.save_probs else None
+        result = segment(model, inputs, probs_path=probs_file)
+        files.append(save_label_map(result.labels, len(vocabulary), out(f"_labels{suffix}.png")))
+        if args.save_probs:
+            files.append(probs_file)
+            files.append(write_probability_metadata(out(f"_probs{suffix}.json"), probs_file, vocabulary,
+                                                    (len(vocabulary),) + result.labels.shape, result.rules))
+            files.append(save_png(probability_figure(result.thumbs, names, means=result.means, banner=banner,
+                                                     title=None if not args.compare else text),
+                                  out(f"_probs{suffix}.png")))
+        if not args.compare:
+            title = f"{clip.NAME}: {describe_spec(spec)}"
+            files.append(save_png(draw_overlay(image, result.labels, names, colors=colors, alpha=args.opacity,
+                                               banner=banner, title=title), out("_overlay.png")))
+        else:
+            label_maps.append(result.labels)
+            titles.append(f"{text}\n{describe_spec(spec)}")
+        del result
+    if args.compare:
+        fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
+                             suptitle=f"{os.path.basename(path)} - {model_tag}")
+        files.append(save_png(fig, out("_compare.png")))
+    logger.info("%s: %dx%d, %.2fs -> %s", path, image.shape[1], image.shape[0], time.perf_counter() - t0,
+                ", ".join(os.path.basename(f) for f in files))
+    return files
+
+
 def run(args) -> Dict[str, List[str]]:
     """Run the demo for parsed arguments. Returns ``{input path: [written files]}``."""
     cfg = setup_cfg(args)
@@ -280,6 +448,7 @@ def run(args) -> Dict[str, List[str]]:
         spec = AttentionSpec.from_config(cfg)
         specs = [("cfg", spec)]
     paths = collect_inputs(args.input)
+    check_output_folder(args.output, args.input, paths)
     if not 0.0 <= args.opacity <= 1.0:
         raise ValueError(f"--opacity must be in [0, 1], got {args.opacity}")
     logger.info("vocabulary (%s): %d classes: %s%s", vocab_source, len(vocabulary), ", ".join(names),
@@ -292,9 +461,9 @@ def run(args) -> Dict[str, List[str]]:
     logger.info("built %s (%s) with %d attention variant(s) on %s in %.1fs", clip.NAME, clip.PRETRAINED,
                 len(models), cfg.MODEL.DEVICE, time.perf_counter() - start)
     banner = RANDOM_WEIGHTS_BANNER if random_weights else None
-    if random_weights:
-        logger.warning("RANDOM WEIGHTS (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): the segmentations are NOT "
-                       "meaningful; every image is marked %r.", clip.PRETRAINED, RANDOM_WEIGHTS_BANNER)
+    if random_weights:  # the builder has warned once; every image carries the banner
+        logger.info("random weights (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): every image is marked %r",
+                    clip.PRETRAINED, RANDOM_WEIGHTS_BANNER)
 
     os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "classes.txt"), "w", encoding="utf-8") as f:
@@ -302,48 +471,15 @@ def run(args) -> Dict[str, List[str]]:
     colors = class_colors(len(vocabulary))
     model_tag = f"{clip.NAME} ({'random weights' if random_weights else clip.PRETRAINED}), short side {cfg.INPUT.MIN_SIZE_TEST}"
     written: Dict[str, List[str]] = {}
-    for path, stem in tqdm.tqdm(list(zip(paths, unique_stems(paths))), disable=len(paths) < 2, desc="demo", unit="img"):
-        t0 = time.perf_counter()
-        image = read_image_rgb(path)
-        inputs = prepare_input(image, cfg, vocabulary, background)
-        files = []
-        out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
-        if not args.compare:
-            probs = predict(models[0], inputs)
-            labels = probs.argmax(0)
-            files.append(save_label_map(labels, len(vocabulary), out("_labels.png")))
-            title = f"{clip.NAME}: {describe_spec(specs[0][1])}"
-            files.append(save_png(draw_overlay(image, labels, names, colors=colors, alpha=args.opacity,
-                                               banner=banner, title=title), out("_overlay.png")))
-            if args.save_probs:
-                np.savez_compressed(out("_probs.npz"), probs=probs.astype(np.float16), classes=np.array(vocabulary))
-                files.append(out("_probs.npz"))
-                files.append(save_png(probability_figure(probs, names, banner=banner), out("_probs.png")))
-        else:
-            label_maps, titles, slugs = [], [], set()
-            for (text, spec), model in zip(specs, models):
-                probs = predict(model, inputs)
-                labels = probs.argmax(0)
-                label_maps.append(labels)
-                titles.append(f"{text}\n{describe_spec(spec)}")
-                slug = spec_slug(text)
-                while slug in slugs:
-                    slug += "_"
-                slugs.add(slug)
-                files.append(save_label_map(labels, len(vocabulary), out(f"_labels_{slug}.png")))
-                if args.save_probs:
-                    np.savez_compressed(out(f"_probs_{slug}.npz"), probs=probs.astype(np.float16),
-                                        classes=np.array(vocabulary))
-                    files.append(out(f"_probs_{slug}.npz"))
-            fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
-                                 suptitle=f"{os.path.basename(path)} - {model_tag}")
-            files.append(save_png(fig, out("_compare.png")))
-        logger.info("%s: %dx%d, %.2fs -> %s", path, image.shape[1], image.shape[0], time.perf_counter() - t0,
-                    ", ".join(os.path.basename(f) for f in files))
-        written[path] = files
+    with logging_redirect_tqdm(loggers=[logging.getLogger(), logging.getLogger("sparseclip_d2"),
+                                        logging.getLogger("fvcore")]):  # log lines never split a bar
+        for path, stem in tqdm.tqdm(list(zip(paths, unique_stems(paths))), disable=len(paths) < 2, desc="demo",
+                                    unit="img"):
+            written[path] = process_image(path, stem, args, cfg, specs, models, vocabulary, background, names,
+                                          colors, banner, model_tag)
     if random_weights:
-        logger.warning("RANDOM WEIGHTS: the %d image(s) in %s show a random model, not the method.", len(paths),
-                       args.output)
+        logger.info("random weights: the %d image(s) in %s show a random model, not the method", len(paths),
+                    args.output)
     return written
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Turn official downloads into the layouts sparseclip_d2 reads (under $DETECTRON2_DATASETS).
 
-    python tools/prepare_datasets.py check                 # which datasets are ready
+    python tools/prepare_datasets.py check [--sample N]    # which datasets are ready (N masks checked)
     python tools/prepare_datasets.py coco_stuff  [--root R] # stuffthingmaps -> *_labelTrainIds.png
     python tools/prepare_datasets.py coco_object [--root R] # -> *_instanceTrainIds.png (SCLIP)
     python tools/prepare_datasets.py cityscapes  [--root R] # *_gtFine_labelIds -> *_labelTrainIds
@@ -31,7 +31,6 @@ from PIL import Image
 _MISSING_THINGS = {12, 26, 29, 30, 45, 66, 68, 69, 71, 83}
 THING_IDS = [c for c in range(1, 91) if c not in _MISSING_THINGS]       # COCO category ids
 STUFF_IDS = list(range(92, 183))                                       # 91 stuff ids
-assert len(THING_IDS) == 80 and len(STUFF_IDS) == 91
 
 # Cityscapes label id -> train id (the 19 evaluated classes; everything else 255).
 CITYSCAPES_TRAIN_IDS = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10,
@@ -114,7 +113,6 @@ CONTEXT59_DETAIL_IDS = (
     115, 144, 158, 159, 162, 187, 189, 207, 220, 232, 258, 259, 260, 284, 295, 296, 308, 324, 326,
     347, 349, 354, 355, 360, 366, 368, 397, 415, 416, 420, 424, 427, 440, 445, 454, 458,
 )
-assert len(CONTEXT59_DETAIL_IDS) == 59 and list(CONTEXT59_DETAIL_IDS) == sorted(set(CONTEXT59_DETAIL_IDS))
 
 
 def _context_json(root, json_path=None):
@@ -222,7 +220,43 @@ def context(root, json_path=None):
         print(f"note: {os.path.join(voc, 'JPEGImages')} is missing (extract VOCtrainval_03-May-2010.tar)")
 
 
-def check(root):
+def check_masks(name, dicts, sample=8):
+    """Validate a deterministic sample of a segmentation dataset's masks (evenly spaced over
+    the records, first and last included): each mask must read as a single-channel label PNG
+    with labels in range (after the dataset's ``reduce_zero_label``) and the size of its image
+    (EXIF orientation applied, as the mapper reads it).
+
+    Returns:
+        a list of problems, one line each naming the file (empty when the sample is clean).
+    """
+    from detectron2.data import MetadataCatalog
+    from PIL import Image, ImageOps
+
+    from sparseclip_d2.data.datasets.segmentation import load_sem_seg_gt
+
+    meta = MetadataCatalog.get(name)
+    if meta.get("evaluator_type", None) != "sem_seg" or not dicts:
+        return []
+    n, k = len(dicts), min(sample, len(dicts))
+    picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
+    problems = []
+    for i in picks:
+        record = dicts[i]
+        try:
+            gt = load_sem_seg_gt(record["sem_seg_file_name"], num_classes=len(meta.stuff_classes),
+                                 reduce_zero_label=bool(meta.get("reduce_zero_label", False)),
+                                 ignore_label=meta.get("ignore_label", 255))
+            with Image.open(record["file_name"]) as im:
+                width, height = ImageOps.exif_transpose(im).size
+            if gt.shape != (height, width):
+                problems.append(f"mask {record['sem_seg_file_name']} is {gt.shape[1]}x{gt.shape[0]} but its image "
+                                f"{record['file_name']} is {width}x{height}")
+        except (OSError, ValueError, KeyError) as e:
+            problems.append(str(e))
+    return problems
+
+
+def check(root, sample=8):
     os.environ["DETECTRON2_DATASETS"] = root
     import sparseclip_d2  # noqa: F401  (registers with this root)
     from detectron2.data import DatasetCatalog
@@ -230,10 +264,16 @@ def check(root):
     ok = True
     for name in sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_")):
         try:
-            print(f"{name}: {len(DatasetCatalog.get(name))} images")
+            dicts = DatasetCatalog.get(name)
+            print(f"{name}: {len(dicts)} images")
         except Exception as e:  # report every dataset, then fail
             ok = False
             print(f"{name}: MISSING - {e}")
+            continue
+        problems = check_masks(name, dicts, sample)
+        for problem in problems:
+            print(f"{name}: BAD MASK - {problem}")
+        ok = ok and not problems
     sys.exit(0 if ok else 1)
 
 
@@ -243,11 +283,17 @@ def main():
     p.add_argument("--root", default=os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets")))
     p.add_argument("--from-instances", action="store_true", help="coco_object from instances_val2017.json")
     p.add_argument("--json", help="context: trainval_merged.json (default: looked for under the root)")
+    p.add_argument("--sample", type=int, default=8,
+                   help="check: masks validated per segmentation dataset (evenly spaced; default 8)")
     a = p.parse_args()
+    if a.sample < 1:
+        p.error(f"--sample must be >= 1, got {a.sample}")
     if a.task == "coco_object":
         coco_object(a.root, a.from_instances)
     elif a.task == "context":
         context(a.root, a.json)
+    elif a.task == "check":
+        check(a.root, a.sample)
     else:
         {"check": check, "coco_stuff": coco_stuff, "cityscapes": cityscapes, "context": context}[a.task](a.root)
 

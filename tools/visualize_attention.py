@@ -35,6 +35,8 @@ def build_parser():
     p.add_argument("--pretrained", default="openai", help="open_clip tag, checkpoint file, or none (random)")
     p.add_argument("--resolution", type=int, default=448, help="short side of the working image")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--per-panel-scale", action="store_true",
+                   help="give each panel its own colour scale (default: one scale shared by all panels)")
     p.add_argument("-o", "--output", required=True, help="output figure (.png or .pdf)")
     return p
 
@@ -58,6 +60,7 @@ def main(argv=None):
                               device=args.device)
     fig = attention_figure(
         image, results, tuple(args.query), random_weights=is_random_weights(args.pretrained),
+        shared_scale=not args.per_panel_scale,
         title=f"Last-block attention of the query patch at (x={args.query[0]:g}, y={args.query[1]:g}), "
               f"{args.backbone}, {args.resolution} px")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)) or ".", exist_ok=True)

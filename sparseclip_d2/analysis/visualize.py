@@ -93,10 +93,15 @@ def query_attention(visual: torch.nn.Module, image: np.ndarray, query_xy: Tuple[
 
 
 def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple[float, float], *,
-                     title: str = "", random_weights: bool = False, ncols: Optional[int] = None):
+                     title: str = "", random_weights: bool = False, ncols: Optional[int] = None,
+                     shared_scale: bool = True):
     """One panel per spec: the image with the query patch's attention map over it (colour =
-    attention weight, shared colour bar per panel), the query marked by a cross; panel titles
-    give the support size and the perplexity (means over heads)."""
+    attention weight), the query marked by a cross; panel titles give the support size and
+    the perplexity (means over heads).
+
+    ``shared_scale`` (default): one colour scale, 0 to the largest weight of all panels, and
+    one colour bar for the figure, so that panels compare by colour (softmax and entmax
+    maps differ by up to 50x in their peak); False: each panel its own scale and bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,9 +115,11 @@ def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple
                              constrained_layout=True, squeeze=False)
     for ax in axes.flat[n:]:
         ax.axis("off")
+    vmax = max(float(np.max(res["map"])) for res in results) if shared_scale else None
     for ax, res in zip(axes.flat, results):
         ax.imshow(image)
-        im = ax.imshow(res["map"], cmap="inferno", alpha=0.65, extent=(0, W, H, 0), interpolation="nearest")
+        im = ax.imshow(res["map"], cmap="inferno", alpha=0.65, extent=(0, W, H, 0), interpolation="nearest",
+                       vmin=0.0 if shared_scale else None, vmax=vmax)
         ax.plot([query_xy[0]], [query_xy[1]], marker="x", color="cyan", markersize=10, markeredgewidth=2.5)
         h, w = res["grid"]
         ax.set_title(f"{res['label']}\nsupport {res['support']:.1f}/{1 + h * w}, perplexity {res['perplexity']:.1f}",
@@ -120,9 +127,14 @@ def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple
         ax.set_xlabel("x (px)", fontsize=8)
         ax.set_ylabel("y (px)", fontsize=8)
         ax.tick_params(labelsize=7)
-        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
-        cb.set_label("attention weight (head mean)", fontsize=7)
-        cb.ax.tick_params(labelsize=6)
+        if not shared_scale:
+            cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+            cb.set_label("attention weight (head mean)", fontsize=7)
+            cb.ax.tick_params(labelsize=6)
+    if shared_scale:
+        cb = fig.colorbar(im, ax=axes[:, :].ravel().tolist()[:n], fraction=0.03, pad=0.02, shrink=0.9)
+        cb.set_label(f"attention weight (head mean), one scale for all panels: 0 to {vmax:.3g}", fontsize=8)
+        cb.ax.tick_params(labelsize=7)
     head = title or "Attention of the query patch (x) in the last block"
     if random_weights:
         head += "\nRANDOM WEIGHTS (smoke test: maps and numbers are meaningless)"

@@ -1,4 +1,5 @@
 """Build a frozen open_clip CLIP model from (name, pretrained tag | local file | none)."""
+import contextlib
 import copy
 import logging
 import os
@@ -41,6 +42,18 @@ def is_random_weights(pretrained: Optional[str]) -> bool:
 def _looks_like_path(value: str) -> bool:
     return (os.sep in value or "/" in value or value.startswith("~")
             or value.lower().endswith((".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".npz")))
+
+
+@contextlib.contextmanager
+def _reading_checkpoint(path: str, name: str):
+    """Re-raise any failure to read or apply a local checkpoint as a ValueError naming it."""
+    try:
+        yield
+    except Exception as e:  # unpickling, zip, safetensors, key/shape mismatches: all say "bad file"
+        raise ValueError(
+            f"could not read the CLIP checkpoint file {path!r} for model {name!r} "
+            f"({type(e).__name__}: {e}); expected an OpenAI CLIP .pt file or an open_clip state "
+            f"dict (.bin / .pt / .safetensors) of this model") from e
 
 
 def _finish(model: torch.nn.Module) -> torch.nn.Module:
@@ -102,7 +115,8 @@ def build_clip(
         model = open_clip.create_model(base, pretrained=None, force_custom_text=custom_text,
                                        **common, **local_cfg)
         if pretrained is not None:
-            open_clip.load_checkpoint(model, pretrained)
+            with _reading_checkpoint(pretrained, name):
+                open_clip.load_checkpoint(model, pretrained)
         return _finish(model)
 
     if name not in open_clip.list_models():
@@ -132,7 +146,8 @@ def build_clip(
 
     if os.path.isfile(pretrained):
         logger.info("loading CLIP %s weights from the local file %s", name, pretrained)
-        model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
+        with _reading_checkpoint(pretrained, name):
+            model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
         return _finish(model)
 
     if _looks_like_path(pretrained):

@@ -3,6 +3,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -183,11 +184,22 @@ class TextClassifier:
         device = self.device
         chunks = []
         n_batches = (len(prompts) + self.batch_size - 1) // self.batch_size
-        for i in tqdm(range(n_batches), desc="encoding class prompts", leave=False, disable=None):
+        bar = tqdm(range(n_batches), desc="encoding class prompts", leave=False, disable=None)
+        if n_batches > 1:  # minutes for large vocabularies on a CPU: say so, also in log files
+            logger.info("encoding %d class prompts (%d names x %d templates) in %d batches",
+                        len(prompts), len(synonyms), len(self.templates), n_batches)
+        start = last = time.perf_counter()
+        for i in bar:
             batch = prompts[i * self.batch_size:(i + 1) * self.batch_size]
             tokens = self.tokenizer(batch).to(device)
             emb = self.model.encode_text(tokens).float()
             chunks.append(emb / emb.norm(dim=-1, keepdim=True))
+            now = time.perf_counter()
+            if bar.disable and n_batches > 1 and (now - last > 10 or i + 1 == n_batches):
+                last = now  # no bar (not a terminal): a log line every 10 s with the ETA
+                done = (i + 1) * self.batch_size
+                logger.info("encoded %d/%d prompts in %.0f s (ETA %.0f s)", min(done, len(prompts)), len(prompts),
+                            now - start, (now - start) / (i + 1) * (n_batches - i - 1))
         emb = torch.cat(chunks).reshape(len(synonyms), len(self.templates), -1).mean(dim=1)
         return emb / emb.norm(dim=-1, keepdim=True)
 

@@ -68,6 +68,22 @@ _GT_HANDLER = _ConvertedGroundTruth()
 PathManager.register_handler(_GT_HANDLER)
 
 
+class _LabelMap:
+    """The label map of a large output (``output["sem_seg_labels"]``, ``(H, W)``) in the
+    place of ``output["sem_seg"]``: ``SemSegEvaluator.process`` reads the scores only through
+    ``argmax(dim=0)`` (pinned by ``tests/test_postprocess_bands.py``, which compares the
+    metrics of both outputs), so no ``(C, H, W)`` tensor is built for it."""
+
+    def __init__(self, labels):
+        self.labels = labels
+        self.shape = tuple(labels.shape)
+
+    def argmax(self, dim: int):
+        if dim != 0:
+            raise ValueError(f"a label map has no class dimension other than 0, got dim={dim}")
+        return self.labels
+
+
 class SparseCLIPSemSegEvaluator(SemSegEvaluator):
     """detectron2's ``SemSegEvaluator`` on ground truth converted by :func:`load_sem_seg_gt`
     (the dataset's ``reduce_zero_label`` label map; out-of-range labels raise, naming the
@@ -101,12 +117,14 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
             gt_file = self._real_gt[input["file_name"]]
             with Image.open(gt_file) as im:
                 gt_size = (im.height, im.width)
-            pred_size = tuple(output["sem_seg"].shape[-2:])
+            pred = output["sem_seg"] if "sem_seg" in output else output["sem_seg_labels"]
+            pred_size = tuple(pred.shape[-2:])
             if gt_size != pred_size:
                 raise ValueError(
                     f"prediction {pred_size} and ground truth {gt_size} of {input['file_name']!r} differ in size"
                 )
-        super().process(inputs, outputs)
+        super().process(inputs, [o if "sem_seg" in o else {"sem_seg": _LabelMap(o["sem_seg_labels"])}
+                                 for o in outputs])
 
     def evaluate(self):
         results = super().evaluate()

@@ -17,6 +17,7 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, Backbone
 
 from ..clip import AttentionSpec, DenseCLIPEncoder, build_clip, is_random_weights, vision_tower_variant
+from ..config import check_device
 
 __all__ = ["SparseCLIPBackbone", "build_clip_from_config", "build_encoder_from_config", "resolve_device"]
 
@@ -24,7 +25,12 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
-    """``device`` unless it asks for CUDA on a machine without a GPU; then ``"cpu"`` (logged)."""
+    """``device`` unless it asks for CUDA on a machine without a GPU; then ``"cpu"`` (logged).
+
+    Raises:
+        ValueError: ``device`` is not cpu, cuda, cuda:N or mps (the error names it).
+    """
+    check_device(device)
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         logger.warning("MODEL.DEVICE=%s but no CUDA GPU is available: running on CPU.", device)
         return "cpu"

@@ -33,13 +33,15 @@ from detectron2.data import MetadataCatalog
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
-from ..clip import TextClassifier, get_tokenizer
+from ..attention.entmax import entmax_backend
+from ..clip import AttentionSpec, TextClassifier, get_tokenizer
+from ..config import check_sparseclip_config
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from ..data.mapper import pixel_normalization
 from .attention_record import attention_record
 from .backbone import build_clip_from_config, build_encoder_from_config
 from .pamr import pamr
-from .postprocess import class_scores
+from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
 
 __all__ = ["SparseCLIP"]
@@ -75,6 +77,7 @@ class SparseCLIP(nn.Module):
         random_weights: bool = False,
         text_cache_size: int = 64,
         attention_stats: bool = False,
+        max_scores_mb: float = 1024.0,
         patch_remainder: str = "pad_crop",
         pamr_steps: int = 0,
         pamr_dilations: Sequence[int] = (8, 16),
@@ -101,6 +104,9 @@ class SparseCLIP(nn.Module):
             text_cache_size: number of (vocabulary, templates, device) entries kept.
             attention_stats: also return ``output["attention"]`` (the last block's attention
                 of every window, per head; see ``modeling.attention_record``).
+            max_scores_mb: outputs whose ``(C, H, W)`` float32 scores would exceed this many
+                MiB return ``{"sem_seg_labels": (H, W) long}`` (computed in bands) instead
+                of ``{"sem_seg": (C, H, W)}``.
             patch_remainder: windows whose sides are not multiples of the patch size, one of
                 ``sliding_window.PATCH_REMAINDER_MODES``.
             pamr_steps, pamr_dilations: PAMR refinement of the synonym logits at the output
@@ -139,6 +145,8 @@ class SparseCLIP(nn.Module):
         self._text_cache: "OrderedDict[tuple, Tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
         self._text_cache_size = int(text_cache_size)
         self._warned_threshold: set = set()
+        self.max_scores_bytes = float(max_scores_mb) * 2 ** 20
+        self._warned_labels_only = False
         self._checked_vocabularies: set = set()
         if patch_remainder not in PATCH_REMAINDER_MODES:
             raise ValueError(f"MODEL.SPARSECLIP.PATCH_REMAINDER must be one of {', '.join(PATCH_REMAINDER_MODES)}, "
@@ -165,9 +173,15 @@ class SparseCLIP(nn.Module):
     @classmethod
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
+        check_sparseclip_config(cfg)  # every user-facing value, before anything is built
+        AttentionSpec.from_config(cfg)  # the attention settings, validated before the weights load
         clip_model, random_weights = build_clip_from_config(cfg)
         encoder = build_encoder_from_config(cfg, clip_model)
         pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
+        if encoder.spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
+            # Build/load the CPU alpha-entmax kernel now (announced, with progress lines)
+            # rather than inside the first forward, under the caller's progress bar.
+            entmax_backend()
         tokenizer = get_tokenizer(sc.CLIP.NAME, sc.TEXT.TOKENIZER or None, random_weights=random_weights)
         logit_scale = float(sc.LOGIT_SCALE)
         if logit_scale < 0:
@@ -205,6 +219,7 @@ class SparseCLIP(nn.Module):
             "window_batch_size": sw.BATCH_SIZE,
             "random_weights": random_weights,
             "attention_stats": cfg.TEST.ATTENTION_STATS.ENABLED,
+            "max_scores_mb": cfg.TEST.SEM_SEG_SCORES_MAX_MB,
             "patch_remainder": sc.PATCH_REMAINDER,
             "pamr_steps": sc.PAMR.STEPS,
             "pamr_dilations": tuple(sc.PAMR.DILATIONS),
@@ -315,7 +330,9 @@ class SparseCLIP(nn.Module):
                 ``modeling.fgovd.fgovd_inference``.
 
         Returns:
-            list of ``{"sem_seg": (C, height, width) float32}`` class scores.
+            list of ``{"sem_seg": (C, height, width) float32}`` class scores, or of
+            ``{"sem_seg_labels": (height, width) long}`` label maps for outputs whose scores
+            would exceed ``TEST.SEM_SEG_SCORES_MAX_MB``.
         """
         if not batched_inputs:
             return []
@@ -326,36 +343,55 @@ class SparseCLIP(nn.Module):
         outputs = []
         with torch.no_grad():
             for x in batched_inputs:
-                vocabulary, background_index = self._vocabulary(x)
-                emb, class_index = self.text_classifier_for(vocabulary)
-                image = self.normalize_image(x["image"])
                 sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
-                logits = self.synonym_logits(image, emb, sink)
-                out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
-                if self.prob_threshold > 0 and background_index is None:
-                    self._warn_threshold_ignored(x)
-                if self.pamr_steps:
-                    # As NACLIP's predict: the logits and the normalised image bilinearly
-                    # resized to the output size, then PAMR (linear in the logits, so the logit
-                    # scale commutes with it).
-                    logits = self.refine_pamr(image, logits, (out_h, out_w))
-                # Bilinear resize to (out_h, out_w) and post-processing, band by band over
-                # output rows: no full-size (S, out_h, out_w) tensor is allocated.
-                scores = class_scores(
-                    logits,
-                    class_index,
-                    len(vocabulary),
-                    prob_threshold=self.prob_threshold,
-                    area_threshold=self.area_threshold,
-                    background_index=background_index,
-                    out_size=(out_h, out_w),
-                )
-                del logits
-                out = {"sem_seg": scores}
+                maps = self.score_maps(x, sink)
+                num_classes, out_h, out_w = maps.shape
+                if num_classes * out_h * out_w * 4 <= self.max_scores_bytes:
+                    out = {"sem_seg": maps.scores()}
+                else:
+                    # The (C, H, W) scores would exceed TEST.SEM_SEG_SCORES_MAX_MB: only the
+                    # label map, computed in bands (the evaluator reads either).
+                    if not self._warned_labels_only:
+                        self._warned_labels_only = True
+                        logger.info("output of %dx%d with %d classes: returning the label map "
+                                    "'sem_seg_labels' instead of the %.0f MiB of scores "
+                                    "(TEST.SEM_SEG_SCORES_MAX_MB = %.0f)", out_w, out_h, num_classes,
+                                    num_classes * out_h * out_w * 4 / 2 ** 20,
+                                    self.max_scores_bytes / 2 ** 20)
+                    out = {"sem_seg_labels": maps.labels()}
+                del maps
                 if sink is not None:
-                    out["attention"] = self._attention_record(sink, tuple(image.shape[-2:]))
+                    out["attention"] = self._attention_record(sink, tuple(x["image"].shape[-2:]))
                 outputs.append(out)
         return outputs
+
+    def score_maps(self, x: Dict, attention_sink: Optional[List[torch.Tensor]] = None) -> ScoreMaps:
+        """The class scores of one input at its output size (``height`` x ``width``) as a
+        :class:`~sparseclip_d2.modeling.postprocess.ScoreMaps`: working-resolution logits
+        from which the probabilities, the label map and the scores are computed in bands of
+        output rows (no full-size ``(C, H, W)`` tensor unless asked for).
+        ``attention_sink``: see :meth:`encode_logits`."""
+        vocabulary, background_index = self._vocabulary(x)
+        emb, class_index = self.text_classifier_for(vocabulary)
+        image = self.normalize_image(x["image"])
+        logits = self.synonym_logits(image, emb, attention_sink)
+        out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
+        if self.prob_threshold > 0 and background_index is None:
+            self._warn_threshold_ignored(x)
+        if self.pamr_steps:
+            # As NACLIP's predict: the logits and the normalised image bilinearly resized to
+            # the output size, then PAMR (linear in the logits, so the logit scale commutes
+            # with it); the band-wise resize below is then the identity.
+            logits = self.refine_pamr(image, logits, (out_h, out_w))
+        return ScoreMaps(
+            logits,
+            class_index,
+            len(vocabulary),
+            prob_threshold=self.prob_threshold,
+            area_threshold=self.area_threshold,
+            background_index=background_index,
+            out_size=(out_h, out_w),
+        )
 
     def refine_pamr(self, image: torch.Tensor, logits: torch.Tensor, out_size: Tuple[int, int]) -> torch.Tensor:
         """PAMR-refined ``(S, out_h, out_w)`` logits from ``(S, h, w)`` logits and the ``(3, h, w)``

@@ -47,6 +47,9 @@ def window_grid(height: int, width: int, crop_size: int, stride: int) -> List[Wi
     """
     if crop_size <= 0 or stride <= 0:
         raise ValueError(f"crop_size and stride must be positive, got crop_size={crop_size}, stride={stride}")
+    if stride > crop_size:
+        raise ValueError(f"stride {stride} is larger than crop_size {crop_size}: pixels between "
+                         f"windows would be left out; valid: 1 <= stride <= crop_size")
     if height <= 0 or width <= 0:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     h_grids = max(height - crop_size + stride - 1, 0) // stride + 1
@@ -149,5 +152,7 @@ def dense_logits(
         for (y1, y2, x1, x2), window_logits in zip(chunk, logits):
             summed[:, y1:y2, x1:x2] += window_logits
             count[:, y1:y2, x1:x2] += 1
-    assert summed is not None and bool((count > 0).all()), "window grid left pixels uncovered"
+    if summed is None or not bool((count > 0).all()):  # window_grid covers every pixel
+        raise RuntimeError(f"the window grid left pixels of the {H}x{W} image uncovered "
+                           f"(crop_size={crop_size}, stride={stride})")
     return summed / count

@@ -1,14 +1,15 @@
-"""Figures of semantic-segmentation predictions (detectron2 ``Visualizer`` + matplotlib).
+"""Figures of semantic-segmentation predictions (numpy + PIL overlays, matplotlib panels).
 
-Everything renders off-screen (matplotlib ``Figure`` + Agg canvas, no pyplot state) and
-returns ``(H, W, 3)`` uint8 RGB arrays; :func:`save_png` writes them.
+Everything renders off-screen (PIL, or matplotlib ``Figure`` + Agg canvas, no pyplot
+state) and returns ``(H, W, 3)`` uint8 RGB arrays; :func:`save_png` writes them.
 
-- :func:`draw_overlay`: the prediction drawn over the photo by detectron2's ``Visualizer``
-  (class names on the segments), a legend of the predicted classes (area %) in a corner and
-  an optional banner; **same size as the photo**.
+- :func:`draw_overlay`: the prediction over the photo, blended in bands of rows, with the
+  class names inside their segments (never over the banner, title or legend), a legend of
+  the predicted classes (area %) in a corner and an optional banner; **same size as the
+  photo**.
 - :func:`compare_figure`: the photo plus one overlay panel per attention spec, one shared
   legend and a title (banner) line.
-- :func:`probability_figure`: per-class probability heat maps.
+- :func:`probability_figure`: per-class probability heat maps (the top classes, stated).
 - :func:`save_label_map`: the raw class-index PNG (uint8, or uint16 above 256 classes).
 
 Class colours are fixed per class index (:func:`class_colors`), so panels of one figure and
@@ -20,14 +21,13 @@ import os
 from typing import List, Optional, Sequence
 
 import numpy as np
+from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
-from detectron2.data.catalog import Metadata
 from detectron2.utils.colormap import colormap
-from detectron2.utils.visualizer import ColorMode, Visualizer
 
 __all__ = [
     "RANDOM_WEIGHTS_BANNER",
@@ -94,6 +94,76 @@ def _legend_handles(labels: np.ndarray, class_names: Sequence[str], colors: np.n
     return handles
 
 
+def _font(size: float, bold: bool = False) -> ImageFont.FreeTypeFont:
+    """DejaVu Sans (shipped with matplotlib) at ``size`` px."""
+    path = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans",
+                                                             weight="bold" if bold else "normal"))
+    return ImageFont.truetype(path, size=max(6, int(round(size))))
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _blend(image: np.ndarray, labels: np.ndarray, colors: np.ndarray, alpha: float,
+           band_rows: int = 512) -> np.ndarray:
+    """``image * (1 - alpha) + colors[labels] * alpha`` with segment boundaries darkened,
+    computed in bands of rows (temporaries ``O(band_rows * W)``). Returns (H, W, 3) uint8."""
+    h, w = labels.shape
+    out = np.empty_like(image)
+    palette = colors.astype(np.float32)
+    for r0 in range(0, h, band_rows):
+        r1 = min(r0 + band_rows, h)
+        lab = labels[r0:r1].astype(np.intp)
+        band = image[r0:r1].astype(np.float32) * (1.0 - alpha) + palette[lab] * alpha
+        # Boundaries: pixels whose right or lower neighbour has another class.
+        edge = np.zeros(lab.shape, dtype=bool)
+        edge[:, :-1] |= lab[:, :-1] != lab[:, 1:]
+        below = labels[r0 + 1:r1 + 1].astype(np.intp)
+        edge[:below.shape[0]] |= lab[:below.shape[0]] != below
+        band[edge] *= 0.35
+        out[r0:r1] = np.clip(np.rint(band), 0, 255).astype(np.uint8)
+    return out
+
+
+def _label_positions(labels: np.ndarray, class_ids: Sequence[int], text_sizes: Sequence, reserved: List,
+                     thumb_side: int = 512) -> List:
+    """Where to write each class name: the most interior point of the class (largest
+    distance to another class or the image border, on a thumbnail), with the text box kept
+    inside the image and off ``reserved`` boxes and the names already placed.
+
+    Returns ``[(class id, (x0, y0, x1, y1))]`` in image pixels; classes without room are left out.
+    """
+    import cv2
+
+    h, w = labels.shape
+    step = max(1, -(-max(h, w) // thumb_side))
+    thumb = labels[::step, ::step]
+    taken = list(reserved)
+    placed = []
+    for c, (tw, th) in zip(class_ids, text_sizes):
+        mask = np.zeros((thumb.shape[0] + 2, thumb.shape[1] + 2), dtype=np.uint8)
+        mask[1:-1, 1:-1] = thumb == c  # zero border: the distance counts the image edge too
+        dist = cv2.distanceTransform(mask, cv2.DIST_L2, 3)[1:-1, 1:-1]
+        for box in taken:  # no centre where the text would overlap something already there
+            x0 = max(0, int((box[0] - tw / 2) // step))
+            x1 = int(-(-(box[2] + tw / 2) // step))
+            y0 = max(0, int((box[1] - th / 2) // step))
+            y1 = int(-(-(box[3] + th / 2) // step))
+            dist[y0:y1, x0:x1] = 0
+        ty, tx = np.unravel_index(int(np.argmax(dist)), dist.shape)
+        if dist[ty, tx] * step < max(3.0, th / 4):  # no room left for this class's name
+            continue
+        cx = min(max(tx * step + step / 2, tw / 2 + 1), w - tw / 2 - 1)
+        cy = min(max(ty * step + step / 2, th / 2 + 1), h - th / 2 - 1)
+        box = (cx - tw / 2, cy - th / 2, cx + tw / 2, cy + th / 2)
+        if any(_boxes_overlap(box, t) for t in taken) or box[0] < 0 or box[1] < 0 or box[2] > w or box[3] > h:
+            continue
+        taken.append(box)
+        placed.append((c, box))
+    return placed
+
+
 def draw_overlay(
     image: np.ndarray,
     labels: np.ndarray,
@@ -103,10 +173,19 @@ def draw_overlay(
     alpha: float = 0.55,
     legend: bool = True,
     max_legend_entries: int = 12,
+    max_segment_labels: int = 40,
     banner: Optional[str] = None,
     title: Optional[str] = None,
+    text_scale: float = 1.0,
 ) -> np.ndarray:
-    """Draw a label map over its photo with detectron2's ``Visualizer``.
+    """Draw a label map over its photo: coloured segments with darkened boundaries, the
+    class name inside each segment, a legend of the predicted classes and optional banner
+    and title lines.
+
+    The colours are blended in bands of rows; names are written (PIL, DejaVu Sans) at the
+    most interior point of each class, inside the image and never over the banner, the
+    title, the legend or another name (a class without room for its name is listed in the
+    legend only).
 
     Args:
         image: ``(H, W, 3)`` uint8 RGB photo.
@@ -117,8 +196,10 @@ def draw_overlay(
         legend: draw the legend of the predicted classes (sorted by area, with area %) in
             the lower-right corner.
         max_legend_entries: at most this many legend rows ("+k more" after them).
+        max_segment_labels: at most this many names on segments (the largest classes).
         banner: text drawn on a red band at the top (e.g. :data:`RANDOM_WEIGHTS_BANNER`).
         title: text drawn at the top left (below the banner), e.g. the attention spec.
+        text_scale: text size relative to the default (about 2.8 % of the short side).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB, the size of ``image``.
@@ -126,31 +207,82 @@ def draw_overlay(
     labels = np.asarray(labels)
     _check_inputs(image, labels, class_names)
     colors = class_colors(len(class_names)) if colors is None else np.asarray(colors)
-    meta = Metadata(name="sparseclip_demo_overlay")
-    meta.stuff_classes = list(class_names)
-    meta.stuff_colors = [tuple(int(v) for v in c) for c in colors]
-    vis = Visualizer(image, metadata=meta, scale=1.0, instance_mode=ColorMode.IMAGE)
-    out = vis.draw_sem_seg(labels.astype(np.int64), area_threshold=None, alpha=alpha)
-    font = float(vis._default_font_size)
-    ax = out.ax
-    y = 0.99
+    h, w = labels.shape
+    canvas = Image.fromarray(_blend(image, labels, colors, alpha))
+    draw = ImageDraw.Draw(canvas)
+    size = max(9, int(round(0.028 * text_scale * max(min(h, w), 0.5 * max(h, w)))))  # text height in px
+    font, small, bold = _font(size), _font(0.85 * size), _font(1.2 * size, bold=True)
+    pad = max(2, size // 5)
+    reserved = []
+    y = 0
     if banner:
-        ax.text(0.5, y, banner, transform=ax.transAxes, ha="center", va="top", fontsize=font * 1.3,
-                fontweight="bold", color="white", family="sans-serif",
-                bbox=dict(facecolor=_BANNER_COLOR, alpha=0.9, edgecolor="none", pad=3))
-        y -= (1.6 * font * 1.3 + 10) * (out.dpi / 72.0) / out.height
+        x0, y0, x1, y1 = draw.textbbox((0, 0), banner, font=bold)
+        band_h = (y1 - y0) + 2 * pad
+        draw.rectangle((0, 0, w, band_h), fill=_BANNER_COLOR)
+        draw.text(((w - (x1 - x0)) / 2 - x0, pad - y0), banner, font=bold, fill="white")
+        reserved.append((0, 0, w, band_h))
+        y = band_h + pad
     if title:
-        ax.text(0.01, y, title, transform=ax.transAxes, ha="left", va="top", fontsize=font, color="white",
-                family="sans-serif", bbox=dict(facecolor="black", alpha=0.6, edgecolor="none", pad=2))
+        x0, y0, x1, y1 = draw.textbbox((0, 0), title, font=font)
+        box = (pad, y, pad + (x1 - x0) + 2 * pad, y + (y1 - y0) + 2 * pad)
+        draw.rectangle(box, fill=(0, 0, 0))
+        draw.text((box[0] + pad - x0, box[1] + pad - y0), title, font=font, fill="white")
+        reserved.append(box)
+    ids, counts = np.unique(labels, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    legend_rows = []
     if legend:
-        handles = _legend_handles(labels, class_names, colors, max_legend_entries)
-        leg = ax.legend(handles=handles, loc="lower right", fontsize=font * 0.9, framealpha=0.8,
-                        handlelength=1.0, handleheight=1.0, borderpad=0.3, labelspacing=0.25)
-        leg.set_zorder(1000)  # above the segment labels
-    rgb = out.get_image()
-    if rgb.shape[:2] != image.shape[:2]:  # guard against matplotlib rounding
-        rgb = np.asarray(Image.fromarray(rgb).resize((image.shape[1], image.shape[0]), Image.BILINEAR))
-    return rgb
+        total = max(int(labels.size), 1)
+        for k in order[:max_legend_entries]:
+            pct = 100.0 * counts[k] / total
+            legend_rows.append((int(ids[k]), f"{class_names[int(ids[k])]} {pct:.1f}%" if pct >= 0.1
+                                else f"{class_names[int(ids[k])]} <0.1%"))
+        if len(order) > max_legend_entries:
+            legend_rows.append((None, f"+{len(order) - max_legend_entries} more"))
+        line = max(draw.textbbox((0, 0), "Ag", font=small)[3], 1) + pad
+        swatch = line - pad
+        text_w = max(draw.textlength(t, font=small) for _, t in legend_rows)
+        lw, lh = 3 * pad + swatch + text_w + pad, pad + line * len(legend_rows) + pad
+        box = (w - lw - pad, h - lh - pad, w - pad, h - pad)
+        reserved.append(box)
+    # Names on the segments, largest classes first, off everything reserved.
+    ids_by_area = [int(ids[k]) for k in order[:max_segment_labels]]
+    sizes = []
+    for c in ids_by_area:
+        x0, y0, x1, y1 = draw.textbbox((0, 0), class_names[c], font=font, stroke_width=2)
+        sizes.append((x1 - x0 + 2, y1 - y0 + 2))
+    for c, (x0, y0, x1, y1) in _label_positions(labels, ids_by_area, sizes, reserved):
+        bx0, by0, _, _ = draw.textbbox((0, 0), class_names[c], font=font, stroke_width=2)
+        light = tuple(int(v + (255 - v) * 0.6) for v in colors[c])
+        draw.text((x0 + 1 - bx0, y0 + 1 - by0), class_names[c], font=font, fill=light, stroke_width=2,
+                  stroke_fill=(0, 0, 0))
+    if legend:
+        draw.rectangle(box, fill=(255, 255, 255), outline=(0, 0, 0))
+        ty = box[1] + pad
+        for c, text in legend_rows:
+            if c is not None:
+                draw.rectangle((box[0] + pad, ty, box[0] + pad + swatch, ty + swatch),
+                               fill=tuple(int(v) for v in colors[c]), outline=(0, 0, 0))
+            draw.text((box[0] + 2 * pad + swatch, ty), text, font=small, fill=(0, 0, 0))
+            ty += line
+    return np.asarray(canvas)
+
+
+def _downscale(image: np.ndarray, labels: Sequence[np.ndarray], max_side: int):
+    """The image (area-averaged) and label maps (nearest) with the long side <= max_side."""
+    h, w = image.shape[:2]
+    if max(h, w) <= max_side:
+        return image, [np.asarray(m) for m in labels]
+    scale = max_side / max(h, w)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    small = np.asarray(Image.fromarray(image).resize(size, Image.BOX))
+    maps = []
+    for m in labels:
+        m = np.asarray(m)
+        rows = (np.arange(size[1]) * h // size[1])
+        cols = (np.arange(size[0]) * w // size[0])
+        maps.append(m[rows][:, cols])
+    return small, maps
 
 
 def _render(fig: Figure) -> np.ndarray:
@@ -194,11 +326,14 @@ def compare_figure(
     if len(label_maps) != len(panel_titles) or not label_maps:
         raise ValueError(f"need one title per label map, got {len(label_maps)} maps and {len(panel_titles)} titles")
     colors = class_colors(len(class_names)) if colors is None else np.asarray(colors)
-    panels = [(image, "input")]
-    for labels, title in zip(label_maps, panel_titles):
-        labels = np.asarray(labels)
-        _check_inputs(image, labels, class_names)
-        panels.append((draw_overlay(image, labels, class_names, colors=colors, legend=False), title))
+    for labels in label_maps:
+        _check_inputs(image, np.asarray(labels), class_names)
+    # Panels are drawn at about twice their size on the figure, not at the photo's size.
+    small, small_maps = _downscale(image, label_maps, max_side=int(2 * panel_width_inches * dpi))
+    panels = [(small, "input")]
+    for labels, title in zip(small_maps, panel_titles):
+        panels.append((draw_overlay(small, labels, class_names, colors=colors, legend=False, text_scale=1.6),
+                       title))
     n = len(panels)
     rows = math.ceil(n / max_cols)
     cols = math.ceil(n / rows)  # balanced rows: 6 panels -> 2 x 3, not 4 + 2
@@ -236,20 +371,25 @@ def probability_figure(
     probs: np.ndarray,
     class_names: Sequence[str],
     *,
+    means: Optional[np.ndarray] = None,
     banner: Optional[str] = None,
+    title: Optional[str] = None,
     max_classes: int = 12,
     panel_width_inches: float = 2.6,
     max_cols: int = 4,
     dpi: int = 100,
 ) -> np.ndarray:
-    """Heat maps (0..1, shared colour scale) of the classes with the largest total probability.
+    """Heat maps (0..1, one shared colour scale) of the classes with the largest mean
+    probability; the figure says how many of how many classes it shows.
 
     Args:
-        probs: ``(C, H, W)`` class probabilities.
+        probs: ``(C, h, w)`` class probabilities (any resolution, e.g. a thumbnail).
         class_names: C display names.
+        means: ``(C,)`` mean probability of each class over the full-size image (default:
+            the means of ``probs``); they choose and order the panels.
         banner: red line above the panels.
-        max_classes: at most this many panels (the classes with the largest mean
-            probability, in decreasing order).
+        title: black line above the panels (e.g. the attention spec).
+        max_classes: at most this many panels.
 
     Returns:
         ``(h, w, 3)`` uint8 RGB figure.
@@ -257,14 +397,18 @@ def probability_figure(
     probs = np.asarray(probs, dtype=np.float32)
     if probs.ndim != 3 or probs.shape[0] != len(class_names):
         raise ValueError(f"probs must be (C, H, W) with C = {len(class_names)} classes, got {probs.shape}")
-    order = np.argsort(-probs.reshape(len(class_names), -1).mean(1), kind="stable")[:max_classes]
+    means = probs.reshape(len(class_names), -1).mean(1) if means is None else np.asarray(means, dtype=np.float64)
+    order = np.argsort(-means, kind="stable")[:max_classes]
     n = len(order)
     cols = min(n, max_cols)
     rows = math.ceil(n / cols)
     h, w = probs.shape[1:]
     pw, ph, title_h = panel_width_inches, panel_width_inches * h / w, 0.3
-    head = 0.45 if banner else 0.1
-    cbar_h = 0.6
+    lines = [t for t in (banner, title) if t] + [
+        f"top {n} of {len(class_names)} classes by mean probability" if n < len(class_names)
+        else f"all {n} classes"]
+    head = 0.1 + 0.3 * len(lines)
+    cbar_h = 0.8
     fig_h = head + rows * (ph + title_h) + cbar_h
     fig = Figure(figsize=(cols * pw, fig_h), dpi=dpi, facecolor="white")
     im = None
@@ -274,12 +418,16 @@ def probability_figure(
         ax = fig.add_axes([col / cols, bottom / fig_h, 1.0 / cols * 0.98, ph / fig_h])
         im = ax.imshow(probs[c], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="bilinear")
         ax.set_axis_off()
-        ax.set_title(f"{class_names[c]} (mean {probs[c].mean():.2f})", fontsize=8, family="sans-serif")
-    cax = fig.add_axes([0.25, 0.3 / fig_h, 0.5, 0.12 / fig_h])
-    fig.colorbar(im, cax=cax, orientation="horizontal").ax.tick_params(labelsize=7)
-    if banner:
-        fig.text(0.5, 1.0 - 0.05 / fig_h, banner, ha="center", va="top", fontsize=12, fontweight="bold",
-                 color=_BANNER_COLOR)
+        ax.set_title(f"{class_names[c]} (mean {means[c]:.2f})", fontsize=8, family="sans-serif")
+    cax = fig.add_axes([0.25, 0.45 / fig_h, 0.5, 0.12 / fig_h])
+    cbar = fig.colorbar(im, cax=cax, orientation="horizontal")
+    cbar.ax.tick_params(labelsize=7)
+    cbar.set_label("class probability (softmax over synonyms, max per class)", fontsize=7)
+    y = 1.0 - 0.05 / fig_h
+    for text in lines:
+        style = dict(fontsize=12, fontweight="bold", color=_BANNER_COLOR) if text == banner else dict(fontsize=9)
+        fig.text(0.5, y, text, ha="center", va="top", **style)
+        y -= 0.3 / fig_h
     return _render(fig)
 
 

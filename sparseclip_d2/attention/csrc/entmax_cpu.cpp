@@ -93,33 +93,22 @@ inline double upow(double u) {
   }
 }
 
-// Power of u >= 0 with exponent E (compile time, E >= 1) or e (run time, E == 0:
-// integer exponent when is_int, else real).
-template <int E>
-struct Pow {
-  int64_t n;    // run-time integer exponent r
-  double r;     // real exponent
+// Run-time exponent r for the generic path (E == 0 in the templates below): u^(r-1)
+// and u^r of u (0 for u <= 0), by squaring for integer r, else exp/log.  Compile-time
+// exponents (E >= 1) use upow<E> instead.
+struct Exponent {
+  int64_t n;    // integer exponent r (when is_int)
+  double r;     // real exponent r = 1 / (alpha - 1)
   bool is_int;
   // returns u^(r-1) and writes u^r
   inline double lower(double u, double* full) const {
-    if constexpr (E == 1) {
-      *full = u > 0.0 ? u : 0.0;
-      return u > 0.0 ? 1.0 : 0.0;
-    } else if constexpr (E > 1) {
-      u = u > 0.0 ? u : 0.0;
-      double g = u;
-      for (int k = 2; k < E; ++k) g *= u;
-      *full = g * u;
-      return g;
-    } else {
-      if (!(u > 0.0)) {
-        *full = 0.0;
-        return 0.0;
-      }
-      double g = is_int ? ipow(u, n - 1) : std::exp((r - 1.0) * std::log(u));
-      *full = g * u;
-      return g;
+    if (!(u > 0.0)) {
+      *full = 0.0;
+      return 0.0;
     }
+    const double g = is_int ? ipow(u, n - 1) : std::exp((r - 1.0) * std::log(u));
+    *full = g * u;
+    return g;
   }
   inline double full(double u) const {
     double p;
@@ -145,12 +134,12 @@ inline double newton_step(double f, double big_s, double am1) {
   return e * f / ((1.0 + e) * big_s);
 }
 
-// Solves one row given its K candidates (w, idx; both overwritten, as are the scratch
-// buffers w2, idx2) and writes the candidates' probabilities into out_row.
+// Solves one row given its K candidates (w, idx; both overwritten, as is the scratch
+// buffer w2) and writes the candidates' probabilities into out_row.  E >= 1: the
+// compile-time integer exponent r = E; E == 0: the run-time exponent pw.
 template <int E>
 void solve_and_write(double* __restrict w, int32_t* __restrict idx, double* __restrict w2,
-                     int32_t* idx2, int64_t k,
-                     const Pow<E>& pw, float* out_row, double s0) {
+                     int64_t k, const Exponent& pw, float* out_row, double s0) {
   const double am1 = 1.0 / pw.r;  // alpha - 1
   // s0 in [0, 1): a start at or left of the root (see run_rows); bracket [0, 1] anyway.
   double s = s0, lo = 0.0, hi = 1.0;
@@ -301,14 +290,14 @@ inline int64_t collect(const float* xr, int64_t length, float cut, int32_t* idx)
 
 template <int E>
 int run_rows(const float* x, float* out, int64_t begin, int64_t end, int64_t length,
-             const Pow<E>& pw) {
+             const Exponent& pw) {
   const double r = pw.r;
   const double am1 = 1.0 / r;
   const float inf = std::numeric_limits<float>::infinity();
-  // Candidates (w, idx) and the solver's scratch copy, each with slack for collect().
+  // Candidates (w, idx) with slack for collect(), and the solver's scratch w2 after w.
   const int64_t stride = length + 8;
   std::vector<double> w(2 * static_cast<size_t>(stride));
-  std::vector<int32_t> idx(2 * static_cast<size_t>(stride));
+  std::vector<int32_t> idx(static_cast<size_t>(stride));
   int code = 0;
   for (int64_t row = begin; row < end; ++row) {
     const float* xr = x + row * length;
@@ -338,8 +327,7 @@ int run_rows(const float* x, float* out, int64_t begin, int64_t end, int64_t len
     double s0 = wsum / static_cast<double>(k) - std::exp(-std::log(static_cast<double>(k)) * am1);
     s0 = s0 > 0.0 && s0 < 1.0 ? s0 : 0.0;
     // 3-4. Newton on the candidates, then the output.
-    solve_and_write<E>(w.data(), idx.data(), w.data() + stride, idx.data() + stride, k, pw,
-                       orow, s0);
+    solve_and_write<E>(w.data(), idx.data(), w.data() + stride, k, pw, orow, s0);
   }
   return code;
 }
@@ -353,17 +341,133 @@ int run_rows(const float* x, float* out, int64_t begin, int64_t end, int64_t len
 
 #include <ATen/Parallel.h>
 
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
 namespace {
 
+// A persistent pool of worker threads that run the chunks of one job together with the
+// calling thread.  Chunks are claimed from an atomic counter, so a worker that wakes late
+// (a loaded machine) just claims fewer chunks and the caller never waits for a thread to
+// be scheduled: it waits only for chunks already claimed.  Used instead of
+// at::parallel_for, which in an OpenMP build of torch is an inline template that runs in
+// parallel only when this file is compiled with -fopenmp (serially under -fopenmp-simd),
+// and -fopenmp would link a second OpenMP runtime beside torch's.  Created on first use
+// and again after a fork (threads do not survive fork); never destroyed (its threads
+// sleep on a condition variable until the process exits).
+class RowPool {
+ public:
+  static RowPool& instance(int64_t threads) {
+    static std::mutex creation;
+    static RowPool* pool = nullptr;
+    std::lock_guard<std::mutex> lock(creation);
+    if (pool == nullptr || pool->pid_ != getpid() || pool->size_ < threads - 1) {
+      pool = new RowPool(std::max<int64_t>(threads - 1, pool ? pool->size_ : 0));  // old one leaks
+    }
+    return *pool;
+  }
+
+  // Runs fn(c) for every chunk c in [0, chunks) on up to `threads` threads (caller included).
+  void run(int64_t chunks, int64_t threads, const std::function<void(int64_t)>& fn) {
+    std::lock_guard<std::mutex> serial(run_mutex_);  // one job at a time
+    uint32_t gen;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gen = ++generation_;
+      job_ = &fn;
+      chunks_ = chunks;
+      done_ = 0;
+      active_ = threads - 1;
+      ticket_.store(static_cast<uint64_t>(gen) << 32);
+    }
+    wake_.notify_all();
+    const int64_t mine = work(gen, &fn, chunks);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_ += mine;
+    finished_.wait(lock, [&] { return done_ == chunks_; });
+    job_ = nullptr;
+  }
+
+ private:
+  explicit RowPool(int64_t size) : size_(size), pid_(getpid()) {
+    for (int64_t i = 0; i < size; ++i) std::thread([this] { loop(); }).detach();
+  }
+
+  // Claims and runs chunks of job `gen` until none is left.  A ticket holds the job's
+  // generation (high 32 bits) and its next chunk (low 32 bits), so a late worker can never
+  // claim a chunk of a later job with the earlier job's function.
+  int64_t work(uint32_t gen, const std::function<void(int64_t)>* fn, int64_t chunks) {
+    int64_t count = 0;
+    uint64_t t = ticket_.load();
+    while (static_cast<uint32_t>(t >> 32) == gen && static_cast<int64_t>(t & 0xffffffffu) < chunks) {
+      if (ticket_.compare_exchange_weak(t, t + 1)) {
+        (*fn)(static_cast<int64_t>(t & 0xffffffffu));
+        ++count;
+        t = ticket_.load();
+      }
+    }
+    return count;
+  }
+
+  void loop() {
+    uint32_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return job_ != nullptr && generation_ != seen && active_ > 0; });
+      seen = generation_;
+      --active_;
+      const std::function<void(int64_t)>* fn = job_;
+      const int64_t chunks = chunks_;
+      lock.unlock();
+      const int64_t mine = work(seen, fn, chunks);
+      lock.lock();
+      if (mine > 0) {  // the job cannot have finished without these chunks
+        done_ += mine;
+        if (done_ == chunks_) finished_.notify_one();
+      }
+    }
+  }
+
+  const int64_t size_;
+  const pid_t pid_;
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable wake_, finished_;
+  const std::function<void(int64_t)>* job_ = nullptr;
+  int64_t chunks_ = 0, done_ = 0, active_ = 0;
+  uint32_t generation_ = 0;
+  std::atomic<uint64_t> ticket_{0};
+};
+
+// Rows split into chunks of at least `grain` rows (about 4 per thread) run on
+// at::get_num_threads() threads; serial for small inputs or inside a parallel region.
 template <int E>
 int dispatch_rows(const float* x, float* out, int64_t rows, int64_t length,
-                  const Pow<E>& pw) {
-  std::atomic<int> code{0};
+                  const Exponent& pw) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, length));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    const int c = run_rows<E>(x, out, begin, end, length, pw);
-    if (c) code.fetch_or(c);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (rows + grain - 1) / grain);
+  if (threads <= 1 || at::in_parallel_region()) {
+    return run_rows<E>(x, out, 0, rows, length, pw);
+  }
+  const int64_t chunk = std::max(grain, (rows + 4 * threads - 1) / (4 * threads));
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  std::atomic<int> code{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  RowPool::instance(threads).run(chunks, threads, [&](int64_t c) {
+    try {
+      const int64_t begin = c * chunk;
+      const int r = run_rows<E>(x, out, begin, std::min(rows, begin + chunk), length, pw);
+      if (r) code.fetch_or(r);
+    } catch (...) {  // e.g. std::bad_alloc: rethrown on the calling thread
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
   });
+  if (error) std::rethrow_exception(error);
   return code.load();
 }
 
@@ -381,16 +485,17 @@ std::tuple<at::Tensor, int64_t> entmax_rows(const at::Tensor& x, double r) {
   float* op = out.data_ptr<float>();
   const bool is_int = r == std::floor(r) && r <= 1e6;
   const int64_t n = is_int ? static_cast<int64_t>(r) : 0;
+  const Exponent pw{n, r, is_int};
   int code;
   switch (is_int ? n : 0) {
-    case 1: code = dispatch_rows<1>(xp, op, rows, length, Pow<1>{1, r, true}); break;
-    case 2: code = dispatch_rows<2>(xp, op, rows, length, Pow<2>{2, r, true}); break;
-    case 3: code = dispatch_rows<3>(xp, op, rows, length, Pow<3>{3, r, true}); break;
-    case 4: code = dispatch_rows<4>(xp, op, rows, length, Pow<4>{4, r, true}); break;
-    case 5: code = dispatch_rows<5>(xp, op, rows, length, Pow<5>{5, r, true}); break;
-    case 10: code = dispatch_rows<10>(xp, op, rows, length, Pow<10>{10, r, true}); break;
-    case 20: code = dispatch_rows<20>(xp, op, rows, length, Pow<20>{20, r, true}); break;
-    default: code = dispatch_rows<0>(xp, op, rows, length, Pow<0>{n, r, is_int});
+    case 1: code = dispatch_rows<1>(xp, op, rows, length, pw); break;
+    case 2: code = dispatch_rows<2>(xp, op, rows, length, pw); break;
+    case 3: code = dispatch_rows<3>(xp, op, rows, length, pw); break;
+    case 4: code = dispatch_rows<4>(xp, op, rows, length, pw); break;
+    case 5: code = dispatch_rows<5>(xp, op, rows, length, pw); break;
+    case 10: code = dispatch_rows<10>(xp, op, rows, length, pw); break;
+    case 20: code = dispatch_rows<20>(xp, op, rows, length, pw); break;
+    default: code = dispatch_rows<0>(xp, op, rows, length, pw);
   }
   return {out, static_cast<int64_t>(code)};
 }
