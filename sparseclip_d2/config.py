@@ -139,12 +139,13 @@ def add_sparseclip_config(cfg):
     # pixels in the prediction are suppressed. 0 disables.
     _C.MODEL.SPARSECLIP.AREA_THRESHOLD = 0.0
 
-    # FG-OVD region retrieval.
+    # FG-OVD region retrieval (META_ARCHITECTURE "SparseCLIPFGOVD").
     _C.MODEL.SPARSECLIP.FGOVD = CN()
     # "dense": RoIAlign on the modified dense features; "crop": encode each box crop
-    # with the unmodified image encoder (baseline protocol).
+    # with the unmodified image encoder after CLIP's own preprocessing (baseline protocol
+    # of lorebianchi98/FG-CLIP fgovd_evaluation/inference_on_benchmark.py).
     _C.MODEL.SPARSECLIP.FGOVD.PROTOCOL = "dense"
-    # Working resolution: the whole image is resized to RESOLUTION x RESOLUTION.
+    # Dense protocol working resolution: the whole image is resized to RESOLUTION x RESOLUTION.
     _C.MODEL.SPARSECLIP.FGOVD.RESOLUTION = 224
     # RoIAlign output size (pooled then averaged) and aligned flag.
     _C.MODEL.SPARSECLIP.FGOVD.POOLER_RESOLUTION = 1
@@ -153,8 +154,34 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.FGOVD.TEMPLATES = "none"
     # Negatives per box; -1 = the split's default (10; pattern 7; transparency 2).
     _C.MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES = -1
-    # With proposals: IoU needed to match a ground-truth box.
+    # With proposals: the IoU a proposal needs to stand for a ground-truth box.
     _C.MODEL.SPARSECLIP.FGOVD.IOU_THRESHOLD = 0.5
+    # Caption embeddings kept per model (least recently used dropped beyond this).
+    _C.MODEL.SPARSECLIP.FGOVD.CAPTION_CACHE_SIZE = 8192
+    # Named set of evaluation conventions (sparseclip_d2.modeling.fgovd_conventions):
+    #   "fgovd": the official FG-OVD rank evaluation (lorebianchi98/FG-OVD evaluation/ranks.py);
+    #   "region_top1": the dense RoIAlign top-1 protocol (360CVGroup/FG-CLIP
+    #   fgclip/eval/fgovd_eval.py), under which the paper's FG-OVD numbers are compared.
+    # Each of the five keys below overrides one convention of the preset; "" = the preset's.
+    _C.MODEL.SPARSECLIP.FGOVD.CONVENTIONS = "region_top1"
+    # Boxes with fewer than N negatives: "drop" (FG-OVD ranks.py keeps annotations with
+    # len(neg_category_ids) >= n_neg) or "keep" (ranked among the negatives they have;
+    # 360CVGroup fgovd_eval.py scores every box).
+    _C.MODEL.SPARSECLIP.FGOVD.MIN_NEGATIVES = ""
+    # A negative scoring exactly as the positive: "miss" (FG-OVD ranks.py counts scores
+    # >= the positive) or "hit" (360CVGroup fgovd_eval.py: torch.equal(max, positive)).
+    _C.MODEL.SPARSECLIP.FGOVD.TIES = ""
+    # Median rank: "fgovd" sorted(r)[len(r) // 2 + 1] (FG-OVD evaluation/ranks.py
+    # get_median_rank), "fgclip" sorted(r)[len(r) // 2] (lorebianchi98/FG-CLIP
+    # src/eval_util.py get_ranks), "mean" (mean of the two middle ranks for an even count).
+    _C.MODEL.SPARSECLIP.FGOVD.MEDIAN = ""
+    # Dense protocol whole-image resize: "bicubic" (PIL's default of Image.resize, used by
+    # 360CVGroup fgovd_eval.py) or "bilinear".
+    _C.MODEL.SPARSECLIP.FGOVD.RESIZE_INTERPOLATION = ""
+    # Proposal standing for a ground-truth box: "score" (highest-scoring proposal with IoU >
+    # IOU_THRESHOLD, FG-OVD evaluation/ranks.py through NMS with the box) or "iou" (highest
+    # IoU, IoU >= IOU_THRESHOLD).
+    _C.MODEL.SPARSECLIP.FGOVD.PROPOSAL_MATCHING = ""
 
     # How test images are resized to INPUT.MIN_SIZE_TEST (short side) with
     # INPUT.MAX_SIZE_TEST (long side): "detectron2" (ResizeShortestEdge: PIL bilinear with

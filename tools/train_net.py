@@ -2,18 +2,25 @@
 """Evaluate sparseclip_d2 (training-free) on the datasets of a config.
 
     python tools/train_net.py --eval-only --config-file configs/entmax_qq_l14.yaml
+    python tools/train_net.py --eval-only --config-file configs/fgovd/b16_qkv_entmax1.2.yaml
     python tools/train_net.py --eval-only --config-file configs/demo.yaml \
         MODEL.SPARSECLIP.CLIP.PRETRAINED none OUTPUT_DIR output/demo
 
-For every dataset in DATASETS.TEST: one evaluator (``build_evaluator``: detectron2's
-SemSegEvaluator for segmentation, FG-OVD's own for FG-OVD), ``inference_on_dataset``,
-detectron2's ``print_csv_format`` table; then ``OUTPUT_DIR/results.json``. The method has
-nothing to train: without ``--eval-only`` the script exits with a message.
-``--num-gpus N`` runs N processes through detectron2's ``launch`` (``--num-machines``,
-``--machine-rank``, ``--dist-url`` for several machines; see docs/reliability.md).
-``--max-images N`` evaluates the first N images of each dataset (= ``TEST.MAX_IMAGES N``;
-recorded in results.json as ``max_images`` / ``partial``).
+For every dataset in DATASETS.TEST (as detectron2's plain_train_net ``do_test``): the test
+loader and the evaluator its metadata ``evaluator_type`` selects
+(``sparseclip_d2.data.build_test_loader``, ``sparseclip_d2.evaluation.build_evaluator``),
+``inference_on_dataset``, detectron2's ``print_csv_format`` table; then the run-level
+summaries (``finalize_summaries``, e.g. FG-OVD mHME) and ``OUTPUT_DIR/results.json``.
+Every dataset (files, images) is checked before the model is built. The method has nothing
+to train: without ``--eval-only`` the script exits with a message. ``--num-gpus N`` runs N
+processes through detectron2's ``launch``. ``--max-images N`` = ``TEST.MAX_IMAGES N``.
+
+Mistakes in the config, the data or the weights end the run with one ``error: ...`` line
+and exit status 2; anything else (a bug) keeps its traceback. ``SPARSECLIP_TRACEBACK=1``
+shows the traceback of the former too. Either way a failing run leaves
+``OUTPUT_DIR/error.json`` (the original exception) and no ``results.json``.
 """
+import contextlib
 import logging
 import os
 import sys
@@ -23,7 +30,7 @@ from collections import OrderedDict
 import torch
 
 from detectron2.config import get_cfg
-from detectron2.data import DatasetCatalog, build_detection_test_loader
+from detectron2.data import DatasetCatalog
 from detectron2.engine import default_argument_parser, default_setup, launch
 from detectron2.evaluation import DatasetEvaluators, inference_on_dataset, print_csv_format
 from detectron2.modeling import build_model
@@ -31,9 +38,10 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
-from sparseclip_d2.data import SparseCLIPTestMapper
-from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, attach_fgovd_proposals, is_fgovd_dataset
-from sparseclip_d2.evaluation import add_mhme, build_evaluator, build_results, dataset_summary, write_results
+from sparseclip_d2.data import build_test_loader, check_meta_architecture
+from sparseclip_d2.data.datasets import DatasetNotFoundError
+from sparseclip_d2.data.datasets.fgovd import FGOVDFormatError
+from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, finalize_summaries, write_results
 from sparseclip_d2.evaluation.results import RecordFailures, begin_results
 from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
 from sparseclip_d2.modeling import resolve_device
@@ -45,42 +53,84 @@ TRAINING_FREE = (
     "  python tools/train_net.py --eval-only --config-file configs/entmax_qq_l14.yaml"
 )
 
+# Exceptions that mean a mistake in what the user gave, per stage of the run.
+CONFIG_ERRORS = (KeyError, ValueError, AssertionError, OSError)  # yacs/detectron2 merge use all four
+DATA_ERRORS = (KeyError, ValueError, OSError)  # DatasetNotFoundError is an OSError
+MODEL_ERRORS = (ValueError, OSError, RuntimeError)  # bad values; weights that cannot be loaded
+INFERENCE_ERRORS = (DatasetNotFoundError, FGOVDFormatError)
+
+
+_STAGE = "_sparseclip_user_mistake"  # attribute naming the stage of a user mistake
+
+
+@contextlib.contextmanager
+def user_errors(what: str, types):
+    """Mark an exception of ``types`` raised inside as a user mistake of stage ``what``
+    (``user_mistake(e)`` then gives ``"<what>: <message>"``); it propagates unchanged."""
+    try:
+        yield
+    except types as e:
+        if getattr(e, _STAGE, None) is None:
+            setattr(e, _STAGE, what)
+        raise
+
+
+def user_mistake(e: BaseException):
+    """``"<stage>: <message on one line>"`` for an exception marked by :func:`user_errors`,
+    else None (a bug)."""
+    stage = getattr(e, _STAGE, None)
+    if stage is None:
+        return None
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    return f"{stage}: {' '.join(str(msg).split())}"
+
 
 def setup(args):
-    """Config from defaults + ``add_sparseclip_config`` + file + command-line overrides."""
-    cfg = get_cfg()
-    add_sparseclip_config(cfg)
-    cfg.merge_from_file(args.config_file)
-    cfg.merge_from_list(args.opts)
-    if getattr(args, "max_images", None) is not None:
-        if args.max_images < 0:
-            raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
-        cfg.TEST.MAX_IMAGES = args.max_images
-    cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
-    cfg.freeze()
+    """Config from defaults + ``add_sparseclip_config`` + file + command-line overrides;
+    ``MODEL.DEVICE`` resolved here, once (CPU when no GPU)."""
+    with user_errors("config", CONFIG_ERRORS):
+        cfg = get_cfg()
+        add_sparseclip_config(cfg)
+        cfg.merge_from_file(args.config_file)
+        cfg.merge_from_list(args.opts)
+        if getattr(args, "max_images", None) is not None:
+            if args.max_images < 0:
+                raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
+            cfg.TEST.MAX_IMAGES = args.max_images
+        cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
+        cfg.freeze()
     default_setup(cfg, args)
     setup_logger(output=cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="sparseclip_d2")
     return cfg
 
 
 def check_datasets(cfg):
-    """Load every test dataset's dicts before building the model (a missing dataset fails
-    fast with the expected path and the preparation command). Returns {name: dicts}."""
-    if not cfg.DATASETS.TEST:
-        raise ValueError("DATASETS.TEST is empty: name at least one registered dataset")
-    out = OrderedDict()
-    for name in cfg.DATASETS.TEST:
-        if name not in DatasetCatalog.list():
-            raise KeyError(f"dataset {name!r} is not registered; registered: {', '.join(sorted(DatasetCatalog.list()))}")
-        dicts = DatasetCatalog.get(name)
-        if cfg.TEST.MAX_IMAGES > 0:
-            dicts = dicts[: cfg.TEST.MAX_IMAGES]
-        out[name] = dicts
+    """Load every test dataset's dicts (their loaders check files and images) and check that
+    the META_ARCH consumes its inputs, all before the model is built. Returns {name: dicts}."""
+    with user_errors("data", DATA_ERRORS):
+        if not cfg.DATASETS.TEST:
+            raise ValueError("DATASETS.TEST is empty: name at least one registered dataset")
+        out = OrderedDict()
+        for name in cfg.DATASETS.TEST:
+            if name not in DatasetCatalog.list():
+                raise KeyError(
+                    f"dataset {name!r} is not registered; registered: {', '.join(sorted(DatasetCatalog.list()))}"
+                )
+            dicts = DatasetCatalog.get(name)
+            if cfg.TEST.MAX_IMAGES > 0:
+                dicts = dicts[: cfg.TEST.MAX_IMAGES]
+            out[name] = dicts
+        check_meta_architecture(cfg.MODEL.META_ARCHITECTURE, list(out))
+        if cfg.MODEL.WEIGHTS:
+            raise ValueError(
+                f"MODEL.WEIGHTS={cfg.MODEL.WEIGHTS!r} is not used by this training-free method; set the CLIP "
+                "weights with MODEL.SPARSECLIP.CLIP.PRETRAINED (an open_clip tag, a local file, or none)"
+            )
     return out
 
 
 def do_test(cfg, model, datasets):
-    """One evaluator per dataset, ``inference_on_dataset``, ``print_csv_format``.
+    """One loader and evaluator per dataset, ``inference_on_dataset``, ``print_csv_format``.
 
     Returns:
         ``(results, summaries)``: the evaluators' dicts and the results.json entries.
@@ -89,13 +139,9 @@ def do_test(cfg, model, datasets):
     for name, dicts in datasets.items():
         if cfg.TEST.MAX_IMAGES > 0:
             logger.warning("PARTIAL RUN: %s evaluated on its first %d images only (TEST.MAX_IMAGES)", name, len(dicts))
-        if is_fgovd_dataset(name):
-            dicts = attach_fgovd_proposals(cfg, name, dicts)
-            mapper = FGOVDDatasetMapper(cfg, name)
-        else:
-            mapper = SparseCLIPTestMapper(cfg, name)
-        loader = build_detection_test_loader(dicts, mapper=mapper, num_workers=cfg.DATALOADER.NUM_WORKERS)
+        loader = build_test_loader(cfg, name, dicts)
         evaluator = build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", name))
+        extras = evaluator.results_extras() if hasattr(evaluator, "results_extras") else {}
         attention_evaluator = build_attention_stats_evaluator(cfg, name)  # None unless enabled
         if attention_evaluator is not None:
             evaluator = DatasetEvaluators([evaluator, attention_evaluator])
@@ -106,36 +152,28 @@ def do_test(cfg, model, datasets):
         if comm.is_main_process():
             logger.info("Evaluation results for %s in csv format:", name)
             print_csv_format(res)
-            summaries[name] = dataset_summary(res, len(dicts), seconds / max(len(dicts), 1))
+            summaries[name] = dataset_summary(res, len(dicts), seconds / max(len(dicts), 1), extras)
     if comm.is_main_process():
-        summaries = add_mhme(summaries)
-        if "fgovd_mHME" in summaries:
-            logger.info("FG-OVD mHME (mean top1 of Hard, Medium, Easy):")
-            print_csv_format({"fgovd_mHME": summaries["fgovd_mHME"]})
+        summaries = finalize_summaries(summaries)
     return results, summaries
 
 
 def main(args):
-    if not args.eval_only:
-        raise SystemExit(TRAINING_FREE)
+    """The evaluation (``--eval-only`` is checked by the caller, once)."""
     cfg = setup(args)
     begin_results(cfg.OUTPUT_DIR)  # no results.json of an earlier run survives this one
     datasets = check_datasets(cfg)
-    if cfg.MODEL.WEIGHTS:
-        raise ValueError(
-            f"MODEL.WEIGHTS={cfg.MODEL.WEIGHTS!r} is not used by this training-free method; set the CLIP "
-            "weights with MODEL.SPARSECLIP.CLIP.PRETRAINED (an open_clip tag, a local file, or none)"
-        )
     # Random-weight (PRETRAINED none) models are drawn from a fixed seed (SEED, or 0 when
     # SEED < 0): identical in every run and on every rank. default_setup seeds SEED + rank.
-    with torch.random.fork_rng(devices=[]):
+    with user_errors("model", MODEL_ERRORS), torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
         model = build_model(cfg)
     random_weights = bool(getattr(model, "random_weights", False))
     if random_weights:
         logger.warning("RANDOM WEIGHTS (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): every number below is meaningless.",
                        cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED)
-    results, summaries = do_test(cfg, model, datasets)
+    with user_errors("data", INFERENCE_ERRORS):
+        results, summaries = do_test(cfg, model, datasets)
     if comm.is_main_process():
         path = write_results(build_results(summaries, cfg, random_weights=random_weights), cfg.OUTPUT_DIR)
         if random_weights:
@@ -143,6 +181,19 @@ def main(args):
         logger.info("wrote %s", path)
         print(f"results.json: {os.path.abspath(path)}")
     return results
+
+
+def run(args):
+    """:func:`main` with failures recorded in ``error.json`` (``RecordFailures``) and user
+    mistakes turned into one ``error:`` line and exit status 2."""
+    try:
+        return RecordFailures(main)(args)
+    except Exception as e:
+        line = user_mistake(e)
+        if line is None or os.environ.get("SPARSECLIP_TRACEBACK", "") not in ("", "0"):
+            raise
+        print(f"train_net.py: error: {line}", file=sys.stderr)
+        sys.exit(2)
 
 
 def build_parser():
@@ -158,7 +209,7 @@ if __name__ == "__main__":
     if not args.eval_only:
         sys.exit(TRAINING_FREE)
     launch(
-        RecordFailures(main),  # an exception is written to OUTPUT_DIR/error.json
+        run,
         args.num_gpus,
         num_machines=args.num_machines,
         machine_rank=args.machine_rank,

@@ -1,14 +1,23 @@
-"""detectron2 data parts: dataset registration (on import), class names, test mapper."""
+"""detectron2 data parts: dataset registration (on import), class names, test mappers and
+the test-loader builders (``build_test_loader``, chosen by metadata ``evaluator_type``)."""
 from .. import require_detectron2
 
 require_detectron2("sparseclip_d2.data")
 
 from . import datasets  # noqa: F401
+from .build import TEST_LOADERS, build_test_loader, check_meta_architecture, register_test_loader
 from .class_names import available_class_name_files, display_name, load_class_names
-from .fgovd_mapper import FGOVDDatasetMapper, FGOVDOptions
+from .fgovd_mapper import FGOVDDatasetMapper  # registers the "fgovd" test loader
 from .mapper import SparseCLIPTestMapper
 
 __all__ = [
     "FGOVDDatasetMapper",
-    "FGOVDOptions",
-    "SparseCLIPTestMapper", "available_class_name_files", "display_name", "load_class_names"]
+    "SparseCLIPTestMapper",
+    "TEST_LOADERS",
+    "available_class_name_files",
+    "build_test_loader",
+    "check_meta_architecture",
+    "display_name",
+    "load_class_names",
+    "register_test_loader",
+]

@@ -3,15 +3,16 @@
 Model outputs consumed (one dict per image, see ``sparseclip_d2.modeling.fgovd``)::
 
     output["fgovd"] = {
-        "scores":  (K, 1 + N) float tensor, column 0 the positive caption, columns 1..N the
-                   negatives in file order (cosine similarities; any monotone score works),
-        "matched": (K,) bool tensor, False for a box that no region could be matched to
-                   (proposal mode: no proposal with IoU >= threshold); its scores are ignored,
-        "ann_ids": (K,) long tensor, the annotation ids of the boxes,
+        "scores":       (K, C) float, column 0 the positive caption, then the box's negatives
+                        in file order (NaN beyond a row's own captions),
+        "num_captions": (K,) long, captions of each box (1 + its negatives); optional, C,
+        "matched":      (K,) bool, False for a box no region could be matched to (proposal
+                        mode); it counts as a miss with the worst rank,
+        "ann_ids":      (K,) long, the annotation ids of the boxes,
     }
 
-and from the mapped input dict: ``image_id`` and ``fgovd_num_dropped`` (boxes of the image
-dropped by the N-negatives rule; 0 when absent).
+The N-negatives rule, the tie rule and the median follow
+:class:`~sparseclip_d2.modeling.fgovd_conventions.FGOVDConventions`.
 """
 import copy
 import itertools
@@ -20,13 +21,18 @@ import logging
 import math
 import os
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from detectron2.data import DatasetCatalog, MetadataCatalog
-from detectron2.evaluation import DatasetEvaluator
+from detectron2.evaluation import DatasetEvaluator, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.file_io import PathManager
+
+from ..data.datasets.fgovd import resolve_num_negatives
+from ..modeling.fgovd_conventions import CONVENTION_CHOICES, FGOVD_CONVENTION_PRESETS, FGOVDConventions, conventions_from_config
+from .build import EVALUATOR_FACTORIES
+from .results import SUMMARY_HOOKS
 
 __all__ = [
     "FGOVDEvaluator",
@@ -43,57 +49,103 @@ logger = logging.getLogger(__name__)
 MHME_SPLITS = ("hard", "medium", "easy")
 
 
-def fgovd_ranks(scores: torch.Tensor, matched: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Rank of the positive caption (column 0) among the ``1 + N`` captions of each box.
+def fgovd_ranks(
+    scores: torch.Tensor,
+    num_negatives: int,
+    num_captions: Optional[torch.Tensor] = None,
+    matched: Optional[torch.Tensor] = None,
+    min_negatives: str = "drop",
+    ties: str = "miss",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rank of the positive caption (column 0) of each box among itself and its first N negatives.
 
-    Ties are ranked pessimistically: ``rank = 1 + #{negatives j : score_j >= score_pos}``, so
-    a box whose positive ties with a negative is never counted as ranked first. A box with
-    ``matched`` False gets the worst rank ``N + 1`` (a miss).
+    ``rank = 1 + #{negatives j : score_j >= score_pos}`` with ``ties="miss"`` (FG-OVD
+    evaluation/ranks.py), ``1 + #{j : score_j > score_pos}`` with ``ties="hit"``
+    (360CVGroup/FG-CLIP fgovd_eval.py). A box with fewer than N negatives is dropped
+    (``min_negatives="drop"``) or ranked among the ones it has (``"keep"``). An unmatched box
+    gets the worst rank ``1 + its negatives`` (a miss).
 
     Args:
-        scores: ``(K, 1 + N)`` scores.
-        matched: ``(K,)`` bool, or None (all matched).
+        scores: ``(K, C)`` scores; row k valid in its first ``num_captions[k]`` columns.
+        num_negatives: N >= 1.
+        num_captions: ``(K,)``; None = C for every box.
+        matched: ``(K,)`` bool; None = all matched.
 
     Returns:
-        ``(K,)`` long ranks in ``[1, N + 1]``.
+        ``(ranks (K,) long, negatives used (K,) long, kept (K,) bool)``; dropped boxes have
+        rank 0 and ``kept`` False.
 
     Raises:
-        ValueError: a matched box has a non-finite score (NaN would silently compare False).
+        ValueError: bad shapes, an unknown convention, or a non-finite score among the
+            captions a matched, kept box is ranked with.
     """
-    if scores.dim() != 2 or scores.shape[1] < 2:
-        raise ValueError(f"scores must be (K, 1 + N) with N >= 1, got shape {tuple(scores.shape)}")
+    if min_negatives not in CONVENTION_CHOICES["min_negatives"]:
+        raise ValueError(f"unknown min_negatives {min_negatives!r}; valid: {', '.join(CONVENTION_CHOICES['min_negatives'])}")
+    if ties not in CONVENTION_CHOICES["ties"]:
+        raise ValueError(f"unknown ties {ties!r}; valid: {', '.join(CONVENTION_CHOICES['ties'])}")
+    if int(num_negatives) < 1:
+        raise ValueError(f"num_negatives must be >= 1, got {num_negatives}")
+    if scores.dim() != 2 or scores.shape[1] < 1:
+        raise ValueError(f"scores must be (K, 1 + N), got shape {tuple(scores.shape)}")
     k, c = scores.shape
-    if matched is None:
-        matched = torch.ones(k, dtype=torch.bool, device=scores.device)
-    matched = matched.to(dtype=torch.bool, device=scores.device)
-    if matched.shape != (k,):
-        raise ValueError(f"matched must be ({k},), got {tuple(matched.shape)}")
-    if k and not torch.isfinite(scores[matched]).all():
-        bad = (~torch.isfinite(scores) & matched[:, None]).any(1).nonzero().flatten().tolist()
+    n = int(num_negatives)
+    ncap = torch.full((k,), c, dtype=torch.long) if num_captions is None else num_captions.long().cpu()
+    matched = torch.ones(k, dtype=torch.bool) if matched is None else matched.bool().cpu()
+    if ncap.shape != (k,) or matched.shape != (k,):
+        raise ValueError(f"num_captions and matched must be ({k},), got {tuple(ncap.shape)}, {tuple(matched.shape)}")
+    if k and (ncap.min() < 1 or ncap.max() > c):
+        raise ValueError(f"num_captions must be in [1, {c}], got {ncap.tolist()}")
+    available = ncap - 1
+    kept = available >= n if min_negatives == "drop" else torch.ones(k, dtype=torch.bool)
+    used = torch.clamp(available, max=n)
+    cols = torch.arange(1, c)[None, :]
+    valid = cols <= used[:, None]  # (K, C - 1) the negatives each box is ranked with
+    s = scores.detach().float().cpu()
+    check = (matched & kept)[:, None] & torch.cat([torch.ones(k, 1, dtype=torch.bool), valid], 1)
+    if k and not torch.isfinite(s[check]).all():
+        bad = (check & ~torch.isfinite(s)).any(1).nonzero().flatten().tolist()
         raise ValueError(f"non-finite scores for matched boxes at rows {bad}")
-    ranks = 1 + (scores[:, 1:] >= scores[:, :1]).sum(dim=1)
-    return torch.where(matched, ranks, torch.full_like(ranks, c)).long()
+    pos, neg = s[:, :1], s[:, 1:]
+    above = (neg >= pos) if ties == "miss" else (neg > pos)
+    ranks = 1 + (above & valid).sum(dim=1)
+    ranks = torch.where(matched, ranks, 1 + used)
+    ranks = torch.where(kept, ranks, torch.zeros_like(ranks))
+    return ranks.long(), used, kept
 
 
-def median(values: Sequence[float]) -> float:
-    """Median; for an even count, the mean of the two middle values (NaN when empty)."""
+def median(values: Sequence[float], definition: str = "mean") -> float:
+    """Median rank (NaN when empty).
+
+    ``definition``: "mean" - the middle value, for an even count the mean of the two middle
+    values; "fgclip" - ``sorted(v)[n // 2]`` (lorebianchi98/FG-CLIP src/eval_util.py);
+    "fgovd" - ``sorted(v)[n // 2 + 1]`` (lorebianchi98/FG-OVD evaluation/ranks.py
+    get_median_rank; for n <= 2 that index is past the end, where the official code raises
+    IndexError: the last value is taken).
+    """
+    if definition not in CONVENTION_CHOICES["median"]:
+        raise ValueError(f"unknown median definition {definition!r}; valid: {', '.join(CONVENTION_CHOICES['median'])}")
     v = sorted(float(x) for x in values)
     n = len(v)
     if n == 0:
         return float("nan")
+    if definition == "fgclip":
+        return v[n // 2]
+    if definition == "fgovd":
+        return v[min(n // 2 + 1, n - 1)]
     mid = n // 2
     return v[mid] if n % 2 else (v[mid - 1] + v[mid]) / 2.0
 
 
-def fgovd_metrics(ranks: Sequence[int], num_dropped: int = 0, num_missed: int = 0) -> Dict[str, float]:
-    """Dataset metrics from the per-box ranks.
+def fgovd_metrics(ranks: Sequence[int], num_dropped: int = 0, num_missed: int = 0, num_short: int = 0,
+                  median_definition: str = "mean") -> Dict[str, float]:
+    """Dataset metrics from the per-box ranks of the evaluated boxes.
 
     Returns:
-        ``top1`` (% of evaluated boxes ranked first), ``mean_rank``, ``median_rank`` (even
-        count: mean of the two middle ranks), ``num_boxes`` (evaluated boxes, misses
-        included), ``num_dropped`` (boxes dropped by the N-negatives rule) and
-        ``num_missed`` (boxes without a matching proposal; they count with the worst rank).
-        With no evaluated box the three scores are NaN (and a warning is logged).
+        ``top1`` (% of evaluated boxes ranked first), ``mean_rank``, ``median_rank`` (per
+        ``median_definition``), ``num_boxes`` (evaluated boxes, misses included),
+        ``num_dropped`` (boxes dropped by the N-negatives rule), ``num_missed`` (boxes
+        without a matching proposal; worst rank) and ``num_short`` (boxes kept with fewer than
+        N negatives). With no evaluated box the three scores are NaN (and a warning is logged).
     """
     ranks = [int(r) for r in ranks]
     n = len(ranks)
@@ -106,41 +158,58 @@ def fgovd_metrics(ranks: Sequence[int], num_dropped: int = 0, num_missed: int = 
     return OrderedDict(
         top1=top1,
         mean_rank=mean_rank,
-        median_rank=median(ranks),
+        median_rank=median(ranks, median_definition),
         num_boxes=n,
         num_dropped=int(num_dropped),
         num_missed=int(num_missed),
+        num_short=int(num_short),
     )
 
 
 class FGOVDEvaluator(DatasetEvaluator):
-    """Fine-grained region recognition: the rank of each box's positive caption.
+    """Fine-grained region recognition: the rank of each box's positive caption among itself
+    and its first N negatives, under the given :class:`FGOVDConventions`.
 
-    Per box, the rank of the positive among its ``1 + N`` captions, with ties ranked
-    **pessimistically** (``rank = 1 + number of negatives scoring >= the positive``); a box
-    that could not be matched to a region (proposal mode) counts as a miss with the worst
-    rank ``N + 1``, as the official rank metric does. Per dataset: ``top1`` (% of boxes ranked
-    first), ``mean_rank``, ``median_rank`` (for an even number of boxes the mean of the two
-    middle ranks), ``num_boxes``, ``num_dropped`` (boxes with fewer than N negatives, removed
-    by the mapper) and ``num_missed``.
+    Per dataset: ``top1``, ``mean_rank``, ``median_rank``, ``num_boxes``, ``num_dropped``,
+    ``num_missed``, ``num_short`` (see :func:`fgovd_metrics`); :meth:`results_extras` gives
+    N and the conventions for results.json.
 
     Distributed: every process keeps the records of its own images; :meth:`evaluate` gathers
     them on the main process (``detectron2.utils.comm.gather``), which alone returns the
     results (the others return ``{}``). State is per instance and cleared by :meth:`reset`.
     """
 
-    def __init__(self, dataset_name: str, output_dir: Optional[str] = None, distributed: bool = True):
+    def __init__(
+        self,
+        dataset_name: str,
+        num_negatives: Optional[int] = None,
+        conventions: Optional[FGOVDConventions] = None,
+        output_dir: Optional[str] = None,
+        distributed: bool = True,
+    ):
         """
         Args:
-            dataset_name: registered FG-OVD dataset (used for logging and the output file).
+            dataset_name: registered FG-OVD dataset.
+            num_negatives: N; None = the dataset's metadata ``num_negatives``.
+            conventions: None = the ``fgovd`` preset (the official FG-OVD rank evaluation).
             output_dir: when given, per-box ranks are written to
                 ``<output_dir>/fgovd_ranks.json`` on the main process.
             distributed: gather over all processes (no-op in a single process).
         """
         self._dataset_name = dataset_name
+        self._n = resolve_num_negatives(dataset_name, -1 if num_negatives is None else int(num_negatives))
+        self._conventions = FGOVD_CONVENTION_PRESETS["fgovd"] if conventions is None else conventions
         self._output_dir = output_dir
         self._distributed = distributed
         self.reset()
+
+    @property
+    def num_negatives(self) -> int:
+        return self._n
+
+    @property
+    def conventions(self) -> FGOVDConventions:
+        return self._conventions
 
     def reset(self):
         self._boxes: List[dict] = []
@@ -148,6 +217,7 @@ class FGOVDEvaluator(DatasetEvaluator):
 
     def process(self, inputs, outputs):
         """Record the per-box ranks of a batch. See the module docstring for the formats."""
+        conv = self._conventions
         for inp, out in zip(inputs, outputs):
             if "fgovd" not in out:
                 raise KeyError(
@@ -156,24 +226,30 @@ class FGOVDEvaluator(DatasetEvaluator):
                 )
             pred = out["fgovd"]
             scores = pred["scores"].detach().float().cpu()
-            matched = pred["matched"].detach().cpu()
             ann_ids = pred["ann_ids"].detach().cpu().tolist()
-            if scores.shape[0] != len(ann_ids):
+            if scores.dim() != 2 or scores.shape[0] != len(ann_ids):
                 raise ValueError(
-                    f"image {inp.get('image_id')}: {scores.shape[0]} score rows for {len(ann_ids)} boxes"
+                    f"image {inp.get('image_id')}: scores {tuple(scores.shape)} for {len(ann_ids)} boxes"
                 )
-            ranks = fgovd_ranks(scores, matched).tolist() if ann_ids else []
-            n_neg = scores.shape[1] - 1 if scores.dim() == 2 else 0
-            for aid, r, m in zip(ann_ids, ranks, matched.tolist()):
-                self._boxes.append(
-                    {"image_id": inp.get("image_id"), "ann_id": int(aid), "rank": int(r),
-                     "matched": bool(m), "num_negatives": n_neg}
-                )
-            self._dropped.append(int(inp.get("fgovd_num_dropped", 0)))
+            if not ann_ids:
+                self._dropped.append(0)
+                continue
+            matched = pred["matched"].detach().cpu()
+            ranks, used, kept = fgovd_ranks(
+                scores, self._n, pred.get("num_captions"), matched, conv.min_negatives, conv.ties
+            )
+            for aid, r, u, m, k in zip(ann_ids, ranks.tolist(), used.tolist(), matched.tolist(), kept.tolist()):
+                if k:
+                    self._boxes.append({"image_id": inp.get("image_id"), "ann_id": int(aid), "rank": int(r),
+                                        "matched": bool(m), "num_negatives": int(u)})
+            self._dropped.append(int((~kept).sum()))
+
+    def results_extras(self) -> Dict:
+        """What results.json records next to the metrics: N and the conventions."""
+        return {"num_negatives": self._n, "conventions": self._conventions.as_dict()}
 
     def evaluate(self):
-        """Return ``{"fgovd": {top1, mean_rank, median_rank, num_boxes, num_dropped,
-        num_missed}}`` on the main process, ``{}`` elsewhere."""
+        """Return ``{"fgovd": metrics}`` on the main process, ``{}`` elsewhere."""
         if self._distributed and comm.get_world_size() > 1:
             comm.synchronize()
             boxes = comm.gather(self._boxes, dst=0)
@@ -196,19 +272,24 @@ class FGOVDEvaluator(DatasetEvaluator):
             [b["rank"] for b in boxes],
             num_dropped=sum(dropped),
             num_missed=sum(1 for b in boxes if not b["matched"]),
+            num_short=sum(1 for b in boxes if b["num_negatives"] < self._n),
+            median_definition=self._conventions.median,
         )
         logger.info(
-            "FG-OVD %s: top1 %.2f, mean rank %.3f, median rank %.1f over %d boxes "
-            "(%d dropped, %d missed)",
-            self._dataset_name, metrics["top1"], metrics["mean_rank"], metrics["median_rank"],
-            metrics["num_boxes"], metrics["num_dropped"], metrics["num_missed"],
+            "FG-OVD %s (N=%d, %s): top1 %.2f, mean rank %.3f, median rank %.1f over %d boxes "
+            "(%d dropped, %d missed, %d with fewer than N negatives)",
+            self._dataset_name, self._n, self._conventions.as_dict(), metrics["top1"], metrics["mean_rank"],
+            metrics["median_rank"], metrics["num_boxes"], metrics["num_dropped"], metrics["num_missed"],
+            metrics["num_short"],
         )
         return OrderedDict(fgovd=metrics)
 
 
 def build_fgovd_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> FGOVDEvaluator:
-    """Evaluator factory registered as ``"fgovd"`` in ``EVALUATOR_FACTORIES``."""
-    return FGOVDEvaluator(dataset_name, output_dir=output_folder)
+    """Evaluator factory registered as ``"fgovd"`` in ``EVALUATOR_FACTORIES``: N from
+    ``MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES`` (-1: the split's), conventions from the config."""
+    n = resolve_num_negatives(dataset_name, cfg.MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES)
+    return FGOVDEvaluator(dataset_name, n, conventions_from_config(cfg), output_dir=output_folder)
 
 
 def _fgovd_split(name: str) -> Optional[str]:
@@ -273,14 +354,18 @@ def add_mhme(results: Dict[str, dict]) -> Dict[str, dict]:
         logger.warning("mHME is NaN: a split has no top1 (%s)", top1)
     entry = OrderedDict(mHME=mhme, **top1)
     out["fgovd_mHME"] = {"fgovd": entry} if nested else dict(entry)
-    logger.info("FG-OVD mHME (mean top1 of hard, medium, easy): %.2f", mhme)
     return out
 
 
-def _register_factory() -> None:
-    from .build import EVALUATOR_FACTORIES
+def mhme_summary_hook(summaries: Dict[str, dict]) -> Dict[str, dict]:
+    """Run-level hook (``SUMMARY_HOOKS``): :func:`add_mhme` on the results.json entries, and
+    detectron2's csv table of it when computed."""
+    out = add_mhme(summaries)
+    if "fgovd_mHME" in out:
+        logger.info("FG-OVD mHME (mean top1 of Hard, Medium, Easy):")
+        print_csv_format({"fgovd_mHME": out["fgovd_mHME"]})
+    return out
 
-    EVALUATOR_FACTORIES["fgovd"] = build_fgovd_evaluator
 
-
-_register_factory()
+EVALUATOR_FACTORIES["fgovd"] = build_fgovd_evaluator
+SUMMARY_HOOKS.append(mhme_summary_hook)

@@ -4,7 +4,8 @@ Layout::
 
     {"<dataset>": {"mIoU": .., "fwIoU": .., "mACC": .., "pACC": .., "num_images": N,
                    "seconds_per_image": ..},          # sem_seg datasets
-     "<fgovd dataset>": {"top1": .., ..., "num_images": N, "seconds_per_image": ..},
+     "<fgovd dataset>": {"top1": .., ..., "num_images": N, "seconds_per_image": ..,
+                         "num_negatives": N, "conventions": {..}},  # evaluator.results_extras()
      "config": {...}, "random_weights": bool,
      "max_images": N, "partial": true}                # only when TEST.MAX_IMAGES > 0
 
@@ -12,19 +13,23 @@ A run that fails (or is interrupted) leaves no ``results.json`` but ``error.json
 (``{"type", "message", "traceback"}``): :func:`begin_results` removes both at the start
 of a run, :class:`RecordFailures` writes ``error.json`` when the run raises, and
 :func:`write_results` writes ``results.json`` atomically at the end.
+
+An evaluator may define ``results_extras() -> dict``: its (JSON-able) entries are added to
+its dataset's entry. Functions in ``SUMMARY_HOOKS`` (``summaries -> summaries``) run once all
+datasets of a run are evaluated (FG-OVD adds mHME there), through :func:`finalize_summaries`.
 """
 import logging
 import math
 import os
 import traceback
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import yaml
 
 from ..common.io import atomic_write_json
 
-__all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "dataset_summary", "build_results", "write_results",
-           "begin_results", "write_error", "RecordFailures"]
+__all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "SUMMARY_HOOKS", "dataset_summary", "finalize_summaries",
+           "build_results", "write_results", "begin_results", "write_error", "RecordFailures"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,17 @@ _ACTIVE_OUTPUT_DIR: Optional[str] = None
 SEM_SEG_KEYS = ("mIoU", "fwIoU", "mACC", "pACC")
 
 
+# Run-level hooks: summaries (dataset name -> results.json entry) -> summaries.
+SUMMARY_HOOKS: List[Callable[[Dict[str, Dict[str, Any]]], Dict[str, Dict[str, Any]]]] = []
+
+
+def finalize_summaries(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Apply every ``SUMMARY_HOOKS`` function, in registration order."""
+    for hook in SUMMARY_HOOKS:
+        summaries = hook(summaries)
+    return summaries
+
+
 def _json_number(x: Any) -> Any:
     if hasattr(x, "item"):
         x = x.item()
@@ -45,11 +61,12 @@ def _json_number(x: Any) -> Any:
 
 
 def dataset_summary(task_results: Mapping[str, Mapping[str, Any]], num_images: int,
-                    seconds_per_image: float) -> Dict[str, Any]:
+                    seconds_per_image: float, extras: Mapping[str, Any] = None) -> Dict[str, Any]:
     """One dataset's entry from an evaluator's ``{task: {metric: value}}`` result.
 
     ``sem_seg`` results keep the four summary metrics and all per-class IoUs under
-    ``"per_class_IoU"``; other tasks (FG-OVD) keep all their scalar metrics.
+    ``"per_class_IoU"``; other tasks (FG-OVD) keep all their scalar metrics. ``extras``
+    (an evaluator's ``results_extras()``) are added as they are.
     """
     summary: Dict[str, Any] = {}
     for task, metrics in task_results.items():
@@ -66,6 +83,7 @@ def dataset_summary(task_results: Mapping[str, Mapping[str, Any]], num_images: i
                     summary[k] = v
     summary["num_images"] = int(num_images)
     summary["seconds_per_image"] = float(seconds_per_image)
+    summary.update(extras or {})
     return summary
 
 

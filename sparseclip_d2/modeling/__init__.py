@@ -1,4 +1,4 @@
-"""detectron2 modeling parts: the ``SparseCLIP`` META_ARCH and the ``SparseCLIPBackbone``
+"""detectron2 modeling parts: the ``SparseCLIP`` and ``SparseCLIPFGOVD`` META_ARCHs and the ``SparseCLIPBackbone``
 (registered on import), plus the pure-torch sliding-window and post-processing steps."""
 from .. import require_detectron2
 
@@ -6,11 +6,13 @@ require_detectron2("sparseclip_d2.modeling")
 
 from .backbone import SparseCLIPBackbone, build_clip_from_config, resolve_device
 from .meta_arch import SparseCLIP
+from .fgovd import SparseCLIPFGOVD
 from .postprocess import class_scores
 from .sliding_window import dense_logits, symmetric_pad, window_grid
 
 __all__ = [
     "SparseCLIP",
+    "SparseCLIPFGOVD",
     "SparseCLIPBackbone",
     "build_clip_from_config",
     "class_scores",

@@ -1,49 +1,67 @@
-"""FG-OVD inference: region embeddings of the boxes and their caption scores.
+"""``SparseCLIPFGOVD``: FG-OVD region recognition with a frozen (sparse-attention) CLIP.
 
-Entry point :func:`fgovd_inference`, called by the ``SparseCLIP`` META_ARCH when the inputs
-come from a dataset whose metadata has ``evaluator_type == "fgovd"``. The inputs are the
-dicts of :class:`sparseclip_d2.data.fgovd_mapper.FGOVDDatasetMapper`; each carries the
-run's :class:`~sparseclip_d2.data.fgovd_mapper.FGOVDOptions` (``fgovd_options``).
+For each ground-truth box of an image (or, with proposals, the proposal standing for it),
+one region embedding is compared with the embeddings of the box's captions (positive
+first, then its negatives). Two protocols (``MODEL.SPARSECLIP.FGOVD.PROTOCOL``):
 
-Regions (ground-truth boxes, or with proposals the proposal of highest IoU >= threshold with
-each box):
+- ``dense``: the whole image is resized to ``R x R`` (PIL, ``RESIZE_INTERPOLATION``), goes
+  through the modified dense encoder (``(B, D, R/p, R/p)`` patch embeddings) and each box is
+  RoIAligned on that grid (``spatial_scale = 1/p``, adaptive sampling, ``P x P`` bins
+  averaged), as 360CVGroup/FG-CLIP fgclip/model/clip_strc/fgclip.py
+  (``roi_align(feature_map, boxes, (1, 1), 1.0, -1, True)`` on boxes in grid units) does.
+- ``crop``: each box is cropped from the original image and preprocessed exactly as CLIP's
+  own transform, then encoded by the *unmodified* ``clip_model.encode_image``
+  (lorebianchi98/FG-CLIP fgovd_evaluation/inference_on_benchmark.py).
 
-- ``dense`` protocol: the (R x R) image goes through the modified dense encoder, giving
-  ``(B, D, R/p, R/p)`` patch embeddings; each box is RoIAligned on that grid
-  (``spatial_scale = 1/p``, adaptive sampling, ``P x P`` bins averaged) and L2-normalised.
-- ``crop`` protocol (baseline): each box is cropped from the original image, resized to the
-  CLIP input size and encoded by the *unmodified* image encoder ``clip_model.encode_image``.
-
-Captions are encoded as they are (full sentences, commas included: no synonym splitting),
-optionally through templates, and cached per (model, templates, device, dtype) by text.
+Captions are encoded whole (commas included; never split into synonyms), optionally through
+templates, and kept in a bounded per-model cache. The evaluator
+(:class:`sparseclip_d2.evaluation.fgovd_evaluation.FGOVDEvaluator`) applies the N-negatives
+rule, the tie rule and the median.
 """
 import logging
 import math
-import weakref
-from typing import Dict, List, Sequence, Tuple
+from collections import OrderedDict
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from detectron2.structures import Boxes, pairwise_iou
+import torchvision.transforms.functional as TF
+from PIL import Image
+from torch import nn
 from torchvision.ops import roi_align
+from torchvision.transforms import InterpolationMode
+
+from detectron2.config import configurable
+from detectron2.modeling import META_ARCH_REGISTRY
+from detectron2.structures import Boxes, pairwise_iou
+
+from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
+from .backbone import build_clip_from_config
+from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
 
 __all__ = [
-    "fgovd_inference",
+    "SparseCLIPFGOVD",
+    "FGOVD_PROTOCOLS",
     "pool_region_embeddings",
     "match_proposals",
-    "crop_boxes",
+    "crop_box_pixels",
+    "clip_crop",
+    "resize_image",
     "CaptionEncoder",
     "score_regions",
 ]
 
 logger = logging.getLogger(__name__)
 
+FGOVD_PROTOCOLS = ("dense", "crop")
+
 # RoIAlign sampling ratio: 0 = adaptive (ceil(bin size) samples per bin and axis), as in
-# detectron2's ROIAlignV2 pooler. A box covering exactly one patch with P = 1 is sampled
-# once, at the patch centre.
+# detectron2's ROIAlignV2 pooler and 360CVGroup/FG-CLIP fgclip.py (sampling_ratio=-1, also
+# adaptive in torchvision).
 _SAMPLING_RATIO = 0
-# Crops encoded per encode_image call.
-_CROP_BATCH = 64
+
+_PIL_INTERPOLATION = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}
 
 
 def pool_region_embeddings(
@@ -82,85 +100,125 @@ def pool_region_embeddings(
 
 
 def match_proposals(
-    gt_boxes: torch.Tensor, proposal_boxes: torch.Tensor, iou_threshold: float
+    gt_boxes: torch.Tensor,
+    proposal_boxes: torch.Tensor,
+    iou_threshold: float,
+    proposal_scores: Optional[torch.Tensor] = None,
+    mode: str = "score",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The proposal standing for each ground-truth box: highest IoU, if >= threshold.
+    """The proposal standing for each ground-truth box.
 
     Args:
         gt_boxes: ``(K, 4)`` XYXY.
         proposal_boxes: ``(M, 4)`` XYXY (M may be 0).
-        iou_threshold: minimum IoU.
+        iou_threshold: t.
+        proposal_scores: ``(M,)`` proposal scores (objectness); needed by ``mode="score"``.
+        mode: "score": among the proposals with IoU > t, the highest-scoring one (FG-OVD
+            evaluation/ranks.py: the highest-confidence prediction that NMS at IoU t
+            suppresses with the ground-truth box; torchvision's NMS suppresses IoU > t).
+            "iou": the proposal of highest IoU, matched if IoU >= t (first one on ties).
 
     Returns:
-        ``(index (K,) long, matched (K,) bool)``; ``index`` is the proposal of highest IoU
-        (the first one, i.e. the higher objectness, on IoU ties; 0 when unmatched).
+        ``(index (K,) long, matched (K,) bool)``; ``index`` is 0 when unmatched.
     """
+    if mode not in CONVENTION_CHOICES["proposal_matching"]:
+        raise ValueError(
+            f"unknown proposal matching {mode!r}; valid: {', '.join(CONVENTION_CHOICES['proposal_matching'])}"
+        )
     k = gt_boxes.shape[0]
     if k == 0 or proposal_boxes.shape[0] == 0:
         return torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.bool)
     iou = pairwise_iou(Boxes(gt_boxes.float()), Boxes(proposal_boxes.float()))  # (K, M)
-    best, index = iou.max(dim=1)
-    return index, best >= iou_threshold
+    if mode == "iou":
+        best, index = iou.max(dim=1)
+        return index, best >= iou_threshold
+    if proposal_scores is None or proposal_scores.shape != (proposal_boxes.shape[0],):
+        raise ValueError("proposal matching by score needs one score per proposal")
+    eligible = iou > iou_threshold
+    masked = torch.where(eligible, proposal_scores.float()[None, :].expand_as(iou),
+                         torch.full_like(iou, -math.inf))
+    index = masked.argmax(dim=1)
+    matched = eligible.any(dim=1)
+    return torch.where(matched, index, torch.zeros_like(index)), matched
 
 
-def crop_boxes(image: torch.Tensor, boxes: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    """Crop boxes out of an image and resize each crop to ``size``.
+def crop_box_pixels(box: Sequence[float], width: int, height: int) -> Tuple[int, int, int, int]:
+    """The integer pixel rectangle ``(x0, y0, x1, y1)`` of an XYXY box: each coordinate clipped
+    to the image, then floor for the top-left and ceil for the bottom-right corner, as
+    lorebianchi98/FG-CLIP fgovd_evaluation/inference_on_benchmark.py does before
+    ``Image.crop`` (at least one pixel kept)."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    xa = int(math.floor(min(max(x0, 0.0), width - 1)))
+    ya = int(math.floor(min(max(y0, 0.0), height - 1)))
+    xb = max(int(math.ceil(min(x1, float(width)))), xa + 1)
+    yb = max(int(math.ceil(min(y1, float(height)))), ya + 1)
+    return xa, ya, xb, yb
 
-    The crop is the integer pixel rectangle enclosing the box (floor / ceil, clipped to the
-    image, at least 1 pixel), resized with antialiased bicubic interpolation (no aspect
-    preservation: the whole box is seen).
 
-    Args:
-        image: ``(C, H, W)`` float.
-        boxes: ``(K, 4)`` XYXY pixels.
-        size: ``(S_h, S_w)``.
+def clip_crop(image: Image.Image, box: Sequence[float], n_px: int) -> torch.Tensor:
+    """One box as CLIP sees it: the crop of :func:`crop_box_pixels`, the short side resized to
+    ``n_px`` (bicubic, torchvision on the PIL image) and the central ``n_px x n_px`` - the
+    geometric part of CLIP's own preprocess (``Resize(n_px, BICUBIC)``, ``CenterCrop(n_px)``).
 
     Returns:
-        ``(K, C, S_h, S_w)`` float.
+        ``(3, n_px, n_px)`` uint8 RGB.
     """
-    _, H, W = image.shape
-    crops = []
-    for x0, y0, x1, y1 in boxes.tolist():
-        xa = min(max(int(math.floor(x0)), 0), W - 1)
-        ya = min(max(int(math.floor(y0)), 0), H - 1)
-        xb = max(min(int(math.ceil(x1)), W), xa + 1)
-        yb = max(min(int(math.ceil(y1)), H), ya + 1)
-        crop = image[None, :, ya:yb, xa:xb]
-        crops.append(F.interpolate(crop, size=size, mode="bicubic", align_corners=False, antialias=True))
-    if not crops:
-        return image.new_zeros((0, image.shape[0], *size))
-    return torch.cat(crops)
+    crop = image.crop(crop_box_pixels(box, image.width, image.height))
+    crop = TF.center_crop(TF.resize(crop, n_px, interpolation=InterpolationMode.BICUBIC), n_px)
+    return torch.as_tensor(np.asarray(crop.convert("RGB"), dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def resize_image(image: Image.Image, size: int, interpolation: str = "bicubic") -> torch.Tensor:
+    """The whole image resized to ``size x size`` with PIL (``Image.resize``; bicubic is its
+    default). Returns ``(3, size, size)`` uint8 RGB."""
+    if interpolation not in _PIL_INTERPOLATION:
+        raise ValueError(f"unknown interpolation {interpolation!r}; valid: {', '.join(_PIL_INTERPOLATION)}")
+    out = image.convert("RGB").resize((int(size), int(size)), _PIL_INTERPOLATION[interpolation])
+    return torch.as_tensor(np.asarray(out, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
 class CaptionEncoder:
-    """Caption-sentence embeddings, cached by (text, device).
+    """Caption-sentence embeddings with a bounded least-recently-used cache keyed by
+    ``(text, device)``; one instance per model (no module-level state).
 
-    Captions are used as they are (no comma splitting): they go through
-    ``TextClassifier.encode``, which takes already-split prompts (every template filled with
-    the caption, L2-normalised embeddings averaged over templates and re-normalised; prompts
-    longer than the text context are truncated by the tokenizer, with a warning).
+    Captions are used as they are (no comma splitting): ``encode(list of M texts) -> (M, D)``
+    (e.g. ``TextClassifier.encode``: every template filled with the caption, embeddings
+    L2-normalised, averaged over templates and re-normalised).
     """
 
-    def __init__(self, text_classifier):
-        """
-        Args:
-            text_classifier: a ``sparseclip_d2.clip.TextClassifier`` (uses its ``encode``).
-        """
-        self.text_classifier = text_classifier
-        self._cache: Dict[Tuple[str, str], torch.Tensor] = {}
+    def __init__(self, encode: Callable[[List[str]], torch.Tensor], max_size: int = 8192):
+        if int(max_size) < 1:
+            raise ValueError(f"caption cache size must be >= 1, got {max_size}")
+        self.encode = encode
+        self.max_size = int(max_size)
+        self._cache: "OrderedDict[Tuple[str, str], torch.Tensor]" = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     @torch.no_grad()
     def __call__(self, captions: Sequence[str], device: torch.device) -> torch.Tensor:
         """``(M,)`` captions, M >= 1 -> ``(M, D)`` float32 unit-norm embeddings on ``device``."""
         if not captions:
             raise ValueError("no captions to encode")
-        key_dev = str(device)
-        todo = sorted({c for c in captions if (c, key_dev) not in self._cache})
+        dev = str(device)
+        unique = list(OrderedDict.fromkeys(captions))
+        todo = [c for c in unique if (c, dev) not in self._cache]
+        found = {}
         if todo:
-            emb = self.text_classifier.encode(todo).to(device=device, dtype=torch.float32)
-            for c, e in zip(todo, emb):
-                self._cache[(c, key_dev)] = e
-        return torch.stack([self._cache[(c, key_dev)] for c in captions])
+            emb = self.encode(todo).to(device=device, dtype=torch.float32)
+            if emb.shape[0] != len(todo):
+                raise ValueError(f"caption encoder returned {emb.shape[0]} embeddings for {len(todo)} captions")
+            found = dict(zip(todo, F.normalize(emb, dim=-1)))
+        for c in unique:
+            if c in found:
+                self._cache[(c, dev)] = found[c]
+            else:
+                found[c] = self._cache[(c, dev)]
+                self._cache.move_to_end((c, dev))
+        while len(self._cache) > self.max_size:
+            self._cache.popitem(last=False)
+        return torch.stack([found[c] for c in captions])
 
 
 def score_regions(regions: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
@@ -176,132 +234,237 @@ def score_regions(regions: torch.Tensor, captions: torch.Tensor) -> torch.Tensor
     return torch.einsum("kd,kcd->kc", regions.float(), captions.float())
 
 
-# One CaptionEncoder per (clip model, templates); dropped with the model.
-_CAPTION_ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+@META_ARCH_REGISTRY.register()
+class SparseCLIPFGOVD(nn.Module):
+    """Frozen CLIP (modified final attention for the dense protocol) scoring FG-OVD boxes
+    against their captions. Inputs: dicts of
+    :class:`sparseclip_d2.data.fgovd_mapper.FGOVDDatasetMapper`."""
 
+    @configurable
+    def __init__(
+        self,
+        *,
+        encoder: nn.Module,
+        caption_encoder: Callable[[List[str]], torch.Tensor],
+        pixel_mean: Sequence[float],
+        pixel_std: Sequence[float],
+        clip_model: Optional[nn.Module] = None,
+        protocol: str = "dense",
+        resolution: int = 224,
+        pooler_resolution: int = 1,
+        aligned: bool = True,
+        resize_interpolation: str = "bicubic",
+        proposal_matching: str = "score",
+        iou_threshold: float = 0.5,
+        input_format: str = "RGB",
+        caption_cache_size: int = 8192,
+        crop_batch_size: int = 64,
+        random_weights: bool = False,
+    ):
+        """
+        Args:
+            encoder: dense encoder, ``(B, 3, H, W)`` normalised -> ``(B, D, H/p, W/p)``, with
+                ``patch_size`` and ``embed_dim`` attributes.
+            caption_encoder: ``list of M captions -> (M, D)`` embeddings.
+            pixel_mean, pixel_std: per-channel RGB normalisation on the 0-255 scale.
+            clip_model: the open_clip model (its unmodified ``encode_image`` and
+                ``visual.image_size`` serve the crop protocol).
+            protocol: "dense" or "crop".
+            resolution: dense protocol working resolution R.
+            pooler_resolution: RoIAlign output size P (bins averaged).
+            aligned: RoIAlign ``aligned`` flag.
+            resize_interpolation: dense whole-image resize, "bicubic" or "bilinear" (PIL).
+            proposal_matching, iou_threshold: see :func:`match_proposals`.
+            input_format: "RGB" or "BGR", channel order of ``input["image"]``.
+            caption_cache_size: caption embeddings kept (least recently used dropped).
+            crop_batch_size: crops per ``encode_image`` call.
+            random_weights: the CLIP weights are random (recorded).
+        """
+        super().__init__()
+        if protocol not in FGOVD_PROTOCOLS:
+            raise ValueError(f"unknown MODEL.SPARSECLIP.FGOVD.PROTOCOL {protocol!r}; valid: {', '.join(FGOVD_PROTOCOLS)}")
+        if int(resolution) < 1 or int(pooler_resolution) < 1:
+            raise ValueError(
+                f"MODEL.SPARSECLIP.FGOVD.RESOLUTION ({resolution}) and POOLER_RESOLUTION "
+                f"({pooler_resolution}) must be >= 1"
+            )
+        if not 0.0 <= float(iou_threshold) <= 1.0 or not math.isfinite(float(iou_threshold)):
+            raise ValueError(f"MODEL.SPARSECLIP.FGOVD.IOU_THRESHOLD must be in [0, 1], got {iou_threshold}")
+        if resize_interpolation not in _PIL_INTERPOLATION:
+            raise ValueError(
+                f"unknown MODEL.SPARSECLIP.FGOVD.RESIZE_INTERPOLATION {resize_interpolation!r}; "
+                f"valid: {', '.join(_PIL_INTERPOLATION)}"
+            )
+        if proposal_matching not in CONVENTION_CHOICES["proposal_matching"]:
+            raise ValueError(
+                f"unknown MODEL.SPARSECLIP.FGOVD.PROPOSAL_MATCHING {proposal_matching!r}; valid: "
+                f"{', '.join(CONVENTION_CHOICES['proposal_matching'])}"
+            )
+        if input_format not in ("RGB", "BGR"):
+            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {input_format!r}")
+        if protocol == "crop" and clip_model is None:
+            raise ValueError("MODEL.SPARSECLIP.FGOVD.PROTOCOL crop needs clip_model (the unmodified CLIP)")
+        if int(crop_batch_size) < 1:
+            raise ValueError(f"crop_batch_size must be >= 1, got {crop_batch_size}")
+        self.encoder = encoder
+        self.clip_model = clip_model
+        self.captions = CaptionEncoder(caption_encoder, caption_cache_size)
+        self.protocol = protocol
+        self.resolution = int(resolution)
+        self.pooler_resolution = int(pooler_resolution)
+        self.aligned = bool(aligned)
+        self.resize_interpolation = resize_interpolation
+        self.proposal_matching = proposal_matching
+        self.iou_threshold = float(iou_threshold)
+        self.input_format = input_format
+        self.crop_batch_size = int(crop_batch_size)
+        self.random_weights = bool(random_weights)
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+        self.eval()
 
-def _caption_encoder(model, templates_name: str) -> CaptionEncoder:
-    """The cached :class:`CaptionEncoder` of ``model`` for a template set (captions are encoded
-    whole through the META_ARCH's text classifier, never split into synonyms)."""
-    per_model = _CAPTION_ENCODERS.setdefault(model.clip_model, {})
-    if templates_name not in per_model:
-        per_model[templates_name] = CaptionEncoder(model.text_classifier(templates_name))
-    return per_model[templates_name]
+    @classmethod
+    def from_config(cls, cfg):
+        sc = cfg.MODEL.SPARSECLIP
+        f = sc.FGOVD
+        conventions = conventions_from_config(cfg)
+        clip_model, random_weights = build_clip_from_config(cfg)
+        encoder = DenseCLIPEncoder(clip_model.visual, AttentionSpec.from_config(cfg))
+        text = TextClassifier(
+            clip_model,
+            get_tokenizer(sc.CLIP.NAME),
+            f.TEMPLATES,
+            model_name=f"{sc.CLIP.NAME}:{sc.CLIP.PRETRAINED}",
+            cache_dir=sc.TEXT.CACHE_DIR or None,
+            batch_size=sc.TEXT.BATCH_SIZE,
+        )
+        return {
+            "encoder": encoder,
+            "caption_encoder": text.encode,
+            "pixel_mean": [255.0 * m for m in encoder.image_mean],
+            "pixel_std": [255.0 * s for s in encoder.image_std],
+            "clip_model": clip_model,
+            "protocol": f.PROTOCOL,
+            "resolution": f.RESOLUTION,
+            "pooler_resolution": f.POOLER_RESOLUTION,
+            "aligned": f.ALIGNED,
+            "resize_interpolation": conventions.resize_interpolation,
+            "proposal_matching": conventions.proposal_matching,
+            "iou_threshold": f.IOU_THRESHOLD,
+            "input_format": cfg.INPUT.FORMAT,
+            "caption_cache_size": f.CAPTION_CACHE_SIZE,
+            "random_weights": random_weights,
+        }
 
+    @property
+    def device(self) -> torch.device:
+        return self.pixel_mean.device
 
-def _regions(inp: dict, options) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Boxes to pool for one input, and which ground-truth boxes have a region.
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` uint8 RGB -> float32 normalised on ``self.device``."""
+        return (images.to(self.device, torch.float32) - self.pixel_mean) / self.pixel_std
 
-    Returns ``(boxes (K, 4) XYXY in the mapped image, matched (K,) bool)``.
-    """
-    gt = inp["instances"].gt_boxes.tensor
-    if "proposals" not in inp:
-        return gt, torch.ones(len(gt), dtype=torch.bool)
-    props = inp["proposals"].proposal_boxes.tensor
-    index, matched = match_proposals(gt, props, options.iou_threshold)
-    boxes = props[index] if len(props) else gt.clone()
-    return boxes, matched
+    def _pil(self, image: torch.Tensor) -> Image.Image:
+        if image.dim() != 3 or image.shape[0] != 3 or image.dtype != torch.uint8:
+            raise ValueError(f"expected a (3, H, W) uint8 image, got {tuple(image.shape)} {image.dtype}")
+        if self.input_format == "BGR":
+            image = image.flip(0)
+        return Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
 
+    def _regions(self, inp: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(boxes (K, 4) XYXY in original pixels, matched (K,) bool)`` of one input."""
+        gt = inp["instances"].gt_boxes.tensor.float().cpu()
+        if "proposals" not in inp:
+            return gt, torch.ones(len(gt), dtype=torch.bool)
+        props = inp["proposals"]
+        boxes = props.proposal_boxes.tensor.float().cpu()
+        scores = props.objectness_logits.float().cpu() if props.has("objectness_logits") else None
+        index, matched = match_proposals(gt, boxes, self.iou_threshold, scores, self.proposal_matching)
+        return (boxes[index] if len(boxes) else gt.clone()), matched
 
-@torch.no_grad()
-def fgovd_inference(model, batched_inputs: List[dict]) -> List[dict]:
-    """Score every box of every input against its ``1 + N`` captions.
+    @torch.no_grad()
+    def forward(self, batched_inputs: List[Dict]) -> List[Dict]:
+        """
+        Args:
+            batched_inputs: dicts with ``image`` (3, H, W) uint8 (the original image),
+                ``instances`` (``gt_boxes`` XYXY in the image's pixels, ``ann_ids``),
+                ``fgovd_captions`` (K lists: positive caption first, then its negatives) and
+                optional ``proposals`` (``proposal_boxes``, ``objectness_logits``).
 
-    Args:
-        model: the ``SparseCLIP`` META_ARCH (uses ``encoder``, ``clip_model``, ``device``,
-            ``normalize_image(s)`` and its tokenizer).
-        batched_inputs: dicts from :class:`FGOVDDatasetMapper` (``image``, ``instances``,
-            ``fgovd_captions``, ``fgovd_options``, optional ``proposals``).
-
-    Returns:
-        One dict per input: ``{"fgovd": {"scores": (K, 1 + N) float32 CPU, "matched": (K,)
-        bool, "ann_ids": (K,) long}}``; unmatched boxes (proposal mode) have NaN scores.
-    """
-    for inp in batched_inputs:
-        for key in ("image", "instances", "fgovd_captions", "fgovd_options"):
-            if key not in inp:
-                raise KeyError(
-                    f"FG-OVD input {inp.get('file_name', '?')} lacks '{key}': build the test loader "
-                    f"with sparseclip_d2.data.fgovd_mapper.FGOVDDatasetMapper"
+        Returns:
+            One dict per input: ``{"fgovd": {"scores": (K, C) float32 CPU, C the longest
+            caption list (shorter rows NaN-padded; unmatched boxes all NaN), "num_captions":
+            (K,) long, "matched": (K,) bool, "ann_ids": (K,) long}}``.
+        """
+        for inp in batched_inputs:
+            for key in ("image", "instances", "fgovd_captions"):
+                if key not in inp:
+                    raise KeyError(
+                        f"FG-OVD input {inp.get('file_name', '?')} lacks '{key}': build the test loader "
+                        f"with sparseclip_d2.data.fgovd_mapper.FGOVDDatasetMapper"
+                    )
+            caps = inp["fgovd_captions"]
+            if len(caps) != len(inp["instances"]) or any(len(c) < 1 for c in caps):
+                raise ValueError(
+                    f"{inp.get('file_name')}: {len(caps)} caption lists for {len(inp['instances'])} boxes "
+                    f"(each needs its positive caption first)"
                 )
-    options = batched_inputs[0]["fgovd_options"]
-    if any(inp["fgovd_options"] != options for inp in batched_inputs):
-        raise ValueError("FG-OVD inputs of one batch carry different fgovd_options")
-
-    regions, matched = zip(*(_regions(inp, options) for inp in batched_inputs))
-    counts = [len(r) for r in regions]
-    if sum(counts) == 0:
-        embs = [None] * len(batched_inputs)
-    elif options.protocol == "dense":
-        embs = _dense_embeddings(model, batched_inputs, regions, options)
-    else:
-        embs = _crop_embeddings(model, batched_inputs, regions)
-
-    results = []
-    for inp, emb, m, k in zip(batched_inputs, embs, matched, counts):
-        caps = inp["fgovd_captions"]
-        if len(caps) != k:
-            raise ValueError(f"{inp.get('file_name')}: {len(caps)} caption lists for {k} boxes")
-        c = len(caps[0]) if caps else 1
-        if any(len(x) != c for x in caps):
-            raise ValueError(f"{inp.get('file_name')}: boxes have different numbers of captions")
-        if k:
-            encoder = _caption_encoder(model, options.templates)
-            cap_emb = encoder([t for x in caps for t in x], model.device).view(k, c, -1)
-            scores = score_regions(emb, cap_emb).cpu()
+        images = [self._pil(inp["image"]) for inp in batched_inputs]
+        regions, matched = zip(*(self._regions(inp) for inp in batched_inputs))
+        counts = [len(r) for r in regions]
+        if sum(counts) == 0:
+            embs = [None] * len(batched_inputs)
+        elif self.protocol == "dense":
+            embs = self._dense_embeddings(images, regions)
         else:
-            scores = torch.zeros((0, c))
-        m = m.cpu()
-        scores[~m] = float("nan")
-        results.append(
-            {"fgovd": {"scores": scores, "matched": m, "ann_ids": inp["instances"].ann_ids.cpu()}}
-        )
-    return results
+            embs = self._crop_embeddings(images, regions)
 
+        results = []
+        for inp, emb, m in zip(batched_inputs, embs, matched):
+            caps = inp["fgovd_captions"]
+            k = len(caps)
+            width = max((len(c) for c in caps), default=1)
+            scores = torch.full((k, width), float("nan"))
+            if k:
+                flat = [t for c in caps for t in c]
+                cap_emb = self.captions(flat, self.device)
+                for i, part in enumerate(cap_emb.split([len(c) for c in caps])):
+                    scores[i, : len(part)] = (part @ emb[i].float()).cpu()
+            m = m.cpu()
+            scores[~m] = float("nan")
+            results.append({"fgovd": {
+                "scores": scores,
+                "num_captions": torch.tensor([len(c) for c in caps], dtype=torch.long),
+                "matched": m,
+                "ann_ids": inp["instances"].ann_ids.cpu(),
+            }})
+        return results
 
-def _encoder_dtype(module) -> torch.dtype:
-    param = next(module.parameters(), None)
-    return param.dtype if param is not None else torch.float32
+    def _dense_embeddings(self, images: List[Image.Image], regions) -> List[torch.Tensor]:
+        """Dense protocol: PIL resize to R x R, modified encoder, RoIAlign. B x ``(K_b, D)``."""
+        r = self.resolution
+        batch = torch.stack([resize_image(im, r, self.resize_interpolation) for im in images])
+        feats = self.encoder(self.normalize(batch))  # (B, D, R/p, R/p); the encoder casts
+        boxes = []
+        for im, reg in zip(images, regions):
+            scale = torch.tensor([r / im.width, r / im.height, r / im.width, r / im.height])
+            boxes.append((reg * scale).to(self.device))
+        return pool_region_embeddings(feats, boxes, int(self.encoder.patch_size), self.pooler_resolution, self.aligned)
 
-
-def _dense_embeddings(model, batched_inputs, regions, options) -> List[torch.Tensor]:
-    """Dense protocol: encode the (R x R) images, RoIAlign the regions. B x ``(K_b, D)``.
-
-    ``model.normalize_images`` pads bottom/right to a patch multiple, which leaves the box
-    coordinates valid.
-    """
-    shapes = {tuple(inp["image"].shape[-2:]) for inp in batched_inputs}
-    if len(shapes) != 1:
-        raise ValueError(
-            f"FG-OVD dense inputs of a batch must share one size (RESOLUTION x RESOLUTION), got {sorted(shapes)}"
-        )
-    images = model.normalize_images(batched_inputs).tensor
-    feats = model.encoder(images.to(_encoder_dtype(model.encoder)))  # (B, D, H'/p, W'/p)
-    boxes = [r.to(model.device) for r in regions]
-    return pool_region_embeddings(
-        feats, boxes, int(model.encoder.patch_size), options.pooler_resolution, options.aligned
-    )
-
-
-def _crop_embeddings(model, batched_inputs, regions) -> List[torch.Tensor]:
-    """Crop protocol: encode each box crop with the unmodified encoder. B x ``(K_b, D)``.
-
-    Crops are cut from the uint8 image, resized to the CLIP input size, then normalised
-    exactly like whole images (``model.normalize_image``).
-    """
-    if model.clip_model is None:
-        raise ValueError("MODEL.SPARSECLIP.FGOVD.PROTOCOL crop needs model.clip_model (the unmodified CLIP)")
-    visual = model.clip_model.visual
-    size = visual.image_size
-    size = (int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size)
-    dtype = _encoder_dtype(visual)
-    out = []
-    for inp, boxes in zip(batched_inputs, regions):
-        img = inp["image"].to(model.device).float()
-        crops = crop_boxes(img, boxes.to(img.device), size).clamp_(0, 255)
-        embs = []
-        for i in range(0, len(crops), _CROP_BATCH):
-            c = torch.stack([model.normalize_image(x) for x in crops[i:i + _CROP_BATCH]])
-            embs.append(F.normalize(model.clip_model.encode_image(c.to(dtype)).float(), dim=-1))
-        out.append(torch.cat(embs) if embs else img.new_zeros((0, int(model.encoder.embed_dim))))
-    return out
+    def _crop_embeddings(self, images: List[Image.Image], regions) -> List[torch.Tensor]:
+        """Crop protocol: CLIP's preprocessing of each box crop, unmodified encoder. B x ``(K_b, D)``."""
+        size = self.clip_model.visual.image_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        if size[0] != size[1]:
+            raise ValueError(f"the crop protocol needs a square CLIP input size, got {size}")
+        param = next(self.clip_model.visual.parameters(), None)
+        dtype = param.dtype if param is not None else torch.float32
+        out = []
+        for im, reg in zip(images, regions):
+            crops = [clip_crop(im, box, int(size[0])) for box in reg.tolist()]
+            embs = []
+            for i in range(0, len(crops), self.crop_batch_size):
+                x = self.normalize(torch.stack(crops[i:i + self.crop_batch_size]))
+                embs.append(F.normalize(self.clip_model.encode_image(x.to(dtype)).float(), dim=-1))
+            out.append(torch.cat(embs) if embs else torch.zeros((0, int(self.encoder.embed_dim)), device=self.device))
+        return out

@@ -10,7 +10,7 @@ The vocabulary comes from the input: ``vocabulary`` (list of class names with
 comma-separated synonyms) or the ``stuff_classes`` of ``MetadataCatalog.get(dataset_name)``;
 text classifiers are built once per (vocabulary, templates, device) and cached.
 
-Other code (FG-OVD region retrieval) reuses the parts:
+Other code (the demo, the attention analysis) reuses the parts:
 
 - ``model.encoder``: the ``DenseCLIPEncoder`` (``(B, 3, H, W)`` normalised images ->
   ``(B, D, H/p, W/p)``);
@@ -230,7 +230,7 @@ class SparseCLIP(nn.Module):
     def device(self) -> torch.device:
         return self.pixel_mean.device
 
-    # ------------------------------------------------------------------ parts reused by FG-OVD
+    # ------------------------------------------------------------------ parts reused by other code
     def text_classifier_for(
         self, vocabulary: Sequence[str], templates: Optional[str] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -326,8 +326,8 @@ class SparseCLIP(nn.Module):
         Args:
             batched_inputs: dicts with ``image`` (3, H, W) uint8, optional ``height``/``width``
                 (output size; default the image size), and ``dataset_name`` or ``vocabulary``
-                (+ optional ``background_index``). FG-OVD inputs are routed to
-                ``modeling.fgovd.fgovd_inference``.
+                (+ optional ``background_index``). FG-OVD has its own META_ARCH,
+                ``SparseCLIPFGOVD`` (``modeling/fgovd.py``).
 
         Returns:
             list of ``{"sem_seg": (C, height, width) float32}`` class scores, or of
@@ -336,10 +336,6 @@ class SparseCLIP(nn.Module):
         """
         if not batched_inputs:
             return []
-        if _is_fgovd(batched_inputs[0]):
-            from .fgovd import fgovd_inference
-
-            return fgovd_inference(self, batched_inputs)
         outputs = []
         with torch.no_grad():
             for x in batched_inputs:
@@ -488,12 +484,4 @@ def check_vocabulary(vocabulary: Sequence[str], what: str, allow_duplicates: boo
                     continue
                 raise ValueError(f"{what}: duplicate name {syn!r} {where} {c} ({name!r}); names must be unique")
             seen[key] = c
-
-
-def _is_fgovd(x: Dict) -> bool:
-    if "fgovd" in x:
-        return True
-    name = x.get("dataset_name")
-    return name is not None and MetadataCatalog.get(name).get("evaluator_type", None) == "fgovd"
-
 
