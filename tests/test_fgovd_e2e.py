@@ -1,5 +1,7 @@
-"""FG-OVD end to end with the tiny random-weight CLIP: configs, the evaluation loop and
-tools/train_net.py --eval-only writing top1 / mean_rank / median_rank per split and mHME."""
+"""FG-OVD end to end with the tiny random-weight CLIP: configs, the evaluation loop,
+tools/train_net.py --eval-only writing top1 / mean_rank / median_rank per split, mHME and the
+conventions, and tools/prepare_datasets.py check / train_net failing on missing files before
+any model is built."""
 import glob
 import json
 import os
@@ -9,17 +11,17 @@ import sys
 import pytest
 
 from detectron2.config import get_cfg
-from detectron2.data import DatasetCatalog, MetadataCatalog, build_detection_test_loader
+from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.evaluation import inference_on_dataset
 from detectron2.modeling import build_model
 
-import sparseclip_d2.modeling  # noqa: F401  (registers the META_ARCH)
+import sparseclip_d2  # noqa: F401  (registers the META_ARCHs, loaders, evaluators)
 from sparseclip_d2.config import add_sparseclip_config
+from sparseclip_d2.data import build_test_loader, check_meta_architecture
 from sparseclip_d2.data.datasets.fgovd import register_fgovd_dataset
-from sparseclip_d2.data.fgovd_mapper import FGOVDDatasetMapper, attach_fgovd_proposals, is_fgovd_dataset
-from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, write_results
-from sparseclip_d2.evaluation.fgovd_evaluation import add_mhme, fgovd_metrics
-from test_fgovd_data import make_benchmark
+from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, finalize_summaries, write_results
+from sparseclip_d2.evaluation.fgovd_evaluation import fgovd_metrics
+from test_fgovd_data import IMAGES, make_benchmark
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLIT_FILES = {"hard": "1_attributes.json", "medium": "2_attributes.json", "easy": "3_attributes.json"}
@@ -38,14 +40,19 @@ def test_fgovd_configs_merge():
     files = sorted(glob.glob(os.path.join(REPO, "configs", "fgovd", "*.yaml")))
     names = {os.path.basename(f) for f in files}
     expected = {f"{b}_{s}_{n}.yaml" for b in ("b16", "l14") for s in ("qkv", "qqv", "kkv", "vvv", "qqkk", "qqkkvv")
-                for n in ("softmax", "entmax1.2")} | {"Base-FGOVD.yaml"}
+                for n in ("softmax", "entmax1.2")} | {"Base-FGOVD.yaml", "b16_crop_baseline.yaml"}
     assert names == expected
     sources = {"qkv": "qk", "qqv": "qq", "kkv": "kk", "vvv": "vv", "qqkk": "qq+kk", "qqkkvv": "qq+kk+vv"}
     for f in files:
         cfg = _base_cfg(f)
         assert cfg.MODEL.SPARSECLIP.FGOVD.RESOLUTION == 224
-        assert all(is_fgovd_dataset(n) for n in cfg.DATASETS.TEST)
+        assert cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD"
+        check_meta_architecture(cfg.MODEL.META_ARCHITECTURE, cfg.DATASETS.TEST)
         name = os.path.basename(f)
+        if name == "b16_crop_baseline.yaml":
+            assert (cfg.MODEL.SPARSECLIP.FGOVD.PROTOCOL, cfg.MODEL.SPARSECLIP.FGOVD.CONVENTIONS) == ("crop", "fgovd")
+            continue
+        assert (cfg.MODEL.SPARSECLIP.FGOVD.PROTOCOL, cfg.MODEL.SPARSECLIP.FGOVD.CONVENTIONS) == ("dense", "region_top1")
         if name == "Base-FGOVD.yaml":
             continue
         bb, src, norm = name[:-5].split("_")
@@ -56,7 +63,8 @@ def test_fgovd_configs_merge():
 
 
 def _check_results(results, names, ranks_dir):
-    """Every split: metrics recomputed from the per-box ranks file; mHME = mean top1.
+    """Every split under the "fgovd" conventions: metrics recomputed from the per-box ranks
+    file; mHME = mean top1; N and the conventions recorded.
 
     names: {split: dataset name}; ranks_dir: {split: directory of fgovd_ranks.json}.
     """
@@ -69,10 +77,13 @@ def _check_results(results, names, ranks_dir):
             boxes = json.load(f)
         assert sorted(b["ann_id"] for b in boxes) == [101, 103, 104, 105]  # 102 dropped (9 < 10)
         assert all(b["num_negatives"] == 10 for b in boxes)
-        expected = fgovd_metrics([b["rank"] for b in boxes], num_dropped=1)
+        expected = fgovd_metrics([b["rank"] for b in boxes], num_dropped=1, median_definition="fgovd")
         for key, value in expected.items():
             assert entry[key] == pytest.approx(value), (name, key)
         assert entry["num_images"] == 3
+        assert entry["num_negatives"] == 10
+        assert entry["conventions"] == {"min_negatives": "drop", "ties": "miss", "median": "fgovd",
+                                        "resize_interpolation": "bicubic", "proposal_matching": "score"}
         top1[split] = entry["top1"]
     mhme = results["fgovd_mHME"]
     assert mhme["mHME"] == pytest.approx(sum(top1.values()) / 3)
@@ -80,8 +91,8 @@ def _check_results(results, names, ranks_dir):
 
 
 def test_eval_loop_inference_on_dataset(tmp_path):
-    """The train_net loop (evaluator factory, inference_on_dataset, dataset_summary,
-    add_mhme, results.json) run in process on generated splits."""
+    """The train_net loop (loader and evaluator builders, inference_on_dataset,
+    dataset_summary, finalize_summaries, results.json) run in process on generated splits."""
     root = str(tmp_path / "datasets")
     names = {}
     for split, fname in SPLIT_FILES.items():
@@ -93,17 +104,18 @@ def test_eval_loop_inference_on_dataset(tmp_path):
         register_fgovd_dataset(name, json_file, image_root, 10, split=split)
         names[split] = name
     cfg = _base_cfg(os.path.join(REPO, "configs", "fgovd", "b16_qqkk_entmax1.2.yaml"))
-    cfg.merge_from_list(TINY + ["OUTPUT_DIR", str(tmp_path / "out")])
+    cfg.merge_from_list(TINY + ["OUTPUT_DIR", str(tmp_path / "out"), "MODEL.SPARSECLIP.FGOVD.CONVENTIONS", "fgovd"])
     cfg.DATASETS.TEST = tuple(names.values())
     model = build_model(cfg)
     summaries, ranks_dir = {}, {}
     for split, name in names.items():
-        dicts = attach_fgovd_proposals(cfg, name, DatasetCatalog.get(name))
-        loader = build_detection_test_loader(dicts, mapper=FGOVDDatasetMapper(cfg, name), num_workers=0)
+        dicts = DatasetCatalog.get(name)
+        loader = build_test_loader(cfg, name, dicts)
         ranks_dir[split] = os.path.join(cfg.OUTPUT_DIR, "inference", name)
-        res = inference_on_dataset(model, loader, build_evaluator(cfg, name, ranks_dir[split]))
-        summaries[name] = dataset_summary(res, len(dicts), 0.0)
-    path = write_results(build_results(add_mhme(summaries), cfg, random_weights=True), cfg.OUTPUT_DIR)
+        evaluator = build_evaluator(cfg, name, ranks_dir[split])
+        res = inference_on_dataset(model, loader, evaluator)
+        summaries[name] = dataset_summary(res, len(dicts), 0.0, evaluator.results_extras())
+    path = write_results(build_results(finalize_summaries(summaries), cfg, random_weights=True), cfg.OUTPUT_DIR)
     with open(path) as f:
         results = json.load(f)
     _check_results(results, names, ranks_dir)
@@ -118,11 +130,58 @@ def test_train_net_eval_only(tmp_path):
     env = dict(os.environ, DETECTRON2_DATASETS=root, SPARSECLIP_TEXT_CACHE="off")
     cmd = [sys.executable, os.path.join(REPO, "tools", "train_net.py"), "--eval-only", "--config-file",
            os.path.join(REPO, "configs", "fgovd", "b16_qqkk_entmax1.2.yaml"), *TINY, "OUTPUT_DIR", out,
-           "DATASETS.TEST", "('sparseclip_fgovd_hard', 'sparseclip_fgovd_medium', 'sparseclip_fgovd_easy')"]
+           "DATASETS.TEST", "('sparseclip_fgovd_hard', 'sparseclip_fgovd_medium', 'sparseclip_fgovd_easy')",
+           "MODEL.SPARSECLIP.FGOVD.CONVENTIONS", "fgovd"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert any(folder == "train2017" for _, _, _, folder in IMAGES)  # images in both COCO folders
     with open(os.path.join(out, "results.json")) as f:
         results = json.load(f)
     names = {s: f"sparseclip_fgovd_{s}" for s in SPLIT_FILES}
     _check_results(results, names, {s: os.path.join(out, "inference", n) for s, n in names.items()})
     assert "mHME" in proc.stdout + proc.stderr
+
+
+def _run(args, env, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_missing_image_caught_by_check_and_before_the_model(tmp_path):
+    root = str(tmp_path / "datasets")
+    for fname in SPLIT_FILES.values():
+        make_benchmark(root, fname)
+    env = {"DETECTRON2_DATASETS": root, "SPARSECLIP_TEXT_CACHE": "off"}
+    check = [os.path.join(REPO, "tools", "prepare_datasets.py"), "check", "--root", root]
+    ok = _run(check + ["sparseclip_fgovd_hard", "sparseclip_fgovd_easy"], env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "sparseclip_fgovd_hard: ready" in ok.stdout
+    os.remove(os.path.join(root, "coco", "train2017", "000000000002.png"))
+    bad = _run(check + ["sparseclip_fgovd_hard"], env)
+    assert bad.returncode != 0
+    assert "1 of 3 images" in bad.stdout and "train2017/000000000002.png" in bad.stdout
+    assert "train2017.zip" in bad.stdout
+    # a missing JSON: the expected path and where to get it
+    os.remove(os.path.join(root, "fg-ovd", "benchmarks", "2_attributes.json"))
+    bad = _run(check + ["sparseclip_fgovd_medium"], env)
+    assert bad.returncode != 0 and "2_attributes.json" in bad.stdout and "lorebianchi98/FG-OVD" in bad.stdout
+
+    cmd = [os.path.join(REPO, "tools", "train_net.py"), "--eval-only", "--config-file",
+           os.path.join(REPO, "configs", "fgovd", "b16_qqkk_entmax1.2.yaml"), *TINY, "OUTPUT_DIR", str(tmp_path / "o"),
+           "DATASETS.TEST", "('sparseclip_fgovd_hard',)"]
+    proc = _run(cmd, env)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train_net.py: error: data:") and "000000000002.png" in last and "train2017.zip" in last
+    assert "Traceback" not in proc.stderr and "RANDOM WEIGHTS" not in proc.stderr  # before the model
+
+
+def test_fgovd_dataset_with_segmentation_model_rejected(tmp_path):
+    root = str(tmp_path / "datasets")
+    make_benchmark(root, "1_attributes.json")
+    cmd = [os.path.join(REPO, "tools", "train_net.py"), "--eval-only", "--config-file",
+           os.path.join(REPO, "configs", "demo.yaml"), *TINY, "OUTPUT_DIR", str(tmp_path / "o"),
+           "DATASETS.TEST", "('sparseclip_fgovd_hard',)"]
+    proc = _run(cmd, {"DETECTRON2_DATASETS": root})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "MODEL.META_ARCHITECTURE SparseCLIPFGOVD, not SparseCLIP" in proc.stderr

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Turn official downloads into the layouts sparseclip_d2 reads (under $DETECTRON2_DATASETS).
 
-    python tools/prepare_datasets.py check [--sample N]    # which datasets are ready (N masks checked)
+    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready (exit 1 if one is not)
     python tools/prepare_datasets.py coco_stuff  [--root R] # stuffthingmaps -> *_labelTrainIds.png
     python tools/prepare_datasets.py coco_object [--root R] # -> *_instanceTrainIds.png (SCLIP)
     python tools/prepare_datasets.py cityscapes  [--root R] # *_gtFine_labelIds -> *_labelTrainIds
@@ -14,6 +14,10 @@ coco_stuff164k/annotations/val2017. COCO-Object is built from those raw maps as 
 (stuff -> 0 background, the 80 things -> 1..80) or, without them, from
 annotations/instances_val2017.json with pycocotools (--from-instances; pixels no instance
 covers become background).
+FG-OVD: the JSON files of https://github.com/lorebianchi98/FG-OVD (benchmarks/ and
+validation_sets/) in fg-ovd/benchmarks and fg-ovd/validation_sets, and COCO 2017 train AND
+val images in coco/train2017 and coco/val2017 (the files' file_name is relative to coco/);
+`check` verifies that every image a split needs exists.
 Pascal Context: put trainval_merged.json (PASCAL in Detail) in VOCdevkit/VOC2010 next to
 JPEGImages (VOCtrainval_03-May-2010.tar); the val masks are built as MMSeg's
 pascal_context.py does, with pycocotools instead of the Detail API.
@@ -256,44 +260,63 @@ def check_masks(name, dicts, sample=8):
     return problems
 
 
-def check(root, sample=8):
+def check(root, names=None, sample=8):
+    """Load each requested dataset (every ``sparseclip_*`` one when ``names`` is empty; names
+    may be shell patterns such as ``sparseclip_fgovd_*``) as a run would, which checks its
+    files and, for FG-OVD, that every image exists; validate a sample of segmentation masks.
+    Prints one line per dataset (and per problem); exits 1 when a requested dataset is not
+    ready or a name matches nothing."""
+    import fnmatch
+
     os.environ["DETECTRON2_DATASETS"] = root
     import sparseclip_d2  # noqa: F401  (registers with this root)
     from detectron2.data import DatasetCatalog
 
+    registered = sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_"))
     ok = True
-    for name in sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_")):
+    selected = []
+    for pattern in names or ["sparseclip_*"]:
+        matched = [n for n in registered if fnmatch.fnmatchcase(n, pattern)]
+        if not matched:
+            ok = False
+            print(f"{pattern}: no such dataset; registered: {', '.join(registered)}")
+        selected += [n for n in matched if n not in selected]
+    for name in selected:
         try:
             dicts = DatasetCatalog.get(name)
-            print(f"{name}: {len(dicts)} images")
         except Exception as e:  # report every dataset, then fail
             ok = False
-            print(f"{name}: MISSING - {e}")
+            print(f"{name}: NOT READY - {e}")
             continue
         problems = check_masks(name, dicts, sample)
         for problem in problems:
             print(f"{name}: BAD MASK - {problem}")
         ok = ok and not problems
+        if not problems:
+            print(f"{name}: ready ({len(dicts)} images)")
     sys.exit(0 if ok else 1)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=["check", "coco_stuff", "coco_object", "cityscapes", "context"])
+    p.add_argument("names", nargs="*", help="check: dataset names or patterns (default: all)")
     p.add_argument("--root", default=os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets")))
     p.add_argument("--from-instances", action="store_true", help="coco_object from instances_val2017.json")
     p.add_argument("--json", help="context: trainval_merged.json (default: looked for under the root)")
     p.add_argument("--sample", type=int, default=8,
                    help="check: masks validated per segmentation dataset (evenly spaced; default 8)")
-    a = p.parse_args()
+    a = p.parse_intermixed_args()
     if a.sample < 1:
         p.error(f"--sample must be >= 1, got {a.sample}")
+    if a.names and a.task != "check":
+        p.error(f"dataset names are only taken by 'check', not by {a.task!r}")
     if a.task == "coco_object":
         coco_object(a.root, a.from_instances)
     elif a.task == "context":
         context(a.root, a.json)
     elif a.task == "check":
-        check(a.root, a.sample)
+        check(a.root, a.names, a.sample)
     else:
         {"check": check, "coco_stuff": coco_stuff, "cityscapes": cityscapes, "context": context}[a.task](a.root)
 
