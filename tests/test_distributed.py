@@ -11,6 +11,7 @@ across ranks by ``comm.get_rank()``), ``inference_on_dataset`` and the evaluator
 """
 import json
 import os
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -41,17 +42,23 @@ def make_dataset(folder):
 
 
 def fgovd_planted(index):
-    """Planted FG-OVD output of image ``index``: a few boxes with scores over 1 + 3 captions."""
+    """Planted FG-OVD output of image ``index``: a few boxes with scores over 1 + 3 captions;
+    on odd images the first box has only 2 negatives (dropped with N = 3)."""
     g = torch.Generator().manual_seed(100 + index)
-    n = 1 + index % 3
+    n = 2 + index % 3
     scores = torch.rand(n, 4, generator=g)
     scores[0, 0] = scores[0].max()  # ties in some rows
+    num_captions = torch.full((n,), 4)
+    if index % 2:
+        num_captions[0] = 3
+        scores[0, 3] = float("nan")
     matched = torch.ones(n, dtype=torch.bool)
     if index == 3:
         matched[-1] = False
         scores[-1] = float("nan")
-    inp = {"image_id": index, "fgovd_num_dropped": index % 2}
-    out = {"fgovd": {"scores": scores, "matched": matched, "ann_ids": torch.arange(n) + 10 * index}}
+    inp = {"image_id": index}
+    out = {"fgovd": {"scores": scores, "num_captions": num_captions, "matched": matched,
+                     "ann_ids": torch.arange(n) + 10 * index}}
     return inp, out
 
 
@@ -60,7 +67,8 @@ def worker(rank, world_size, init_file, folder, out_file):
 
     torch.set_num_threads(1)
     if world_size > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=300))
     try:
         from detectron2.config import get_cfg
         from detectron2.data import build_detection_test_loader
@@ -103,7 +111,7 @@ def worker(rank, world_size, init_file, folder, out_file):
         evaluator = DatasetEvaluators([build_evaluator(cfg, SEG), AttentionStatsEvaluator(SEG, distributed=True)])
         seg = inference_on_dataset(model, loader, evaluator)
 
-        fg = FGOVDEvaluator("sparseclip_fgovd_hard")
+        fg = FGOVDEvaluator("sparseclip_fgovd_hard", num_negatives=3)
         fg.reset()
         for i in InferenceSampler(N_IMAGES):  # the shard of this rank
             inp, out = fgovd_planted(i)
@@ -116,6 +124,10 @@ def worker(rank, world_size, init_file, folder, out_file):
                 json.dump({"seg": seg, "fgovd": fg_res, "seen": all_seen}, f)
         else:
             assert seg == {} and not fg_res, (seg, fg_res)  # only the main process reports
+        if world_size > 1:
+            # no rank tears the group down while another still uses it (rank 1 destroying it
+            # while rank 0 gathers ends rank 0 with SIGABRT)
+            dist.barrier()
     finally:
         if world_size > 1:
             dist.destroy_process_group()
@@ -141,7 +153,7 @@ def test_evaluators_identical_with_one_and_two_processes(tmp_path):
         assert key in one["seg"] and one["seg"][key] == two["seg"][key], key
     assert one["seg"]["attention_stats"]["attention_images"] == N_IMAGES
     assert one["fgovd"] == two["fgovd"]
-    assert one["fgovd"]["fgovd"]["num_boxes"] == sum(1 + i % 3 for i in range(N_IMAGES))
+    assert one["fgovd"]["fgovd"]["num_boxes"] == sum(2 + i % 3 for i in range(N_IMAGES)) - 2
     assert one["fgovd"]["fgovd"]["num_missed"] == 1 and one["fgovd"]["fgovd"]["num_dropped"] == 2
     miou = one["seg"]["sem_seg"]["mIoU"]
     assert miou == pytest.approx(two["seg"]["sem_seg"]["mIoU"], abs=0) and 0 <= miou <= 100
