@@ -35,11 +35,15 @@ def test_there_are_configs():
 def test_config_merges_and_is_valid(path):
     from detectron2.data import DatasetCatalog
 
+    from sparseclip_d2.data import check_meta_architecture
+
     cfg = load(path)
-    assert cfg.MODEL.META_ARCHITECTURE == "SparseCLIP"
+    expected = "SparseCLIPFGOVD" if os.path.relpath(path, ROOT).startswith(os.path.join("configs", "fgovd")) else "SparseCLIP"
+    assert cfg.MODEL.META_ARCHITECTURE == expected
     AttentionSpec.from_config(cfg)  # validates source / normaliser / alpha / prior
     for name in cfg.DATASETS.TEST:
         assert name in DatasetCatalog.list(), name
+    check_meta_architecture(cfg.MODEL.META_ARCHITECTURE, cfg.DATASETS.TEST)
     with open(path) as f:
         assert f.readline().startswith("#"), "each config starts with a comment saying what it reproduces"
 
