@@ -121,6 +121,29 @@ def test_eval_loop_inference_on_dataset(tmp_path):
     _check_results(results, names, ranks_dir)
     assert results["random_weights"] is True
 
+    # One pass of the model, both presets on the official-schema Hard file: region_top1 keeps
+    # box 102 (9 < 10 negatives) and counts ties as hits, fgovd drops it.
+    from sparseclip_d2.evaluation.fgovd_evaluation import FGOVDEvaluator
+    from sparseclip_d2.modeling.fgovd_conventions import FGOVD_CONVENTION_PRESETS
+
+    name = names["hard"]
+    dirs = {p: str(tmp_path / p) for p in ("fgovd", "region_top1")}
+    evaluators = [FGOVDEvaluator(name, 10, FGOVD_CONVENTION_PRESETS[p], output_dir=dirs[p]) for p in dirs]
+    for batch in build_test_loader(cfg, name, DatasetCatalog.get(name)):
+        outputs = model(batch)
+        for ev in evaluators:
+            ev.process(batch, outputs)
+    for ev in evaluators:
+        ev.evaluate()
+    ranks = {}
+    for p, d in dirs.items():
+        with open(os.path.join(d, "fgovd_ranks.json")) as f:
+            ranks[p] = {b["ann_id"]: b for b in json.load(f)}
+    assert sorted(ranks["fgovd"]) == [101, 103, 104, 105] and sorted(ranks["region_top1"]) == [101, 102, 103, 104, 105]
+    assert ranks["region_top1"][102]["num_negatives"] == 9
+    for aid, box in ranks["fgovd"].items():  # random weights: no exact ties, same ranks
+        assert ranks["region_top1"][aid]["rank"] == box["rank"] and box["num_negatives"] == 10
+
 
 def test_train_net_eval_only(tmp_path):
     root = str(tmp_path / "datasets")
