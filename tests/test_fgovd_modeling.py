@@ -133,6 +133,8 @@ def test_caption_cache_bounded_per_instance():
     enc(["aa"], torch.device("cpu"))
     assert calls[-1] == ["aa"]
     assert CaptionEncoder(encode)._cache is not enc._cache
+    with pytest.raises(ValueError, match="CAPTION_CACHE_SIZE"):
+        CaptionEncoder(encode, max_size=0)
 
 
 # ---------------------------------------------------------------- planted embeddings

@@ -20,7 +20,6 @@ rule, the tie rule and the median.
 """
 import logging
 import math
-from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,6 +35,7 @@ from detectron2.config import configurable
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import Boxes, pairwise_iou
 
+from ..common.cache import LRUCache
 from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
 from .backbone import build_clip_from_config
 from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
@@ -178,8 +178,9 @@ def resize_image(image: Image.Image, size: int, interpolation: str = "bicubic") 
 
 
 class CaptionEncoder:
-    """Caption-sentence embeddings with a bounded least-recently-used cache keyed by
-    ``(text, device)``; one instance per model (no module-level state).
+    """Caption-sentence embeddings kept in a bounded least-recently-used cache
+    (``sparseclip_d2.common.LRUCache``) keyed by ``(text, device)``; one instance per model
+    (no module-level state).
 
     Captions are used as they are (no comma splitting): ``encode(list of M texts) -> (M, D)``
     (e.g. ``TextClassifier.encode``: every template filled with the caption, embeddings
@@ -187,11 +188,10 @@ class CaptionEncoder:
     """
 
     def __init__(self, encode: Callable[[List[str]], torch.Tensor], max_size: int = 8192):
-        if int(max_size) < 1:
-            raise ValueError(f"caption cache size must be >= 1, got {max_size}")
+        if isinstance(max_size, bool) or int(max_size) < 1:
+            raise ValueError(f"MODEL.SPARSECLIP.FGOVD.CAPTION_CACHE_SIZE must be >= 1, got {max_size}")
         self.encode = encode
-        self.max_size = int(max_size)
-        self._cache: "OrderedDict[Tuple[str, str], torch.Tensor]" = OrderedDict()
+        self._cache: LRUCache = LRUCache(int(max_size))
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -202,23 +202,23 @@ class CaptionEncoder:
         if not captions:
             raise ValueError("no captions to encode")
         dev = str(device)
-        unique = list(OrderedDict.fromkeys(captions))
+        unique = list(dict.fromkeys(captions))
         todo = [c for c in unique if (c, dev) not in self._cache]
-        found = {}
-        if todo:
+        fresh: Dict[str, torch.Tensor] = {}
+        if todo:  # one encoder call for every caption not cached yet
             emb = self.encode(todo).to(device=device, dtype=torch.float32)
             if emb.shape[0] != len(todo):
                 raise ValueError(f"caption encoder returned {emb.shape[0]} embeddings for {len(todo)} captions")
-            found = dict(zip(todo, F.normalize(emb, dim=-1)))
-        for c in unique:
-            if c in found:
-                self._cache[(c, dev)] = found[c]
-            else:
-                found[c] = self._cache[(c, dev)]
-                self._cache.move_to_end((c, dev))
-        while len(self._cache) > self.max_size:
-            self._cache.popitem(last=False)
+            fresh = dict(zip(todo, F.normalize(emb, dim=-1)))
+        found = {c: fresh[c] if c in fresh else self._cache.get_or_create((c, dev), lambda c=c: self._encode_one(c, device))
+                 for c in unique}
+        for c, e in fresh.items():
+            self._cache.get_or_create((c, dev), lambda e=e: e)
         return torch.stack([found[c] for c in captions])
+
+    def _encode_one(self, caption: str, device: torch.device) -> torch.Tensor:
+        # only reached when an entry was dropped between the membership test and the lookup
+        return F.normalize(self.encode([caption]).to(device=device, dtype=torch.float32), dim=-1)[0]
 
 
 def score_regions(regions: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
