@@ -36,8 +36,8 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import Boxes, pairwise_iou
 
 from ..common.cache import LRUCache
-from ..clip import AttentionSpec, DenseCLIPEncoder, TextClassifier, get_tokenizer
-from .backbone import build_clip_from_config
+from ..clip import TextClassifier, get_tokenizer
+from .backbone import build_clip_from_config, build_encoder_from_config
 from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
 
 __all__ = [
@@ -329,7 +329,7 @@ class SparseCLIPFGOVD(nn.Module):
         f = sc.FGOVD
         conventions = conventions_from_config(cfg)
         clip_model, random_weights = build_clip_from_config(cfg)
-        encoder = DenseCLIPEncoder(clip_model.visual, AttentionSpec.from_config(cfg))
+        encoder = build_encoder_from_config(cfg, clip_model)  # CLIP's own mean/std below
         text = TextClassifier(
             clip_model,
             get_tokenizer(sc.CLIP.NAME),
