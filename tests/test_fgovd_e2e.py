@@ -165,7 +165,7 @@ def test_train_net_eval_only(tmp_path):
     assert "mHME" in proc.stdout + proc.stderr
 
 
-def _run(args, env, timeout=300):
+def _run(args, env, timeout=1800):
     return subprocess.run([sys.executable, *args], cwd=REPO, env=dict(os.environ, **env),
                           capture_output=True, text=True, timeout=timeout)
 

@@ -37,7 +37,7 @@ def test_user_errors_marks_only_the_listed_types():
 def _run(args, tmp_path, env=None):
     return subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--eval-only", *args,
                            "OUTPUT_DIR", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, **(env or {})))
+                          timeout=1800, env=dict(os.environ, **(env or {})))
 
 
 def _one_error_line(proc, prefix):
