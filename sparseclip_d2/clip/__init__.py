@@ -2,7 +2,7 @@
 
 torch + open_clip only (no detectron2 import).
 """
-from .builder import PRECISIONS, VISION_ACTS, build_clip, get_tokenizer, is_random_weights, tokenizer, vision_tower_variant
+from .builder import PRECISIONS, VISION_ACTS, build_clip, get_tokenizer, is_random_weights, vision_tower_variant
 from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, interpolate_pos_embed
 from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME
 from .spec import PRESETS, SPEC_KEYS, AttentionSpec, describe_spec, parse_attention_spec, parse_attention_specs
@@ -19,7 +19,6 @@ __all__ = [
     "build_clip",
     "is_random_weights",
     "get_tokenizer",
-    "tokenizer",
     "PRECISIONS",
     "vision_tower_variant",
     "VISION_ACTS",

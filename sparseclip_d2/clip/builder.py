@@ -11,7 +11,7 @@ import open_clip
 
 from .model_configs import get_local_model_config
 
-__all__ = ["build_clip", "is_random_weights", "get_tokenizer", "tokenizer", "PRECISIONS",
+__all__ = ["build_clip", "is_random_weights", "get_tokenizer", "PRECISIONS",
            "vision_tower_variant", "VISION_ACTS"]
 
 logger = logging.getLogger(__name__)
@@ -293,6 +293,3 @@ def get_tokenizer(name: str, tokenizer: Optional[str] = None, *, random_weights:
             f"copy the files of https://huggingface.co/{hf_name} into a directory and set "
             f"MODEL.SPARSECLIP.TEXT.TOKENIZER to it") from e
 
-
-#: Alias of :func:`get_tokenizer`.
-tokenizer = get_tokenizer

@@ -29,7 +29,8 @@ POS_EMBED_INTERP_MODES = ("size", "scale_factor")
 
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
                           dst_grid: Tuple[int, int], mode: str = "size") -> torch.Tensor:
-    """Resize ViT position embeddings to another patch grid (protocol section 2).
+    """Resize ViT position embeddings to another patch grid (``POS_EMBED_INTERP``: by size, or
+    SCLIP/ClearCLIP/NACLIP's ``scale_factor`` convention).
 
     The CLS embedding (row 0) is kept; the ``src_grid`` rows are reshaped to a grid,
     bicubically interpolated (``align_corners=False``) in float32 to ``dst_grid`` and

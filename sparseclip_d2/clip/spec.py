@@ -157,12 +157,6 @@ class AttentionSpec:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
-    @property
-    def is_unmodified(self) -> bool:
-        """True when the spec computes exactly the original CLIP blocks."""
-        return (self.source == "qk" and self.normalizer == "softmax" and self.temperature == 1.0
-                and self.prior == "none" and self.residual and self.ffn)
-
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "AttentionSpec":
         """A baseline's spec: ``clip``, ``sclip``, ``clearclip``, ``naclip``, ``maskclip``,
@@ -228,7 +222,7 @@ def _boolean(name, value) -> bool:
     raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-#: Training-free baselines expressed as specs (see docs: protocol section 2).
+#: Training-free baselines expressed as specs (README, "Baselines"; upstream files cited per preset).
 #:
 #: - ``maskclip``: MaskCLIP as published (chongzhou96/MaskCLIP ``mmseg/models/backbones/vit.py``,
 #:   ``TransformerEncoderLayer.forward`` with ``return_qkv``): the last block's value path

@@ -151,7 +151,15 @@ def tower_kind(visual: nn.Module) -> Optional[str]:
 
 
 def _version_key(t: Optional[torch.Tensor]):
-    return None if t is None else (t.data_ptr(), t._version)
+    """Cache-key part of a parameter: its storage, shape, dtype and a float64 checksum of its
+    values, so weights loaded in place (``load_state_dict`` keeps the storage) never meet a
+    stale interpolation (public API only; the sum costs microseconds next to a forward)."""
+    if t is None:
+        return None
+    if t.is_meta:  # no values (shape checks on the meta device)
+        return (tuple(t.shape), t.dtype)
+    with torch.no_grad():
+        return (t.data_ptr(), tuple(t.shape), t.dtype, float(t.detach().sum(dtype=torch.float64)))
 
 
 # ----------------------------------------------------------------------------- base
