@@ -38,20 +38,24 @@ LAYERS = [
         "priors\n(gaussian)",
         "attention_weights\n(float32, sum modes)",
     ]),
+    ("layer 0: sparseclip_d2.common", "standard library only", "#f2f2f2", [
+        "LRUCache\n(bounded in-memory caches)",
+        "atomic writes\n(JSON, JSONL, text)",
+    ]),
 ]
 
 
 def main():
-    fig = plt.figure(figsize=(15.6, 9.4), dpi=110)
+    fig = plt.figure(figsize=(15.8, 9.4), dpi=110)
     ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, 15.6)
-    ax.set_ylim(0.6, 10.5)
+    ax.set_xlim(0, 15.8)
+    ax.set_ylim(0.95, 10.5)
     ax.axis("off")
     ax.text(0.3, 10.15, "sparseclip_d2: layers (each imports only the ones below it)", fontsize=15, weight="bold",
             va="center")
 
     # --- layers, top to bottom
-    band_h, gap, top = 1.55, 0.25, 9.75
+    band_h, gap, top = 1.5, 0.2, 9.75
     x0, x1 = 0.3, 8.8
     centres = {}
     for i, (title, needs, colour, boxes) in enumerate(LAYERS):
@@ -72,7 +76,7 @@ def main():
         if i:
             ax.add_patch(FancyArrowPatch((x0 - 0.12, centres[i - 1] - 0.2), (x0 - 0.12, centres[i] + 0.2),
                                          arrowstyle="-|>", mutation_scale=12, color="#555555"))
-    ax.text(x0 - 0.2, (centres[0] + centres[3]) / 2, "imports", rotation=90, fontsize=8, ha="right",
+    ax.text(x0 - 0.2, (centres[0] + centres[4]) / 2, "imports", rotation=90, fontsize=8, ha="right",
             va="center", color="#555555")
 
     # --- data flows on the right
@@ -108,11 +112,11 @@ def main():
         ("attention_weights:\nsource -> normaliser", 3),
         ("RoIAlign of the box ->\nregion embedding (or crop)", 1),
         ("cosine with 1 + N captions\n(TextClassifier)", 2),
-        ("scores (K, 1 + N)", 1),
+        ("scores (K, 1 + N),\nNaN-padded per box", 1),
         ("FGOVDEvaluator -> top-1,\nranks, mHME; results.json", 1),
     ], "#c55a11")
 
-    ax.text(12.4, 0.85, "each step is coloured by the layer that runs it", fontsize=8.5, ha="center",
+    ax.text(12.4, 1.25, "each step is coloured by the layer that runs it", fontsize=8.5, ha="center",
             style="italic", color="#555555")
     fig.savefig(OUT)
     print(OUT)
