@@ -21,7 +21,6 @@ Other code (the demo, the attention analysis) reuses the parts:
   float images padded to a multiple of the patch size.
 """
 import logging
-from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -34,6 +33,7 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
 from ..attention.entmax import entmax_backend
+from ..common.cache import LRUCache
 from ..clip import AttentionSpec, TextClassifier, get_tokenizer
 from ..config import check_sparseclip_config
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
@@ -142,8 +142,7 @@ class SparseCLIP(nn.Module):
         self.window_batch_size = int(window_batch_size)
         self.random_weights = bool(random_weights)
         self.attention_stats = bool(attention_stats)
-        self._text_cache: "OrderedDict[tuple, Tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
-        self._text_cache_size = int(text_cache_size)
+        self._text_cache: "LRUCache[Tuple[torch.Tensor, torch.Tensor]]" = LRUCache(int(text_cache_size))
         self._warned_threshold: set = set()
         self.max_scores_bytes = float(max_scores_mb) * 2 ** 20
         self._warned_labels_only = False
@@ -245,20 +244,17 @@ class SparseCLIP(nn.Module):
         """
         templates = self.templates if templates is None else templates
         key = (tuple(vocabulary), templates, str(self.device))
-        if key in self._text_cache:
-            self._text_cache.move_to_end(key)
-            return self._text_cache[key]
-        emb, class_index = self.text_classifier(templates)(list(vocabulary))
-        if emb.dim() != 2 or class_index.shape != (emb.shape[0],):
-            raise ValueError(
-                f"text classifier returned emb {tuple(emb.shape)} and class_index "
-                f"{tuple(class_index.shape)}; expected (S, D) and (S,)"
-            )
-        entry = (emb.to(self.device, torch.float32), class_index.to(self.device, torch.long))
-        self._text_cache[key] = entry
-        while len(self._text_cache) > self._text_cache_size:
-            self._text_cache.popitem(last=False)
-        return entry
+
+        def make() -> Tuple[torch.Tensor, torch.Tensor]:
+            emb, class_index = self.text_classifier(templates)(list(vocabulary))
+            if emb.dim() != 2 or class_index.shape != (emb.shape[0],):
+                raise ValueError(
+                    f"text classifier returned emb {tuple(emb.shape)} and class_index "
+                    f"{tuple(class_index.shape)}; expected (S, D) and (S,)"
+                )
+            return emb.to(self.device, torch.float32), class_index.to(self.device, torch.long)
+
+        return self._text_cache.get_or_create(key, make)
 
     def text_classifier(self, templates: Optional[str] = None) -> TextClassifierFn:
         """The text classifier for a template set (None = the model's default): the one the
