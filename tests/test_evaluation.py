@@ -6,20 +6,14 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import register_sem_seg
 from sparseclip_d2.evaluation.build import SparseCLIPSemSegEvaluator, _ConvertedGroundTruth
 
 CLASSES = ["cat, kitty", "dog", "sky, heaven"]
 
 
 def _register(name, dicts, reduce_zero_label):
-    from detectron2.data import DatasetCatalog, MetadataCatalog
-
-    if name in DatasetCatalog.list():
-        DatasetCatalog.remove(name)
-        MetadataCatalog.remove(name)
-    DatasetCatalog.register(name, lambda: dicts)
-    MetadataCatalog.get(name).set(stuff_classes=CLASSES, ignore_label=255, evaluator_type="sem_seg",
-                                  background_index=None, reduce_zero_label=reduce_zero_label)
+    register_sem_seg(name, dicts, CLASSES, reduce_zero_label=reduce_zero_label)
 
 
 def _one_hot(pred, num_classes=3):
