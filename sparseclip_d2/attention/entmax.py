@@ -59,7 +59,7 @@ def _solve_shift(w: torch.Tensor, alpha: float) -> torch.Tensor:
     """Per-row shift ``s`` in [0, 1] with ``sum_i [w_i - s]_+ ** (1/(alpha-1)) == 1``.
 
     Here ``w_i = 1 + (alpha - 1) (x_i - max(x))`` (so ``max w = 1``; padding and pruned
-    entries may hold any value <= 0), and the threshold of the module docstring is
+    entries may hold any value <= 0), and the threshold of docs/architecture.md "alpha-entmax" is
     ``t = max(x) + s / (alpha - 1)``.  Safeguarded Newton on ``h(s) = f(s) ** (alpha-1)``,
     ``f = sum u^r``, ``u = [w - s]_+``, started at ``s = 0`` (``h >= 1``), bracket [0, 1].
 
@@ -186,7 +186,7 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
     """Exact alpha-entmax of ``x`` along ``dim`` for ``alpha`` in [1, 2].
 
     ``alpha == 1`` is the softmax, ``alpha == 1.5`` equals ``entmax.entmax15``,
-    ``alpha == 2`` equals ``entmax.sparsemax``.  See the module docstring for the
+    ``alpha == 2`` equals ``entmax.sparsemax``.  See docs/architecture.md "alpha-entmax" for the
     algorithm and why it is exact.
 
     Args:

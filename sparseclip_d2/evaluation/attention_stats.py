@@ -180,7 +180,7 @@ def image_statistics(attention: Dict, labels: np.ndarray, *, ignore_label: int =
     """One image's statistics from an ``output["attention"]`` record and its ground truth.
 
     Args:
-        attention: the record (see the module docstring / :func:`attention_record`).
+        attention: the record (``docs/diagnostics.md``, ``modeling.attention_record``).
         labels: ``(H0, W0)`` ground truth at any size; resized (nearest) to
             ``attention["image_size"]``.
 
