@@ -30,16 +30,27 @@ def register_test_loader(evaluator_type: str, meta_architectures: Sequence[str])
     return deco
 
 
-def _evaluator_type(dataset_name: str) -> str:
+def registered_evaluator_type(dataset_name: str, registry, what: str) -> str:
+    """The metadata ``evaluator_type`` of ``dataset_name``, which must be a key of
+    ``registry`` (``what`` names the registry's entries in the error: "test loader",
+    "evaluator").
+
+    Raises:
+        ValueError: the dataset has no ``evaluator_type``, or ``registry`` has no entry for it.
+    """
     evaluator_type = MetadataCatalog.get(dataset_name).get("evaluator_type", None)
     if evaluator_type is None:
         raise ValueError(f"dataset {dataset_name!r} has no evaluator_type in its metadata")
-    if evaluator_type not in TEST_LOADERS:
+    if evaluator_type not in registry:
         raise ValueError(
-            f"no test loader for evaluator_type {evaluator_type!r} of dataset {dataset_name!r}; "
-            f"registered: {', '.join(sorted(TEST_LOADERS))}"
+            f"no {what} for evaluator_type {evaluator_type!r} of dataset {dataset_name!r}; "
+            f"registered: {', '.join(sorted(registry))}"
         )
     return evaluator_type
+
+
+def _evaluator_type(dataset_name: str) -> str:
+    return registered_evaluator_type(dataset_name, TEST_LOADERS, "test loader")
 
 
 def build_test_loader(cfg, dataset_name: str, dataset_dicts: List[dict]):

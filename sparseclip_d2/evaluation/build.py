@@ -17,6 +17,7 @@ from detectron2.evaluation import DatasetEvaluator, SemSegEvaluator
 from detectron2.utils.file_io import PathManager
 from iopath.common.file_io import PathHandler
 
+from ..data.build import registered_evaluator_type
 from ..data.class_names import display_name
 from ..data.datasets.segmentation import load_sem_seg_gt
 
@@ -156,12 +157,5 @@ def build_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None)
     Raises:
         ValueError: the dataset has no ``evaluator_type`` or no factory is registered for it.
     """
-    evaluator_type = MetadataCatalog.get(dataset_name).get("evaluator_type", None)
-    if evaluator_type is None:
-        raise ValueError(f"dataset {dataset_name!r} has no evaluator_type in its metadata")
-    if evaluator_type not in EVALUATOR_FACTORIES:
-        raise ValueError(
-            f"no evaluator for evaluator_type {evaluator_type!r} of dataset {dataset_name!r}; "
-            f"registered: {', '.join(sorted(EVALUATOR_FACTORIES))}"
-        )
+    evaluator_type = registered_evaluator_type(dataset_name, EVALUATOR_FACTORIES, "evaluator")
     return EVALUATOR_FACTORIES[evaluator_type](cfg, dataset_name, output_folder)
