@@ -34,10 +34,15 @@ def require_detectron2(what: str) -> None:
 
 
 if HAS_DETECTRON2:
-    from .config import add_sparseclip_config
-    from . import modeling  # noqa: F401  (registers the META_ARCHs and the backbone)
-    from . import data  # noqa: F401  (registers the datasets)
-    from . import evaluation  # noqa: F401  (evaluator builders)
+    from .common.logs import quiet_library_imports
+
+    # detectron2.modeling / fvcore.nn torch.jit.script functions at import time; torch >= 2.10
+    # answers each with a FutureWarning that is not ours to fix (silenced for these imports only).
+    with quiet_library_imports():
+        from .config import add_sparseclip_config
+        from . import modeling  # noqa: F401  (registers the META_ARCHs and the backbone)
+        from . import data  # noqa: F401  (registers the datasets)
+        from . import evaluation  # noqa: F401  (evaluator builders)
 
     __all__ = ["add_sparseclip_config", "HAS_DETECTRON2", "require_detectron2"]
 else:

@@ -400,7 +400,7 @@ def test_build_clip_tiny_random(caplog, tiny_clip):
     with caplog.at_level(logging.WARNING, logger="sparseclip_d2.clip.builder"):
         torch.manual_seed(0)
         model = build_clip("sparseclip-tiny-vit", "none")
-    assert "RANDOM weights" in caplog.text and "meaningless" in caplog.text
+    assert "RANDOM WEIGHTS" in caplog.text and "meaningless" in caplog.text
     assert not model.training and not any(p.requires_grad for p in model.parameters())
     assert isinstance(model.visual.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
     assert is_random_weights(None) and is_random_weights("") and is_random_weights("None")

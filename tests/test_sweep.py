@@ -405,3 +405,47 @@ def test_code_fingerprint_ignores_comments_and_docstrings(tmp_path):
     b.write_text('# a comment\ndef f(x):\n    """Another doc."""\n\n    return x + 1  # same code\n')
     c.write_text('def f(x):\n    """Doc."""\n    return x + 2\n')
     assert _python_code(str(a)) == _python_code(str(b)) != _python_code(str(c))
+
+
+# ---------------------------------------------------------------- progress while a run runs
+def _child(tmp_path, body):
+    """A real subprocess running ``body`` (Python source) with LOG and GO paths defined."""
+    log, go = tmp_path / "log.txt", tmp_path / "go"
+    src = f"import os, time\nLOG, GO = {str(log)!r}, {str(go)!r}\n" + body
+    return subprocess.Popen([sys.executable, "-c", src]), log, go
+
+
+def test_sweep_relays_detectron2_inference_progress(tmp_path, caplog):
+    import threading
+    import time
+    from sparseclip_d2.analysis.sweep import _latest_progress, _wait_reporting_progress
+
+    line = ("[11/30 23:47:25 d2.evaluation.evaluator]: Inference done 11/50. Dataloading: 0.0010 s/iter. "
+            "Inference: 1.2 s/iter. Eval: 0.1 s/iter. Total: 1.3 s/iter. ETA=0:00:51\n")
+    # the child writes detectron2's progress line, then waits until the test lets it finish
+    proc, log, go = _child(tmp_path, f"open(LOG, 'w').write({line!r})\n"
+                                     "while not os.path.exists(GO):\n    time.sleep(0.05)\n")
+    result = {}
+    with caplog.at_level("INFO", logger="sparseclip_d2.analysis.sweep"):
+        waiter = threading.Thread(target=lambda: result.update(rc=_wait_reporting_progress(
+            proc, "alpha=1.5", str(log), timeout=None, interval=0.05)))
+        waiter.start()
+        deadline = time.time() + 300  # generous: only a broken relay takes this long
+        while "11/50 images, ETA 0:00:51" not in caplog.text and time.time() < deadline:
+            time.sleep(0.05)
+        go.write_text("")
+        waiter.join(300)
+    assert result == {"rc": 0}
+    assert "run alpha=1.5: 11/50 images, ETA 0:00:51" in caplog.text
+    assert caplog.text.count("11/50 images") == 1  # an unchanged line is not repeated
+    assert _latest_progress(str(tmp_path / "missing.txt")) is None
+    log.write_text("no progress yet\n")
+    assert _latest_progress(str(log)) is None
+
+
+def test_sweep_run_past_its_timeout_is_killed(tmp_path):
+    from sparseclip_d2.analysis.sweep import _wait_reporting_progress
+
+    proc, log, _ = _child(tmp_path, "time.sleep(600)\n")
+    assert _wait_reporting_progress(proc, "r", str(log), timeout=1.0, interval=0.2) is None
+    assert proc.poll() is not None  # killed and reaped

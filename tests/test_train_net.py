@@ -29,6 +29,14 @@ def test_eval_only_on_fake_layouts_writes_results_json(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     log = res.stdout + res.stderr
     assert "RANDOM WEIGHTS" in log and "PARTIAL RUN" in log and "copypaste: mIoU,fwIoU,mACC,pACC" in log
+    # one random-weights warning per run (the builder's), none of open_clip's own, no import
+    # FutureWarnings, no "generated random seed", no terminal colours in the log file
+    warnings = [line for line in log.splitlines() if "RANDOM WEIGHTS" in line and "WARNING" in line]
+    assert len(warnings) == 1, warnings
+    assert "No pretrained weights loaded" not in log and "FutureWarning" not in log
+    assert "generated random seed" not in log and "No CUDA runtime is found" not in log
+    assert "\x1b" not in (out / "log.txt").read_text() and "Running with full config" in (out / "log.txt").read_text()
+    assert "RANDOM WEIGHTS" in res.stdout.strip().splitlines()[-1]  # the results.json line says it too
     results = json.loads((out / "results.json").read_text())
     assert results["random_weights"] is True and results["max_images"] == 2 and results["partial"] is True
     for name in ("sparseclip_voc21_val", "sparseclip_voc20_val", "sparseclip_ade20k_val"):

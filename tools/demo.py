@@ -64,7 +64,6 @@ import os
 import re
 import sys
 import time
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -74,11 +73,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from detectron2.config import get_cfg
 
-with warnings.catch_warnings():
-    # fvcore.nn and detectron2.modeling.box_regression (imported by detectron2.data and
-    # .modeling) torch.jit.script functions at import, which torch 2.14 answers with a
-    # FutureWarning each: not ours to fix, silenced for these imports only.
-    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+from sparseclip_d2.common.logs import quiet_library_imports
+
+with quiet_library_imports():
     import detectron2.data  # noqa: F401
     import detectron2.modeling  # noqa: F401
 from detectron2.data import DatasetCatalog, MetadataCatalog

@@ -29,13 +29,19 @@ from collections import OrderedDict
 
 import torch
 
-from detectron2.config import get_cfg
-from detectron2.data import DatasetCatalog
-from detectron2.engine import default_argument_parser, default_setup, launch
-from detectron2.evaluation import DatasetEvaluators, inference_on_dataset, print_csv_format
-from detectron2.modeling import build_model
-from detectron2.utils import comm
-from detectron2.utils.logger import setup_logger
+from sparseclip_d2.common.logs import dropping_log_records, quiet_library_imports
+
+with quiet_library_imports():
+    from detectron2.config import get_cfg
+    from detectron2.data import DatasetCatalog
+    from detectron2.engine import default_argument_parser, launch
+    from detectron2.evaluation import DatasetEvaluators, inference_on_dataset, print_csv_format
+    from detectron2.modeling import build_model
+    from detectron2.utils import comm
+    from detectron2.utils.collect_env import collect_env_info
+    from detectron2.utils.env import seed_all_rng
+    from detectron2.utils.file_io import PathManager
+    from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
 from sparseclip_d2.data import build_test_loader, check_meta_architecture
@@ -97,11 +103,43 @@ def setup(args):
             if args.max_images < 0:
                 raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
             cfg.TEST.MAX_IMAGES = args.max_images
+        # the package's logger first, so that resolve_device's notice reaches log.txt
+        setup_logger(output=cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="sparseclip_d2")
         cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
         cfg.freeze()
-    default_setup(cfg, args)
-    setup_logger(output=cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="sparseclip_d2")
+    setup_run(cfg, args)
     return cfg
+
+
+def setup_run(cfg, args):
+    """What detectron2's ``default_setup`` does for an evaluation, in plain text: the output
+    folder, the loggers (fvcore, detectron2, sparseclip_d2; ``OUTPUT_DIR/log.txt``), rank,
+    environment, arguments and the merged config in the log, ``OUTPUT_DIR/config.yaml``.
+
+    Unlike ``default_setup`` it writes no terminal colour codes into ``log.txt`` (the config
+    is logged uncoloured) and seeds the RNGs only when ``SEED >= 0``: evaluation draws no
+    random numbers, and random-weight models are seeded where they are built (:func:`main`).
+    """
+    rank = comm.get_rank()
+    if comm.is_main_process() and cfg.OUTPUT_DIR:
+        PathManager.mkdirs(cfg.OUTPUT_DIR)
+    setup_logger(cfg.OUTPUT_DIR, distributed_rank=rank, name="fvcore")
+    d2_logger = setup_logger(cfg.OUTPUT_DIR, distributed_rank=rank)
+    d2_logger.info("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
+    # collect_env_info imports torch.utils.cpp_extension, which logs "No CUDA runtime is
+    # found" on machines without CUDA: the environment table below says so already.
+    with dropping_log_records("torch.utils.cpp_extension", "No CUDA runtime is found"):
+        env_info = collect_env_info()
+    d2_logger.info("Environment info:\n%s", env_info)
+    d2_logger.info("Command line arguments: %s", args)
+    if comm.is_main_process() and cfg.OUTPUT_DIR:
+        path = os.path.join(cfg.OUTPUT_DIR, "config.yaml")
+        d2_logger.info("Running with full config:\n%s", cfg.dump())
+        with PathManager.open(path, "w") as f:
+            f.write(cfg.dump())
+        d2_logger.info("Full config saved to %s", path)
+    if cfg.SEED >= 0:
+        seed_all_rng(cfg.SEED + rank)
 
 
 def check_datasets(cfg):
@@ -164,22 +202,19 @@ def main(args):
     begin_results(cfg.OUTPUT_DIR)  # no results.json of an earlier run survives this one
     datasets = check_datasets(cfg)
     # Random-weight (PRETRAINED none) models are drawn from a fixed seed (SEED, or 0 when
-    # SEED < 0): identical in every run and on every rank. default_setup seeds SEED + rank.
+    # SEED < 0): identical in every run and on every rank. setup_run seeds SEED + rank.
+    # The builder logs the one "RANDOM WEIGHTS" warning of the run.
     with user_errors("model", MODEL_ERRORS), torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
         model = build_model(cfg)
     random_weights = bool(getattr(model, "random_weights", False))
-    if random_weights:
-        logger.warning("RANDOM WEIGHTS (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): every number below is meaningless.",
-                       cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED)
     with user_errors("data", INFERENCE_ERRORS):
         results, summaries = do_test(cfg, model, datasets)
     if comm.is_main_process():
         path = write_results(build_results(summaries, cfg, random_weights=random_weights), cfg.OUTPUT_DIR)
-        if random_weights:
-            logger.warning("RANDOM WEIGHTS: results in %s are a smoke test (random_weights: true).", path)
         logger.info("wrote %s", path)
-        print(f"results.json: {os.path.abspath(path)}")
+        note = "  (RANDOM WEIGHTS: a smoke test, random_weights: true)" if random_weights else ""
+        print(f"results.json: {os.path.abspath(path)}{note}")
     return results
 
 

@@ -670,10 +670,8 @@ def run_one(run: SweepRun, sweep: Sweep, out_dir: str, *, train_net: Optional[st
     atomic_write_text(os.path.join(run_dir, "command.txt"), " ".join(cmd) + "\n")
     start = time.time()
     with open(os.path.join(run_dir, "stdout.txt"), "w") as out, open(os.path.join(run_dir, "stderr.txt"), "w") as err:
-        try:
-            rc: Optional[int] = subprocess.run(cmd, stdout=out, stderr=err, env=env, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        rc = _wait_reporting_progress(proc, run.name, os.path.join(run_dir, "log.txt"), timeout)
     record["seconds"] = round(time.time() - start, 3)
     record["returncode"] = rc
     if rc != 0 or not os.path.isfile(results_path):
@@ -693,6 +691,51 @@ def run_one(run: SweepRun, sweep: Sweep, out_dir: str, *, train_net: Optional[st
     record["config"] = _config_summary(results.get("config") or {})
     record["datasets"] = _dataset_metrics(results)
     return record
+
+
+# detectron2/evaluation/evaluator.py inference_on_dataset logs "Inference done i/N. ... ETA=..."
+# about every 5 s once past its warm-up images; the sweep relays the newest one.
+_INFERENCE_PROGRESS = re.compile(r"Inference done (\d+)/(\d+)\..*?ETA=(\S+)")
+PROGRESS_INTERVAL_S = 30.0
+
+
+def _latest_progress(log_path: str) -> Optional[str]:
+    """``"i/N images, ETA h:mm:ss"`` from the newest detectron2 inference progress line of a
+    run's ``log.txt`` (read from its last 64 kB), or None."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _INFERENCE_PROGRESS.findall(tail)
+    if not found:
+        return None
+    done, total, eta = found[-1]
+    return f"{done}/{total} images, ETA {eta}"
+
+
+def _wait_reporting_progress(proc: "subprocess.Popen", name: str, log_path: str,
+                             timeout: Optional[float], interval: float = PROGRESS_INTERVAL_S) -> Optional[int]:
+    """Wait for a run's subprocess; every ``interval`` s log its newest inference progress
+    (when it changed). Kills it after ``timeout`` s and returns None then, else its exit code."""
+    start = time.time()
+    last = None
+    while True:
+        wait = interval if timeout is None else max(0.0, min(interval, start + timeout - time.time()))
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+        if timeout is not None and time.time() - start >= timeout:
+            proc.kill()
+            proc.wait()
+            return None
+        progress = _latest_progress(log_path)
+        if progress is not None and progress != last:
+            logger.info("run %s: %s (%.0f s so far)", name, progress, time.time() - start)
+            last = progress
 
 
 def _config_summary(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -752,19 +795,34 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
         for w in run.warnings:
             logger.warning("run %s: %s", run.name, w)
 
+    started = time.time()
+    parallel = max(1, num_gpus)
+
+    def begin(run):
+        with _LOCK:
+            counts["started"] = counts.get("started", 0) + 1
+            i = counts["started"]
+        logger.info("[%d/%d] starting %s -> %s", i, len(todo), run.name, _run_dir(out_dir, run))
+
     def finish(record):
         append_jsonl(jsonl, record)
         with _LOCK:
             counts["ok" if record["status"] == "ok" else "failed"] += 1
+            n = counts["ok"] + counts["failed"]
         if on_record is not None:
             on_record(record)
-        logger.info("[%d/%d] %s: %s (%.1f s)", counts["ok"] + counts["failed"], len(todo), record["run_name"],
+        left = len(todo) - n
+        # ETA: the mean wall time per finished run so far, times the runs left, over the runs in parallel
+        eta = f", sweep ETA {_hms((time.time() - started) / n * left / parallel)}" if left else ""
+        logger.info("[%d/%d] %s: %s (%.1f s%s)", n, len(todo), record["run_name"],
                     record["status"] if record["status"] == "ok" else
-                    f"FAILED: {error_summary(record.get('error'))}", record["seconds"])
+                    f"FAILED: {error_summary(record.get('error'))}", record["seconds"], eta)
 
     if num_gpus <= 1:
         for run in todo:
+            begin(run)
             finish(run_one(run, sweep, out_dir, train_net=train_net, timeout=timeout))
+        counts.pop("started", None)
         return counts
 
     from concurrent.futures import ThreadPoolExecutor
@@ -777,6 +835,7 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
     def work(run):
         gpu = gpus.get()
         try:
+            begin(run)
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
             finish(run_one(run, sweep, out_dir, train_net=train_net, env=env, timeout=timeout))
         finally:
@@ -784,4 +843,10 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
 
     with ThreadPoolExecutor(max_workers=num_gpus) as pool:
         list(pool.map(work, todo))
+    counts.pop("started", None)
     return counts
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -33,6 +33,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ..common.logs import dropping_log_records
+
 __all__ = ["ENV_VAR", "DIR_ENV_VAR", "kernel_enabled", "kernel_spec", "kernel_is_built",
            "build_kernel", "load_kernel", "entmax_rows"]
 
@@ -121,7 +123,10 @@ def build_kernel(source: Optional[Path] = None, base_name: Optional[str] = None,
     every 15 s while it runs (a cold build takes about a minute).  ``base_name``,
     ``cflags`` and ``ldflags`` let the benchmark build another version side by side.
     """
-    from torch.utils import cpp_extension
+    # torch/utils/cpp_extension.py logs "No CUDA runtime is found, using CUDA_HOME=..." at
+    # import on machines without CUDA: about CUDA extensions, irrelevant to this CPU kernel.
+    with dropping_log_records("torch.utils.cpp_extension", "No CUDA runtime is found"):
+        from torch.utils import cpp_extension
 
     source = Path(source) if source is not None else _SOURCE
     if not source.is_file():

@@ -3,12 +3,15 @@ import contextlib
 import copy
 import logging
 import os
-from typing import Optional, Union
+import socket
+from typing import Optional, Tuple, Union
+from urllib.parse import urlparse
 
 import torch
 
 import open_clip
 
+from ..common.logs import dropping_log_records
 from .model_configs import get_local_model_config
 
 __all__ = ["build_clip", "is_random_weights", "get_tokenizer", "PRECISIONS",
@@ -32,6 +35,74 @@ _NO_NETWORK_HELP = (
     "MODEL.SPARSECLIP.CLIP.PRETRAINED (e.g. the OpenAI ViT-B-16.pt or an open_clip "
     "open_clip_pytorch_model.bin), or `none` for a random-weight smoke run."
 )
+
+
+# open_clip/factory.py create_model: logging.warning("No pretrained weights loaded for model
+# ..." on the root logger for every pretrained=None build; build_clip says it once itself.
+_OPEN_CLIP_RANDOM_NOTICE = "No pretrained weights loaded for model"
+# Seconds to wait for a TCP connection to the weights' host before declaring it unreachable.
+_PROBE_TIMEOUT_S = 3.0
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _quiet_random_notice():
+    return dropping_log_records("", _OPEN_CLIP_RANDOM_NOTICE)
+
+
+def _weights_source(tag_cfg: dict, cache_dir: Optional[str]) -> Tuple[str, int, list]:
+    """``(host, port, cached candidate files)`` of an open_clip pretrained tag, following
+    open_clip/pretrained.py ``download_pretrained``: the Hugging Face hub when the tag has an
+    ``hf_hub`` entry (``org/model/filename``; a ``.safetensors`` alternative is tried first),
+    else its ``url`` (cached as ``<cache_dir or ~/.cache/clip>/<basename>``)."""
+    if tag_cfg.get("hf_hub"):
+        try:
+            import huggingface_hub
+            from huggingface_hub import constants as hf_constants
+        except ImportError:
+            return "", 0, []
+        model_id, filename = os.path.split(tag_cfg["hf_hub"])
+        filename = filename or "open_clip_pytorch_model.bin"  # open_clip/constants.py HF_WEIGHTS_NAME
+        names = [filename]
+        if filename == "open_clip_pytorch_model.bin":  # open_clip/pretrained.py _get_safe_alternatives
+            names.insert(0, "open_clip_model.safetensors")
+        elif filename.endswith(".bin"):
+            names.insert(0, filename[:-4] + ".safetensors")
+        cached = []
+        for n in names:
+            hit = huggingface_hub.try_to_load_from_cache(model_id, n, cache_dir=cache_dir)
+            if isinstance(hit, str):
+                cached.append(hit)
+        return _host_port(hf_constants.ENDPOINT) + (cached,)
+    url = tag_cfg.get("url", "")
+    if not url:
+        return "", 0, []
+    root = cache_dir or os.path.expanduser(os.path.join("~", ".cache", "clip"))
+    path = os.path.join(root, os.path.basename(urlparse(url).path))
+    return _host_port(url) + ([path] if os.path.isfile(path) else [],)
+
+
+def _host_port(url: str) -> Tuple[str, int]:
+    parsed = urlparse(url)
+    return parsed.hostname or "", parsed.port or (80 if parsed.scheme == "http" else 443)
+
+
+def _fail_fast_when_offline(name: str, tag: str, tag_cfg: dict, cache_dir: Optional[str]) -> None:
+    """Raise at once (instead of a minute of download retries and a chained traceback) when
+    the weights of ``tag`` are not cached and their host cannot be reached.
+
+    Only a TCP connection is tried (``_PROBE_TIMEOUT_S``); with a proxy configured the
+    download is left to try. Raises RuntimeError naming the model, the tag and the host."""
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return
+    host, port, cached = _weights_source(tag_cfg, cache_dir)
+    if not host or cached:
+        return
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        raise RuntimeError(
+            f"could not obtain the weights of CLIP {name!r} pretrained={tag!r}: they are not in the local "
+            f"download cache and {host} cannot be reached ({e}). " + _NO_NETWORK_HELP) from None
 
 
 def is_random_weights(pretrained: Optional[str]) -> bool:
@@ -99,8 +170,8 @@ def build_clip(
     pretrained = None if random else os.path.expanduser(str(pretrained).strip())
     if random:
         logger.warning(
-            "CLIP %s is built with RANDOM weights (pretrained=none): a smoke run, every "
-            "number it produces is meaningless.", name)
+            "RANDOM WEIGHTS: CLIP %s is built with random weights (pretrained=none): a smoke run, "
+            "every number it produces is meaningless.", name)
 
     local_cfg = get_local_model_config(name)
     if local_cfg is not None:
@@ -112,7 +183,8 @@ def build_clip(
                 "this model has no published weights: pass a local checkpoint file or `none`")
         custom_text = bool(local_cfg.pop("custom_text", False))
         base = _FACTORY_BASE_TIMM if "timm_model_name" in local_cfg["vision_cfg"] else _FACTORY_BASE
-        model = open_clip.create_model(base, pretrained=None, force_custom_text=custom_text,
+        with _quiet_random_notice():
+            model = open_clip.create_model(base, pretrained=None, force_custom_text=custom_text,
                                        **common, **local_cfg)
         if pretrained is not None:
             with _reading_checkpoint(pretrained, name):
@@ -126,7 +198,8 @@ def build_clip(
             f"(sparseclip-tiny-vit)")
 
     if random:
-        model = open_clip.create_model(name, pretrained=None, force_quick_gelu=force_quick_gelu, **common)
+        with _quiet_random_notice():
+            model = open_clip.create_model(name, pretrained=None, force_quick_gelu=force_quick_gelu, **common)
         return _finish(model)
 
     tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) or {}
@@ -136,6 +209,7 @@ def build_clip(
                 "pretrained=%r was trained with QuickGELU but %r lacks '-quickgelu': forcing QuickGELU "
                 "(use the name %s-quickgelu to silence this)", pretrained, name, name)
             force_quick_gelu = True
+        _fail_fast_when_offline(name, pretrained, tag_cfg, cache_dir)
         try:
             model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
         except (RuntimeError, OSError, ConnectionError) as e:
@@ -208,7 +282,8 @@ def vision_tower_variant(model: torch.nn.Module, name: str, *, act: str = "", ln
     cfg.update(vision_cfg=vision_cfg, quick_gelu=quick)
     param = next(visual.parameters())
     precision = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(param.dtype, "fp32")
-    variant = open_clip.create_model(_FACTORY_BASE, pretrained=None, precision=precision, device=param.device, **cfg)
+    with _quiet_random_notice():  # the weights are copied in below
+        variant = open_clip.create_model(_FACTORY_BASE, pretrained=None, precision=precision, device=param.device, **cfg)
     variant.visual.load_state_dict(visual.state_dict())
     logger.info("vision tower of %s rebuilt with %s and LayerNorm eps %g (the text tower is unchanged)",
                 name, "QuickGELU" if quick else "GELU", eps)

@@ -1,2 +1,3 @@
 """Layer 0 of sparseclip_d2: helpers on the standard library alone, importable by every
-layer: the bounded in-memory cache (:mod:`.cache`) and atomic file writes (:mod:`.io`)."""
+layer: the bounded in-memory cache (:mod:`.cache`), atomic file writes (:mod:`.io`) and
+quieting repeated third-party log notices (:mod:`.logs`)."""
