@@ -27,8 +27,8 @@ import torch
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.evaluation import DatasetEvaluator, print_csv_format
 from detectron2.utils import comm
-from detectron2.utils.file_io import PathManager
 
+from ..common.io import atomic_write_text
 from ..data.datasets.fgovd import resolve_num_negatives
 from ..modeling.fgovd_conventions import CONVENTION_CHOICES, FGOVD_CONVENTION_PRESETS, FGOVDConventions, conventions_from_config
 from .build import EVALUATOR_FACTORIES
@@ -262,10 +262,8 @@ class FGOVDEvaluator(DatasetEvaluator):
             boxes, dropped = self._boxes, self._dropped
 
         if self._output_dir:
-            PathManager.mkdirs(self._output_dir)
             path = os.path.join(self._output_dir, "fgovd_ranks.json")
-            with PathManager.open(path, "w") as f:
-                json.dump(boxes, f)
+            atomic_write_text(path, json.dumps(boxes))  # never a half-written file after a crash
             logger.info("FG-OVD per-box ranks of %s written to %s", self._dataset_name, path)
 
         metrics = fgovd_metrics(
