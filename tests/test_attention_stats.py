@@ -178,3 +178,69 @@ def test_rows_sum_to_uses_the_source_grammar():
     assert rows_sum_to("qqv") == 1 and rows_sum_to("QQ + KK") == 2
     with pytest.raises(ValueError, match="unknown attention source 'qx'"):
         rows_sum_to("qx")
+
+
+# ---------------------------------------------------------------- towers without / with more prefix tokens
+def test_rows_without_a_cls_token_and_with_a_register():
+    """SigLIP towers have no prefix token (T = 0); register towers have CLS + registers. The
+    patch block of ROWS, renormalised, for T = 0; ROWS with an extra register column for T = 2."""
+    patches = ROWS[1:, 1:]  # (4 patches, 4 patches), CLS dropped
+    out = row_statistics(patches[None], LABELS, background_index=0, num_prefix_tokens=0)
+    # patch 0: 0.4 0.2 0.3 0 over 0.9; patch 1: 0.5 0.5 0 0; patch 2: 0.2 x 4 over 0.8
+    H0 = -sum(v / 0.9 * math.log(v / 0.9) for v in (0.4, 0.2, 0.3))
+    expected = [[0.2 / 0.9, 0.3 / 0.9, 0.0, 0.4 / 0.9, 0.0, 3, 3 / 4, math.exp(H0)],
+                [0.5, 0.0, 0.0, 0.5, 0.0, 2, 2 / 4, 2.0],
+                [0.0, 0.5, 0.25, 0.25, 0.0, 4, 1.0, 4.0]]
+    np.testing.assert_allclose(out.numpy(), np.array(expected), atol=1e-6)
+
+    # CLS (0.1 for patch 0) plus a register token carrying 0.1 more: cls_mass is the prefix mass
+    reg = torch.zeros(6, 6)
+    reg[1:, 0] = ROWS[:, 0]
+    reg[1:, 2:] = ROWS[:, 1:]
+    reg[2, 1] = 0.1  # patch 0's row: register 0.1, CLS 0.1, then 0.4 0.2 0.3 0 (sums to 1.1)
+    out = row_statistics(reg[None], LABELS, background_index=0, num_prefix_tokens=2)
+    np.testing.assert_allclose(out[0, :5].numpy(), np.array([0.2, 0.3, 0.0, 0.4, 0.2]) / 1.1, atol=1e-6)
+    assert out[0, 5] == 5 and out[0, 6] == pytest.approx(5 / 6)
+    with pytest.raises(ValueError, match="4 patch labels for 3 patch tokens after 2 prefix"):
+        row_statistics(ROWS[None], LABELS, num_prefix_tokens=2)
+
+
+def test_statistics_and_attention_figure_on_a_siglip_tower():
+    """End to end on the tiny SigLIP tower (no CLS token): the record says T = 0, the
+    statistics of the real attention are well-formed, cls_mass is 0."""
+    import sparseclip_d2.data  # noqa: F401 (registers sparseclip_demo)
+    from detectron2.data import DatasetCatalog
+    from detectron2.modeling import build_model
+
+    from conftest import tiny_cfg
+    from sparseclip_d2.analysis.visualize import query_attention
+    from sparseclip_d2.clip import parse_attention_spec
+    from sparseclip_d2.data.mapper import SparseCLIPTestMapper
+
+    torch.manual_seed(0)
+    cfg = tiny_cfg(**{"MODEL.SPARSECLIP.CLIP.NAME": "sparseclip-tiny-siglip", "INPUT.MIN_SIZE_TEST": 64,
+                      "TEST.ATTENTION_STATS.ENABLED": True, "DATASETS.TEST": ("sparseclip_demo",)})
+    model = build_model(cfg).eval()
+    assert model.encoder.num_prefix_tokens == 0
+    d = DatasetCatalog.get("sparseclip_demo")[0]
+    inp = SparseCLIPTestMapper(cfg, dataset_name="sparseclip_demo")(d)
+    with torch.no_grad():
+        out = model([inp])[0]
+    rec = out["attention"]
+    assert rec["num_prefix_tokens"] == 0
+    h, w = rec["grids"][0]
+    assert tuple(rec["weights"][0].shape[-2:]) == (h * w, h * w)
+    ev = AttentionStatsEvaluator("sparseclip_demo", distributed=False)
+    ev.reset()
+    ev.process([d], [out])
+    res = ev.evaluate()["attention_stats"]
+    assert res["cls_mass"] == 0.0
+    total = res["same_class_mass"] + res["non_class_mass"] + res["background_mass"] + res["self_mass"]
+    assert total == pytest.approx(1.0, abs=1e-6)
+    assert 1 <= res["support_size"] <= h * w
+
+    image = np.asarray(inp["image"].permute(1, 2, 0).numpy(), dtype=np.uint8)
+    res = query_attention(model.clip_model.visual, image, (10.0, 10.0), [parse_attention_spec("qq:entmax:1.2")],
+                          resolution=64)[0]
+    assert res["cls_mass"] == 0.0 and res["num_tokens"] == res["grid"][0] * res["grid"][1]
+    assert res["map"].sum() == pytest.approx(1.0, abs=1e-6)

@@ -59,8 +59,9 @@ def query_attention(visual: torch.nn.Module, image: np.ndarray, query_xy: Tuple[
 
     Returns:
         per spec ``{"spec", "label", "map": (h, w) float (head mean of the normalised row over
-        patches), "support": mean over heads, "perplexity": mean over heads, "cls_mass",
-        "grid": (h, w), "query_patch": (row, col)}``.
+        patches), "support": mean over heads, "perplexity": mean over heads, "cls_mass" (mass on
+        the prefix tokens: CLS and registers; 0 for SigLIP), "grid": (h, w), "query_patch":
+        (row, col), "num_tokens": prefix + patch tokens}``.
     """
     H, W = image.shape[:2]
     x, y = float(query_xy[0]), float(query_xy[1])
@@ -78,16 +79,18 @@ def query_attention(visual: torch.nn.Module, image: np.ndarray, query_xy: Tuple[
         row, col = min(int(y * sy) // p, h - 1), min(int(x * sx) // p, w - 1)
         with torch.no_grad():
             _, attn = enc(img.to(device), return_attention=True)
-        r = attn[0, :, 1 + row * w + col, :].double()  # (heads, L)
+        T = int(enc.num_prefix_tokens)  # 1 = CLS, 0 for SigLIP, 1 + registers
+        r = attn[0, :, T + row * w + col, :].double()  # (heads, L)
         r = r / r.sum(-1, keepdim=True)
         support = (r > 0).sum(-1).double()
         plogp = torch.where(r > 0, r * torch.log(r.clamp_min(1e-300)), torch.zeros_like(r))
         ppl = torch.exp(-plogp.sum(-1))
         out.append({
             "spec": spec, "label": spec_label(spec),
-            "map": r[:, 1:].mean(0).reshape(h, w).cpu().numpy(),
+            "map": r[:, T:].mean(0).reshape(h, w).cpu().numpy(),
             "support": float(support.mean()), "perplexity": float(ppl.mean()),
-            "cls_mass": float(r[:, 0].mean()), "grid": (h, w), "query_patch": (row, col),
+            "cls_mass": float(r[:, :T].sum(-1).mean()), "grid": (h, w), "query_patch": (row, col),
+            "num_tokens": int(r.shape[-1]),
         })
     return out
 
@@ -122,7 +125,7 @@ def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple
                        vmin=0.0 if shared_scale else None, vmax=vmax)
         ax.plot([query_xy[0]], [query_xy[1]], marker="x", color="cyan", markersize=10, markeredgewidth=2.5)
         h, w = res["grid"]
-        ax.set_title(f"{res['label']}\nsupport {res['support']:.1f}/{1 + h * w}, perplexity {res['perplexity']:.1f}",
+        ax.set_title(f"{res['label']}\nsupport {res['support']:.1f}/{res['num_tokens']}, perplexity {res['perplexity']:.1f}",
                      fontsize=9)
         ax.set_xlabel("x (px)", fontsize=8)
         ax.set_ylabel("y (px)", fontsize=8)

@@ -120,13 +120,17 @@ def window_patch_labels(labels: np.ndarray, box: Box, grid: Tuple[int, int], pat
 
 # ---------------------------------------------------------------------------------- statistics
 def row_statistics(weights: torch.Tensor, labels: Union[np.ndarray, torch.Tensor], *,
-                   ignore_label: int = 255, background_index: Optional[int] = None) -> torch.Tensor:
+                   ignore_label: int = 255, background_index: Optional[int] = None,
+                   num_prefix_tokens: int = 1) -> torch.Tensor:
     """Statistics of the attention rows of the foreground query patches.
 
     Args:
-        weights: ``(heads, 1 + h*w, 1 + h*w)`` attention (CLS first; rows may sum to K).
+        weights: ``(heads, T + h*w, T + h*w)`` attention, the ``T`` prefix tokens first (rows
+            may sum to K).
         labels: ``(h, w)`` or ``(h*w,)`` patch labels (row-major like the tokens).
         ignore_label, background_index: patches with these labels are background/ignored.
+        num_prefix_tokens: ``T``: 1 for a CLS token, 0 for SigLIP towers, 1 + registers.
+            ``cls_mass`` is the mass on all prefix tokens (0 without any).
 
     Returns:
         ``(heads * F, 8)`` float64 tensor on CPU, columns :data:`ROW_STAT_KEYS`, one row per
@@ -137,9 +141,13 @@ def row_statistics(weights: torch.Tensor, labels: Union[np.ndarray, torch.Tensor
         raise ValueError(f"weights must be (heads, L, L), got shape {tuple(weights.shape)}")
     lab = torch.as_tensor(np.asarray(labels) if not torch.is_tensor(labels) else labels).reshape(-1).long()
     heads, L, _ = weights.shape
-    P = L - 1
+    T = int(num_prefix_tokens)
+    if T < 0 or T >= L:
+        raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r} does not fit weights of shape {tuple(weights.shape)}")
+    P = L - T
     if lab.numel() != P:
-        raise ValueError(f"{lab.numel()} patch labels for {P} patch tokens (weights {tuple(weights.shape)})")
+        raise ValueError(f"{lab.numel()} patch labels for {P} patch tokens after {T} prefix token(s) "
+                         f"(weights {tuple(weights.shape)})")
     lab = lab.to(weights.device)
     bg = lab == int(ignore_label)
     if background_index is not None:
@@ -149,7 +157,7 @@ def row_statistics(weights: torch.Tensor, labels: Union[np.ndarray, torch.Tensor
     if Fn == 0:
         return torch.zeros((0, len(ROW_STAT_KEYS)), dtype=torch.float64)
     w = weights.double()
-    rows = w[:, 1 + fg_idx, :]  # (heads, F, L)
+    rows = w[:, T + fg_idx, :]  # (heads, F, L)
     total = rows.sum(-1, keepdim=True)
     if bool((total <= 0).any()):
         raise ValueError("an attention row sums to zero or less; cannot normalise it")
@@ -157,16 +165,16 @@ def row_statistics(weights: torch.Tensor, labels: Union[np.ndarray, torch.Tensor
     # Mass per label value present among the patches: (heads, F, U).
     values, compact = torch.unique(lab, return_inverse=True)
     onehot = torch.nn.functional.one_hot(compact, len(values)).double()  # (P, U)
-    mass = p[..., 1:] @ onehot
+    mass = p[..., T:] @ onehot
     q_compact = compact[fg_idx]  # (F,)
     own = mass.gather(-1, q_compact.view(1, Fn, 1).expand(heads, Fn, 1)).squeeze(-1)
-    self_mass = p[:, torch.arange(Fn, device=p.device), 1 + fg_idx]
+    self_mass = p[:, torch.arange(Fn, device=p.device), T + fg_idx]
     same = own - self_mass
     value_is_bg = values == int(ignore_label)
     if background_index is not None:
         value_is_bg |= values == int(background_index)
     background = mass[..., value_is_bg].sum(-1)
-    cls = p[..., 0]
+    cls = p[..., :T].sum(-1)
     non = mass[..., ~value_is_bg].sum(-1) - own
     support = (p > 0).sum(-1).double()
     plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(torch.float64).tiny)), torch.zeros_like(p))
@@ -193,18 +201,20 @@ def image_statistics(attention: Dict, labels: np.ndarray, *, ignore_label: int =
     patch = int(attention["patch_size"])
     resized = resize_labels(labels, image_size)
     expected = float(attention.get("rows_sum_to", 1))
+    prefix = int(attention.get("num_prefix_tokens", 1))  # records written before the key had a CLS token
     all_rows = []
     for wt, box, grid in zip(weights, boxes, grids):
         if wt.dim() == 4 and wt.shape[0] == 1:
             wt = wt[0]
         if tuple(grid) == (0, 0):
             raise ValueError("empty grid")
-        sums = wt[:, 1:, :].sum(-1)
+        sums = wt[:, prefix:, :].sum(-1)
         if expected > 0 and not torch.allclose(sums, torch.full_like(sums, expected), atol=1e-3 * expected):
             logger.warning("attention rows sum to %.4f..%.4f, not rows_sum_to=%s; normalising each row by its sum",
                            float(sums.min()), float(sums.max()), expected)
         plab = window_patch_labels(resized, box, grid, patch, ignore_label)
-        all_rows.append(row_statistics(wt, plab, ignore_label=ignore_label, background_index=background_index))
+        all_rows.append(row_statistics(wt, plab, ignore_label=ignore_label, background_index=background_index,
+                                       num_prefix_tokens=prefix))
     rows = torch.cat(all_rows, 0)
     if rows.shape[0] == 0:
         return None
@@ -244,9 +254,11 @@ def _windows(attention: Dict) -> Tuple[List[torch.Tensor], List[Box], List[Tuple
         grids = [(-(-(b[1] - b[0]) // p), -(-(b[3] - b[2]) // p)) for b in boxes]
     if not (len(weights) == len(boxes) == len(grids)):
         raise ValueError(f"output['attention'] has {len(weights)} weights, {len(boxes)} boxes, {len(grids)} grids")
+    prefix = int(attention.get("num_prefix_tokens", 1))
     for wt, g in zip(weights, grids):
-        if wt.shape[-1] != 1 + int(g[0]) * int(g[1]):
-            raise ValueError(f"attention of shape {tuple(wt.shape)} does not match grid {tuple(g)} (1 + h*w tokens)")
+        if wt.shape[-1] != prefix + int(g[0]) * int(g[1]):
+            raise ValueError(f"attention of shape {tuple(wt.shape)} does not match grid {tuple(g)} "
+                             f"({prefix} prefix + h*w tokens)")
     return weights, [tuple(b) for b in boxes], [tuple(g) for g in grids]
 
 

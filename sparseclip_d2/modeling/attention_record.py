@@ -20,16 +20,19 @@ def rows_sum_to(source: str, sum_mode: str = "normalize_then_sum") -> int:
 
 def attention_record(weights: Sequence[torch.Tensor], image_size: Tuple[int, int], patch_size: int, *,
                      crop_size: Optional[int] = None, stride: Optional[int] = None,
-                     source: str = "qk", sum_mode: str = "normalize_then_sum") -> Dict:
+                     source: str = "qk", sum_mode: str = "normalize_then_sum",
+                     num_prefix_tokens: int = 1) -> Dict:
     """Build ``output["attention"]`` from the last block's attention of each window.
 
     Args:
         weights: per window, in the order of ``window_grid`` (one for whole-image inference),
-            ``(heads, 1 + h*w, 1 + h*w)`` float32.
+            ``(heads, P + h*w, P + h*w)`` float32, the ``P`` prefix tokens first.
         image_size: ``(H, W)`` of the resized image the windows tile.
         patch_size: the encoder's patch size.
         crop_size, stride: the sliding window (None = whole image).
         source, sum_mode: the last block's score source (gives ``rows_sum_to``).
+        num_prefix_tokens: ``P``, the tokens before the patches (1 = CLS; 0 for SigLIP
+            towers; 1 + registers for towers with register tokens).
     """
     H, W = int(image_size[0]), int(image_size[1])
     boxes = [(0, H, 0, W)] if crop_size is None else window_grid(H, W, int(crop_size), int(stride or crop_size))
@@ -47,4 +50,5 @@ def attention_record(weights: Sequence[torch.Tensor], image_size: Tuple[int, int
         "patch_size": p,
         "image_size": (H, W),
         "rows_sum_to": rows_sum_to(source, sum_mode),
+        "num_prefix_tokens": int(num_prefix_tokens),
     }

@@ -292,7 +292,8 @@ class SparseCLIP(nn.Module):
         """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` patch logits
         ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32). With
         ``attention_sink`` (a list), the last block's attention of each window,
-        ``(heads, 1 + h*w, 1 + h*w)`` float32, is appended to it."""
+        ``(heads, T + h*w, T + h*w)`` float32 (``T`` = the encoder's prefix tokens), is
+        appended to it."""
         # the encoder casts the images to its own weights' dtype
         if attention_sink is None:
             feats = self.encoder(images)
@@ -402,6 +403,7 @@ class SparseCLIP(nn.Module):
             crop_size=self.crop_size if self.sliding_window else None,
             stride=self.stride if self.sliding_window else None,
             source=spec.source, sum_mode=spec.sum_mode,
+            num_prefix_tokens=int(self.encoder.num_prefix_tokens),
         )
 
     def _vocabulary(self, x: Dict) -> Tuple[List[str], Optional[int]]:
