@@ -125,7 +125,8 @@ def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple
                        vmin=0.0 if shared_scale else None, vmax=vmax)
         ax.plot([query_xy[0]], [query_xy[1]], marker="x", color="cyan", markersize=10, markeredgewidth=2.5)
         h, w = res["grid"]
-        ax.set_title(f"{res['label']}\nsupport {res['support']:.1f}/{res['num_tokens']}, perplexity {res['perplexity']:.1f}",
+        tokens = res.get("num_tokens", 1 + h * w)  # results built without it: a CLS tower
+        ax.set_title(f"{res['label']}\nsupport {res['support']:.1f}/{tokens}, perplexity {res['perplexity']:.1f}",
                      fontsize=9)
         ax.set_xlabel("x (px)", fontsize=8)
         ax.set_ylabel("y (px)", fontsize=8)
