@@ -429,3 +429,29 @@ def test_segmentation_meta_arch_has_no_fgovd_dispatch():
 
     src = open(meta_arch.__file__).read()
     assert not hasattr(meta_arch, "_is_fgovd") and "evaluator_type" not in src and "fgovd_inference" not in src
+
+
+# ---------------------------------------------------------------- shared CLIP parts (build_clip_parts)
+def test_fgovd_honours_text_tokenizer_key():
+    """MODEL.SPARSECLIP.TEXT.TOKENIZER reaches the caption encoder (it was ignored before)."""
+    cfg = _tiny_cfg()
+    cfg.MODEL.SPARSECLIP.TEXT.TOKENIZER = "/no/such/tokenizer/dir"
+    with pytest.raises(FileNotFoundError, match="MODEL.SPARSECLIP.TEXT.TOKENIZER '/no/such/tokenizer/dir'"):
+        build_model(cfg)
+
+
+def test_fgovd_validates_clip_keys_before_building():
+    cfg = _tiny_cfg()
+    cfg.MODEL.SPARSECLIP.CLIP.PRECISION = "fp8"
+    with pytest.raises(ValueError, match=r"MODEL.SPARSECLIP.CLIP.PRECISION = 'fp8' is invalid; valid: fp32, fp16, bf16"):
+        build_model(cfg)
+
+
+def test_fgovd_runs_on_a_siglip_tower_with_random_weights():
+    """The random-weights tokenizer fallback (no Hugging Face files here) applies to FG-OVD too."""
+    cfg = _tiny_cfg(RESOLUTION=64)
+    cfg.MODEL.SPARSECLIP.CLIP.NAME = "sparseclip-tiny-siglip"
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    out = model([_tiny_input([[4.0, 4.0, 40.0, 30.0]], [["a red car", "a blue car"]])])[0]["fgovd"]
+    assert out["scores"].shape == (1, 2) and torch.isfinite(out["scores"]).all()

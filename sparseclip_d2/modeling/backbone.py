@@ -7,7 +7,7 @@ dimension D. Inputs are images normalised with ``MODEL.PIXEL_MEAN/STD`` (set the
 CLIP's mean/std, as ``configs/Base-SparseCLIP.yaml`` does).
 """
 import logging
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -16,10 +16,26 @@ from detectron2.config import configurable
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, Backbone
 
-from ..clip import AttentionSpec, DenseCLIPEncoder, build_clip, is_random_weights, vision_tower_variant
-from ..config import check_device
+from ..attention.entmax import entmax_backend
+from ..clip import (
+    AttentionSpec,
+    DenseCLIPEncoder,
+    TextClassifier,
+    build_clip,
+    get_tokenizer,
+    is_random_weights,
+    vision_tower_variant,
+)
+from ..config import check_device, check_sparseclip_config
 
-__all__ = ["SparseCLIPBackbone", "build_clip_from_config", "build_encoder_from_config", "resolve_device"]
+__all__ = [
+    "CLIPParts",
+    "SparseCLIPBackbone",
+    "build_clip_from_config",
+    "build_clip_parts",
+    "build_encoder_from_config",
+    "resolve_device",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +99,50 @@ def build_encoder_from_config(cfg, clip_model: nn.Module) -> DenseCLIPEncoder:
         visual = vision_tower_variant(clip_model, c.NAME, act=c.VISION_ACT, ln_eps=c.VISION_LN_EPS)
     return DenseCLIPEncoder(visual, AttentionSpec.from_config(cfg), pos_embed_interp=c.POS_EMBED_INTERP,
                             attn_pool_dense=c.ATTN_POOL_DENSE)
+
+
+class CLIPParts(NamedTuple):
+    """What every META_ARCH of this package builds from ``MODEL.SPARSECLIP`` (:func:`build_clip_parts`).
+
+    ``text_classifier(templates)`` returns a :class:`~sparseclip_d2.clip.TextClassifier` for a
+    template-set name or file, with the configured tokenizer, text cache and batch size.
+    """
+
+    clip_model: nn.Module
+    random_weights: bool
+    encoder: DenseCLIPEncoder
+    text_classifier: Callable[[str], TextClassifier]
+
+
+def build_clip_parts(cfg) -> CLIPParts:
+    """Validate ``cfg``'s user-facing keys, then build the CLIP model, its dense encoder and
+    the text-classifier factory, shared by the segmentation and FG-OVD META_ARCHs.
+
+    The validation (:func:`~sparseclip_d2.config.check_sparseclip_config` and the attention
+    spec) runs before the weights are loaded. On CPU with a sparse normaliser the alpha-entmax
+    kernel is built or loaded here, announced with its own progress lines, rather than inside
+    the first forward under the caller's progress bar.
+    """
+    sc = cfg.MODEL.SPARSECLIP
+    check_sparseclip_config(cfg)
+    AttentionSpec.from_config(cfg)
+    clip_model, random_weights = build_clip_from_config(cfg)
+    encoder = build_encoder_from_config(cfg, clip_model)
+    if encoder.spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
+        entmax_backend()
+    tokenizer = get_tokenizer(sc.CLIP.NAME, sc.TEXT.TOKENIZER or None, random_weights=random_weights)
+
+    def text_classifier(templates: str) -> TextClassifier:
+        return TextClassifier(
+            clip_model,
+            tokenizer,
+            templates,
+            model_name=f"{sc.CLIP.NAME}:{sc.CLIP.PRETRAINED}",
+            cache_dir=sc.TEXT.CACHE_DIR or None,
+            batch_size=sc.TEXT.BATCH_SIZE,
+        )
+
+    return CLIPParts(clip_model, random_weights, encoder, text_classifier)
 
 
 @BACKBONE_REGISTRY.register()

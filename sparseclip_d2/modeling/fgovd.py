@@ -36,8 +36,7 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import Boxes, pairwise_iou
 
 from ..common.cache import LRUCache
-from ..clip import TextClassifier, get_tokenizer
-from .backbone import build_clip_from_config, build_encoder_from_config
+from .backbone import build_clip_parts
 from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
 
 __all__ = [
@@ -328,22 +327,15 @@ class SparseCLIPFGOVD(nn.Module):
         sc = cfg.MODEL.SPARSECLIP
         f = sc.FGOVD
         conventions = conventions_from_config(cfg)
-        clip_model, random_weights = build_clip_from_config(cfg)
-        encoder = build_encoder_from_config(cfg, clip_model)  # CLIP's own mean/std below
-        text = TextClassifier(
-            clip_model,
-            get_tokenizer(sc.CLIP.NAME),
-            f.TEMPLATES,
-            model_name=f"{sc.CLIP.NAME}:{sc.CLIP.PRETRAINED}",
-            cache_dir=sc.TEXT.CACHE_DIR or None,
-            batch_size=sc.TEXT.BATCH_SIZE,
-        )
+        parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
+        encoder = parts.encoder  # CLIP's own mean/std below
+        text = parts.text_classifier(f.TEMPLATES)
         return {
             "encoder": encoder,
             "caption_encoder": text.encode,
             "pixel_mean": [255.0 * m for m in encoder.image_mean],
             "pixel_std": [255.0 * s for s in encoder.image_std],
-            "clip_model": clip_model,
+            "clip_model": parts.clip_model,
             "protocol": f.PROTOCOL,
             "resolution": f.RESOLUTION,
             "pooler_resolution": f.POOLER_RESOLUTION,
@@ -353,7 +345,7 @@ class SparseCLIPFGOVD(nn.Module):
             "iou_threshold": f.IOU_THRESHOLD,
             "input_format": cfg.INPUT.FORMAT,
             "caption_cache_size": f.CAPTION_CACHE_SIZE,
-            "random_weights": random_weights,
+            "random_weights": parts.random_weights,
         }
 
     @property

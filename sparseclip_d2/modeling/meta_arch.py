@@ -32,14 +32,11 @@ from detectron2.data import MetadataCatalog
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
-from ..attention.entmax import entmax_backend
 from ..common.cache import LRUCache
-from ..clip import AttentionSpec, TextClassifier, get_tokenizer
-from ..config import check_sparseclip_config
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from ..data.mapper import pixel_normalization
 from .attention_record import attention_record
-from .backbone import build_clip_from_config, build_encoder_from_config
+from .backbone import build_clip_parts
 from .pamr import pamr
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
@@ -172,16 +169,9 @@ class SparseCLIP(nn.Module):
     @classmethod
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
-        check_sparseclip_config(cfg)  # every user-facing value, before anything is built
-        AttentionSpec.from_config(cfg)  # the attention settings, validated before the weights load
-        clip_model, random_weights = build_clip_from_config(cfg)
-        encoder = build_encoder_from_config(cfg, clip_model)
+        parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
+        clip_model, encoder = parts.clip_model, parts.encoder
         pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
-        if encoder.spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
-            # Build/load the CPU alpha-entmax kernel now (announced, with progress lines)
-            # rather than inside the first forward, under the caller's progress bar.
-            entmax_backend()
-        tokenizer = get_tokenizer(sc.CLIP.NAME, sc.TEXT.TOKENIZER or None, random_weights=random_weights)
         logit_scale = float(sc.LOGIT_SCALE)
         if logit_scale < 0:
             raise ValueError(f"MODEL.SPARSECLIP.LOGIT_SCALE must be > 0, or 0 for the model's own scale; "
@@ -189,22 +179,12 @@ class SparseCLIP(nn.Module):
         if logit_scale == 0:
             logit_scale = float(clip_model.logit_scale.detach().float().exp())
 
-        def factory(templates: str) -> TextClassifierFn:
-            return TextClassifier(
-                clip_model,
-                tokenizer,
-                templates,
-                model_name=f"{sc.CLIP.NAME}:{sc.CLIP.PRETRAINED}",
-                cache_dir=sc.TEXT.CACHE_DIR or None,
-                batch_size=sc.TEXT.BATCH_SIZE,
-            )
-
         sw = cfg.TEST.SLIDING_WINDOW
         return {
             "encoder": encoder,
             "clip_model": clip_model,
-            "text_classifier": factory(sc.TEXT.TEMPLATES),
-            "text_classifier_factory": factory,
+            "text_classifier": parts.text_classifier(sc.TEXT.TEMPLATES),
+            "text_classifier_factory": parts.text_classifier,
             "templates": sc.TEXT.TEMPLATES,
             "pixel_mean": pixel_mean,
             "pixel_std": pixel_std,
@@ -216,7 +196,7 @@ class SparseCLIP(nn.Module):
             "crop_size": sw.CROP_SIZE,
             "stride": sw.STRIDE,
             "window_batch_size": sw.BATCH_SIZE,
-            "random_weights": random_weights,
+            "random_weights": parts.random_weights,
             "attention_stats": cfg.TEST.ATTENTION_STATS.ENABLED,
             "max_scores_mb": cfg.TEST.SEM_SEG_SCORES_MAX_MB,
             "patch_remainder": sc.PATCH_REMAINDER,
