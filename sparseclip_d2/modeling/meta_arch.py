@@ -172,10 +172,7 @@ class SparseCLIP(nn.Module):
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
         pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
-        logit_scale = float(sc.LOGIT_SCALE)
-        if logit_scale < 0:
-            raise ValueError(f"MODEL.SPARSECLIP.LOGIT_SCALE must be > 0, or 0 for the model's own scale; "
-                             f"got {logit_scale}")
+        logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
         if logit_scale == 0:
             logit_scale = float(clip_model.logit_scale.detach().float().exp())
 
