@@ -182,8 +182,45 @@ def check_alpha(alpha, name: str = "alpha") -> float:
     return a
 
 
+class _AlphaEntmaxFunction(torch.autograd.Function):
+    """alpha-entmax with its closed-form backward, for every forward backend.
+
+    With ``p = entmax(x)`` and ``g = p ** (2 - alpha)`` on the support (0 off it), the
+    Jacobian-vector product is ``dx = g * dy - g * sum(g * dy) / sum(g)`` along the row
+    (Peters, Niculae and Martins 2019, "Sparse Sequence-to-Sequence Models", section 3).
+    Only ``p`` is saved.  The backward itself is not differentiable again
+    (``once_differentiable``: a second-order use raises instead of returning zeros).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, alpha: float, dim: int) -> torch.Tensor:
+        p = _entmax_forward(x, alpha, dim)
+        ctx.alpha, ctx.dim = alpha, dim
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        (p,) = ctx.saved_tensors
+        work = torch.float64 if p.dtype == torch.float64 else torch.float32
+        pw, dy = p.to(work), grad_out.to(work)
+        if ctx.alpha == 2.0:
+            g = (pw > 0).to(work)
+        else:
+            g = torch.where(pw > 0, pw.pow(2.0 - ctx.alpha), torch.zeros((), dtype=work, device=pw.device))
+        gdy = g * dy
+        q = gdy.sum(ctx.dim, keepdim=True) / g.sum(ctx.dim, keepdim=True)
+        return (gdy - q * g).to(p.dtype), None, None
+
+
 def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
-    """Exact alpha-entmax of ``x`` along ``dim`` for ``alpha`` in [1, 2].
+    """Exact alpha-entmax of ``x`` along ``dim`` for ``alpha`` in [1, 2], differentiable.
+
+    When ``x`` requires grad (and grad mode is on), the result carries the closed-form
+    entmax backward (:class:`_AlphaEntmaxFunction`) whatever backend computed it (the CPU
+    kernel or the torch path); ``alpha == 1`` is ``torch.softmax`` with its own backward.
+    Under ``torch.no_grad()`` or for inputs without grad nothing is saved.
 
     ``alpha == 1`` is the softmax, ``alpha == 1.5`` equals ``entmax.entmax15``,
     ``alpha == 2`` equals ``entmax.sparsemax``.  See docs/architecture.md "alpha-entmax" for the
@@ -208,6 +245,15 @@ def alpha_entmax(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
         raise ValueError(f"alpha_entmax: x must be a floating-point tensor, got {x.dtype}")
     if x.dim() == 0:
         raise ValueError("alpha_entmax: x must have at least one dimension, got a scalar")
+    if x.numel() == 0:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    if alpha > 1.0 and x.requires_grad and torch.is_grad_enabled():
+        return _AlphaEntmaxFunction.apply(x, alpha, dim)
+    return _entmax_forward(x, alpha, dim)
+
+
+def _entmax_forward(x: torch.Tensor, alpha: float, dim: int) -> torch.Tensor:
+    """The forward of :func:`alpha_entmax` (validated input, no graph for alpha > 1)."""
     if x.numel() == 0:
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     out_dtype = x.dtype
