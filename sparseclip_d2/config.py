@@ -21,7 +21,12 @@ __all__ = ["add_sparseclip_config", "check_sparseclip_config"]
 
 
 def add_sparseclip_config(cfg):
-    """Add the ``MODEL.SPARSECLIP``, ``TEST.SLIDING_WINDOW`` and related keys to ``cfg`` in place."""
+    """Add the ``MODEL.SPARSECLIP``, ``TEST.SLIDING_WINDOW`` and related keys to ``cfg`` in place,
+    and register sparseclip_d2's detectron2 parts (META_ARCHs, backbone, datasets, loaders,
+    evaluators; :func:`sparseclip_d2.register_detectron2_parts`, idempotent)."""
+    from . import register_detectron2_parts
+
+    register_detectron2_parts()
     _C = cfg
     _C.MODEL.SPARSECLIP = CN()
     # The CLIP model.

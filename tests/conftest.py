@@ -18,6 +18,16 @@ import pytest
 
 os.environ.setdefault("SPARSECLIP_TEXT_CACHE", "off")
 
+import sparseclip_d2  # noqa: E402
+
+from tiny_models import register_tiny_models  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+
+# The package registers nothing on import; the suite registers its tiny timm towers and,
+# as every tool does through add_sparseclip_config, the detectron2 parts.
+register_tiny_models()
+if sparseclip_d2.HAS_DETECTRON2:
+    sparseclip_d2.register_detectron2_parts()
+
 TINY_CLIP_NAME = "sparseclip-tiny-vit"
 
 

@@ -102,17 +102,42 @@ def test_detectron2_parts_say_how_to_install_it():
     assert out.strip() == "ok"
 
 
-def test_with_detectron2_the_plugin_registers_on_import():
-    out = _run("""
-import sparseclip_d2
+_LEAN_SCRIPT = """
+import sys, time
+t0 = time.perf_counter()
+import torch
+t_torch = time.perf_counter() - t0
+t0 = time.perf_counter()
+import sparseclip_d2.attention
+t_attention = time.perf_counter() - t0
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {'detectron2', 'open_clip', 'timm', 'fvcore.nn'})
+assert heavy == [], heavy
+import detectron2.data, timm
+from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.modeling import META_ARCH_REGISTRY
-from detectron2.data import DatasetCatalog
-assert sparseclip_d2.HAS_DETECTRON2
-assert "SparseCLIP" in META_ARCH_REGISTRY
-assert "sparseclip_demo" in DatasetCatalog.list()
-print("ok")
-""")
-    assert out.strip() == "ok"
+before = (len(timm.list_models()), len(DatasetCatalog.list()), len(list(META_ARCH_REGISTRY)))
+t0 = time.perf_counter()
+import sparseclip_d2.clip
+t_clip = time.perf_counter() - t0
+after = (len(timm.list_models()), len(DatasetCatalog.list()), len(list(META_ARCH_REGISTRY)))
+assert before == after, (before, after)
+assert not [m for m in timm.list_models() if m.startswith('sparseclip')]
+from detectron2.config import get_cfg
+from sparseclip_d2 import add_sparseclip_config
+add_sparseclip_config(get_cfg())
+assert 'SparseCLIP' in META_ARCH_REGISTRY and 'sparseclip_demo' in DatasetCatalog.list()
+print(f'import sparseclip_d2.attention: {t_attention:.2f} s after torch ({t_torch:.2f} s); import sparseclip_d2.clip (after detectron2 and timm): {t_clip:.2f} s')
+"""
+
+
+def test_with_detectron2_the_layers_import_lean_and_register_nothing():
+    """With detectron2 installed: ``sparseclip_d2.attention`` loads torch only,
+    ``sparseclip_d2.clip`` registers nothing in timm's or detectron2's registries, and
+    ``add_sparseclip_config`` registers the detectron2 parts. Prints the import times
+    (``pytest -s tests/test_layers.py -k lean``)."""
+    out = _run(_LEAN_SCRIPT)
+    print(out.strip())
+    assert out.startswith("import sparseclip_d2.attention:")
 
 
 # ---------------------------------------------------------------------------------- source graph

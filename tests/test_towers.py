@@ -21,7 +21,8 @@ import torch.nn.functional as F
 import open_clip
 import timm
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, build_clip
-from sparseclip_d2.clip.model_configs import TINY_TIMM_MODEL_NAMES, get_local_model_config
+from sparseclip_d2.clip.model_configs import get_local_model_config
+from tiny_models import TINY_TIMM_MODEL_NAMES
 from sparseclip_d2.clip.towers import check_tower
 
 entmax_pkg = pytest.importorskip("entmax")

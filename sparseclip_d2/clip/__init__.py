@@ -4,7 +4,7 @@ torch + open_clip only (no detectron2 import).
 """
 from .builder import PRECISIONS, VISION_ACTS, build_clip, get_tokenizer, is_random_weights, vision_tower_variant
 from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, interpolate_pos_embed
-from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME
+from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME, register_local_model_config
 from .spec import PRESETS, SPEC_KEYS, AttentionSpec, describe_spec, parse_attention_spec, parse_attention_specs
 from .templates import MASKCLIP_TEMPLATES, OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
 from .text import TextClassifier, max_over_synonyms, split_synonyms, text_cache_dir, weights_fingerprint
@@ -27,6 +27,7 @@ __all__ = [
     "POS_EMBED_INTERP_MODES",
     "LOCAL_MODEL_CONFIGS",
     "TINY_MODEL_NAME",
+    "register_local_model_config",
     "TextClassifier",
     "get_templates",
     "max_over_synonyms",

@@ -1,84 +1,24 @@
-"""Model configs that sparseclip_d2 adds to open_clip's (test / smoke models only).
+"""Model configs that sparseclip_d2 adds to open_clip's (a smoke model, and a hook for more).
 
 ``sparseclip-tiny-vit`` is a 2-layer, width-64, 4-head, patch-16 ViT at 64 px with a
-2-layer width-64 text tower and a 32-d joint space, QuickGELU. It only exists so tests
-and end-to-end smoke runs (``build_clip("sparseclip-tiny-vit", "none")``) are fast on a
-CPU; it has no pretrained weights and its numbers mean nothing. :func:`build_clip`
-builds these through ``open_clip.create_model`` with the dict passed as model kwargs
-(nothing is written into open_clip's own config registry).
+2-layer width-64 text tower and a 32-d joint space, QuickGELU. It exists so tests and
+end-to-end smoke runs (``build_clip("sparseclip-tiny-vit", "none")``, the demo data run)
+are fast on a CPU; it has no pretrained weights and its numbers mean nothing.
+:func:`build_clip` builds these through ``open_clip.create_model`` with the dict passed as
+model kwargs (nothing is written into open_clip's own config registry, and importing this
+module registers nothing anywhere).
 
-The timm-tower test models are the real timm architectures of open_clip's SigLIP, EVA02,
-PE-Core and CLIP-style timm ViT towers shrunk to 64 px, width 64, depth 2, 4 heads. Their
-timm entry points are registered with timm's public ``register_model`` under names that
-start with ``sparseclip_`` (open_clip's ``TimmModel`` builds its trunk by timm name):
-
-- ``sparseclip-tiny-siglip`` (timm ``sparseclip_tiny_siglip``, from
-  ``vit_base_patch16_siglip_224``): no class token, MAP attention-pool head, SigLIP-style
-  text tower (no causal mask, last-token pool, logit bias).
-- ``sparseclip-tiny-eva02`` (``sparseclip_tiny_eva02``, from ``eva02_base_patch16_clip_224``):
-  CLS token, rotary embeddings, SwiGLU, separate q/k/v projections, token pool + linear head.
-- ``sparseclip-tiny-eva-postnorm`` (``sparseclip_tiny_eva_postnorm``): the EVA02 tower with
-  post-norm blocks (``EvaBlockPostNorm``, as EVA02-E-14).
-- ``sparseclip-tiny-pe`` (``sparseclip_tiny_pe``, from ``vit_pe_core_base_patch16_224``): timm
-  ``Eva`` with ``AttentionRope`` (xy-indexed rope, grid offset 1), CLS token and a MAP head.
-- ``sparseclip-tiny-timm-vit`` (``sparseclip_tiny_timm_vit``, from
-  ``vit_base_patch16_clip_224``): CLIP-style timm ViT (pre-norm, CLS token) with one
-  register token and ``no_embed_class`` position embeddings, token pool + linear head.
+:func:`register_local_model_config` adds another such config by name (an explicit call:
+the test suite adds its tiny timm towers this way, ``tests/tiny_models.py``).
 """
 import copy
 from typing import Dict, Optional
 
-from timm.models import register_model
-from timm.models.eva import eva02_base_patch16_clip_224, vit_pe_core_base_patch16_224
-from timm.models.vision_transformer import vit_base_patch16_clip_224, vit_base_patch16_siglip_224
-
-__all__ = ["LOCAL_MODEL_CONFIGS", "get_local_model_config", "TINY_MODEL_NAME", "TINY_TIMM_MODEL_NAMES"]
+__all__ = ["LOCAL_MODEL_CONFIGS", "get_local_model_config", "register_local_model_config", "TINY_MODEL_NAME"]
 
 TINY_MODEL_NAME = "sparseclip-tiny-vit"
 
-_TINY_TOWER = dict(img_size=64, embed_dim=64, depth=2, num_heads=4)
-
-
-def _tiny(fn, pretrained: bool, kwargs: dict, **extra):
-    if pretrained:
-        raise ValueError("sparseclip_d2's tiny timm test models have no pretrained weights")
-    return fn(pretrained=False, **dict(_TINY_TOWER, **extra, **kwargs))
-
-
-@register_model
-def sparseclip_tiny_siglip(pretrained: bool = False, **kwargs):
-    """Tiny SigLIP tower (timm ``vit_base_patch16_siglip_224`` at 64 px, width 64, depth 2)."""
-    return _tiny(vit_base_patch16_siglip_224, pretrained, kwargs)
-
-
-@register_model
-def sparseclip_tiny_eva02(pretrained: bool = False, **kwargs):
-    """Tiny EVA02 CLIP tower (timm ``eva02_base_patch16_clip_224`` at 64 px, width 64, depth 2)."""
-    return _tiny(eva02_base_patch16_clip_224, pretrained, kwargs)
-
-
-@register_model
-def sparseclip_tiny_eva_postnorm(pretrained: bool = False, **kwargs):
-    """Tiny EVA02-E-style tower: ``eva02_base_patch16_clip_224`` with post-norm blocks."""
-    return _tiny(eva02_base_patch16_clip_224, pretrained, kwargs, use_post_norm=True, scale_attn_inner=False,
-                 scale_mlp=False)
-
-
-@register_model
-def sparseclip_tiny_pe(pretrained: bool = False, **kwargs):
-    """Tiny PE-Core tower (timm ``vit_pe_core_base_patch16_224`` at 64 px, width 64, depth 2)."""
-    return _tiny(vit_pe_core_base_patch16_224, pretrained, kwargs, attn_pool_num_heads=4)
-
-
-@register_model
-def sparseclip_tiny_timm_vit(pretrained: bool = False, **kwargs):
-    """Tiny CLIP-style timm ViT (``vit_base_patch16_clip_224`` at 64 px) with a register token."""
-    return _tiny(vit_base_patch16_clip_224, pretrained, kwargs, reg_tokens=1, no_embed_class=True)
-
-
 _TINY_TEXT = {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2}
-_SIGLIP_TEXT = dict(_TINY_TEXT, context_length=16, no_causal_mask=True, proj_bias=True, pool_type="last",
-                    norm_kwargs={"eps": 1e-6})
 
 LOCAL_MODEL_CONFIGS: Dict[str, dict] = {
     TINY_MODEL_NAME: {
@@ -87,51 +27,28 @@ LOCAL_MODEL_CONFIGS: Dict[str, dict] = {
         "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "head_width": 16, "patch_size": 16},
         "text_cfg": dict(_TINY_TEXT),
     },
-    # open_clip ViT-B-16-SigLIP.json, shrunk
-    "sparseclip-tiny-siglip": {
-        "embed_dim": 64,
-        "init_logit_bias": -10,
-        "custom_text": True,
-        "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_siglip", "timm_model_pretrained": False,
-                       "timm_pool": "map", "timm_proj": "none"},
-        "text_cfg": dict(_SIGLIP_TEXT),
-    },
-    # open_clip EVA02-B-16.json, shrunk
-    "sparseclip-tiny-eva02": {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_eva02", "timm_model_pretrained": False,
-                       "timm_pool": "token", "timm_proj": None},
-        "text_cfg": dict(_TINY_TEXT),
-    },
-    # open_clip EVA02-E-14.json (post-norm EVA blocks), shrunk
-    "sparseclip-tiny-eva-postnorm": {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_eva_postnorm",
-                       "timm_model_pretrained": False, "timm_pool": "token", "timm_proj": None},
-        "text_cfg": dict(_TINY_TEXT),
-    },
-    # open_clip PE-Core-B-16.json, shrunk
-    "sparseclip-tiny-pe": {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_pe", "timm_model_pretrained": False,
-                       "timm_pool": "map", "timm_proj": None},
-        "text_cfg": dict(_TINY_TEXT, no_causal_mask=False),
-    },
-    # open_clip MobileCLIP2-L-14.json (a timm vit_*_clip trunk), shrunk
-    "sparseclip-tiny-timm-vit": {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {"image_size": 64, "timm_model_name": "sparseclip_tiny_timm_vit", "timm_model_pretrained": False,
-                       "timm_pool": "token", "timm_proj": None},
-        "text_cfg": dict(_TINY_TEXT),
-    },
 }
 
-#: The local configs whose vision tower is a timm model.
-TINY_TIMM_MODEL_NAMES = tuple(n for n, c in LOCAL_MODEL_CONFIGS.items() if "timm_model_name" in c["vision_cfg"])
+
+def register_local_model_config(name: str, config: dict) -> None:
+    """Make ``build_clip(name, ...)`` build the open_clip model described by ``config``
+    (open_clip's model-config JSON layout: ``embed_dim``, ``vision_cfg``, ``text_cfg``,
+    optional ``quick_gelu`` / ``custom_text``). An explicit, process-wide registration.
+
+    Raises:
+        ValueError: ``name`` is an open_clip model name or already registered with another
+            config, or ``config`` lacks ``vision_cfg`` / ``text_cfg`` / ``embed_dim``.
+    """
+    import open_clip
+
+    missing = [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in config]
+    if missing:
+        raise ValueError(f"model config {name!r} lacks {', '.join(missing)}")
+    if name in open_clip.list_models():
+        raise ValueError(f"{name!r} is an open_clip model name; choose another name for a local config")
+    if name in LOCAL_MODEL_CONFIGS and LOCAL_MODEL_CONFIGS[name] != config:
+        raise ValueError(f"a different local model config {name!r} is already registered")
+    LOCAL_MODEL_CONFIGS[name] = copy.deepcopy(config)
 
 
 def get_local_model_config(name: str) -> Optional[dict]:
