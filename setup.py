@@ -37,9 +37,9 @@ setup(
     extras_require={
         # the `entmax` package is the independent reference of the tests and the baseline of
         # tools/benchmark_entmax.py; the library has its own alpha-entmax
-        "test": ["pytest>=7", "imgviz>=1.7", "entmax>=1.3"],
+        "test": ["pytest>=7", "imgviz>=1.7", "entmax>=1.3", "transformers>=4.40"],
         "bench": ["entmax>=1.3"],
         # SigLIP / SigLIP 2 tokenizers (open_clip's HFTokenizer loads them with transformers)
-        "hf": ["transformers"],
+        "hf": ["transformers>=4.40"],
     },
 )

@@ -1,6 +1,7 @@
 """Build a frozen open_clip CLIP model from (name, pretrained tag | local file | none)."""
 import contextlib
 import copy
+import json
 import logging
 import os
 import socket
@@ -12,9 +13,12 @@ import torch
 import open_clip
 
 from ..common.logs import dropping_log_records
-from .model_configs import get_local_model_config
+from .model_configs import LOCAL_MODEL_CONFIGS, get_local_model_config
+from .weights import (check_transformers_activation, convert_transformers_state_dict, describe_openai_state_dict,
+                      is_torchscript_archive, load_torchscript_state_dict, parse_hf_pretrained,
+                      read_transformers_config, transformers_activation)
 
-__all__ = ["build_clip", "is_random_weights", "get_tokenizer", "PRECISIONS",
+__all__ = ["build_clip", "check_model_name", "is_random_weights", "get_tokenizer", "PRECISIONS",
            "vision_tower_variant", "VISION_ACTS"]
 
 logger = logging.getLogger(__name__)
@@ -145,21 +149,31 @@ def build_clip(
     """Create a frozen open_clip CLIP model (eval mode, ``requires_grad`` False).
 
     Args:
-        name: open_clip model name (``ViT-B-16-quickgelu``, ``ViT-L-14-quickgelu``, ...) or a
-            sparseclip_d2 test config (``sparseclip-tiny-vit``).
-        pretrained: an open_clip tag (``openai``), a local checkpoint file (loaded by
-            open_clip's own loader), or ``none``/``""`` for random weights (a WARNING says
-            the results are meaningless).
+        name: open_clip model name (``ViT-B-16-quickgelu``, ``ViT-L-14-quickgelu``, ...),
+            ``local-dir:/path`` (a folder with open_clip's ``open_clip_config.json`` and
+            weights), ``hf-hub:org/repo`` (the same on the Hugging Face hub; cached or
+            online), or a config registered with ``register_local_model_config``
+            (``sparseclip-tiny-vit``).
+        pretrained: an open_clip tag (``openai``); a local checkpoint file: an OpenAI
+            TorchScript ``.pt`` (``~/.cache/clip/ViT-B-16.pt``) or an open_clip state dict
+            (``.bin`` / ``.pt`` / ``.safetensors``); ``hf:/path`` for a ``transformers``
+            ``CLIPModel`` / ``SiglipModel`` directory, converted to the open_clip model
+            ``name`` (:mod:`sparseclip_d2.clip.weights`); or ``none``/``""`` for random
+            weights (a WARNING says the results are meaningless). With a ``local-dir:`` /
+            ``hf-hub:`` name any other value means the weights that come with the name.
         precision: ``fp32``, ``fp16`` or ``bf16`` (weights dtype).
         device: where the model lives.
         force_quick_gelu: use QuickGELU even when ``name`` lacks ``-quickgelu``. It is
-            forced automatically (with a warning) for tags trained with QuickGELU (OpenAI).
+            forced automatically (with a warning) for weights trained with QuickGELU (the
+            OpenAI tag and TorchScript files, transformers checkpoints whose ``hidden_act``
+            is ``quick_gelu``).
         cache_dir: open_clip download cache (``None``/``""`` = open_clip's default).
     Returns:
         an ``open_clip.CLIP`` model.
     Raises:
-        ValueError: unknown model name, tag or precision; FileNotFoundError: a checkpoint
-        path that does not exist; RuntimeError: a tag whose download failed (offline).
+        ValueError: unknown model name, tag or precision, a checkpoint of another
+        architecture (naming both); FileNotFoundError: a checkpoint path that does not
+        exist; RuntimeError: weights whose download failed (offline).
     """
     name = str(name).strip()
     if precision not in PRECISIONS:
@@ -167,48 +181,76 @@ def build_clip(
     cache_dir = cache_dir or None
     common = dict(precision=precision, device=device, cache_dir=cache_dir)
     random = is_random_weights(pretrained)
-    pretrained = None if random else os.path.expanduser(str(pretrained).strip())
+    pretrained = None if random else str(pretrained).strip()
+    hf_dir = parse_hf_pretrained(pretrained)
+    if pretrained is not None and hf_dir is None:
+        pretrained = os.path.expanduser(pretrained)
+    check_model_name(name)
     if random:
         logger.warning(
             "RANDOM WEIGHTS: CLIP %s is built with random weights (pretrained=none): a smoke run, "
             "every number it produces is meaningless.", name)
+    schema, identifier = parse_model_name(name)
+
+    weights_file = None  # a local file or hf: directory loaded into the built model
+    if hf_dir is not None:
+        hf_cfg = read_transformers_config(hf_dir)
+        weights_file = hf_dir
+        if transformers_activation(hf_cfg, "vision") == "quick_gelu":
+            force_quick_gelu = _quick_gelu_notice(name, f"hf:{hf_dir}", force_quick_gelu)
+    elif pretrained is not None and (schema or get_local_model_config(name) is not None or os.path.isfile(pretrained)):
+        if schema and not _looks_like_path(pretrained):
+            logger.info("CLIP %s brings its own weights; MODEL.SPARSECLIP.CLIP.PRETRAINED=%r names none and is not "
+                        "used", name, pretrained)
+            pretrained = None
+        elif not os.path.isfile(pretrained):
+            raise FileNotFoundError(
+                f"CLIP checkpoint file {pretrained!r} for model {name!r} does not exist; pass an existing local "
+                "checkpoint file, hf:/path/to/transformers_dir, or `none`")
+        else:
+            weights_file = pretrained
+            if is_torchscript_archive(pretrained):
+                force_quick_gelu = _quick_gelu_notice(name, pretrained, force_quick_gelu)
 
     local_cfg = get_local_model_config(name)
+    if schema == "hf-hub" and (random or weights_file):
+        local_cfg = _hub_model_config(identifier, cache_dir)
+    elif schema == "local-dir":
+        local_cfg = _local_dir_model_config(identifier)
+        if not random and weights_file is None:
+            weights_file = _local_dir_checkpoint(identifier)
     if local_cfg is not None:
         if force_quick_gelu:
             local_cfg["quick_gelu"] = True
-        if pretrained is not None and not os.path.isfile(pretrained):
-            raise FileNotFoundError(
-                f"checkpoint {pretrained!r} for the sparseclip_d2 test model {name!r} does not exist; "
-                "this model has no published weights: pass a local checkpoint file or `none`")
         custom_text = bool(local_cfg.pop("custom_text", False))
         base = _FACTORY_BASE_TIMM if "timm_model_name" in local_cfg["vision_cfg"] else _FACTORY_BASE
         with _quiet_random_notice():
             model = open_clip.create_model(base, pretrained=None, force_custom_text=custom_text,
-                                       **common, **local_cfg)
-        if pretrained is not None:
-            with _reading_checkpoint(pretrained, name):
-                open_clip.load_checkpoint(model, pretrained)
+                                           **common, **local_cfg)
+        if weights_file is not None:
+            _load_weights(model, name, weights_file)
         return _finish(model)
 
-    if name not in open_clip.list_models():
-        raise ValueError(
-            f"unknown CLIP model name {name!r}; valid: an open_clip name (see open_clip.list_models(), "
-            f"e.g. ViT-B-16-quickgelu, ViT-L-14-quickgelu) or one of sparseclip_d2's test configs "
-            f"(sparseclip-tiny-vit)")
+    if schema == "hf-hub":
+        _fail_fast_when_offline(name, "", {"hf_hub": f"{identifier}/open_clip_config.json"}, cache_dir)
+        try:
+            model = open_clip.create_model(name, **common)
+        except (RuntimeError, OSError, ConnectionError, ValueError) as e:
+            raise RuntimeError(f"could not obtain CLIP {name!r} from the Hugging Face hub ({e}). "
+                               "Offline, download the repository once and use local-dir:/path/to/it") from e
+        return _finish(model)
 
-    if random:
+    if random or weights_file is not None:
         with _quiet_random_notice():
             model = open_clip.create_model(name, pretrained=None, force_quick_gelu=force_quick_gelu, **common)
+        if weights_file is not None:
+            _load_weights(model, name, weights_file)
         return _finish(model)
 
     tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) or {}
     if tag_cfg:
-        if tag_cfg.get("quick_gelu", False) and "quickgelu" not in name.lower() and not force_quick_gelu:
-            logger.warning(
-                "pretrained=%r was trained with QuickGELU but %r lacks '-quickgelu': forcing QuickGELU "
-                "(use the name %s-quickgelu to silence this)", pretrained, name, name)
-            force_quick_gelu = True
+        if tag_cfg.get("quick_gelu", False):
+            force_quick_gelu = _quick_gelu_notice(name, pretrained, force_quick_gelu)
         _fail_fast_when_offline(name, pretrained, tag_cfg, cache_dir)
         try:
             model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
@@ -218,21 +260,145 @@ def build_clip(
                 + _NO_NETWORK_HELP) from e
         return _finish(model)
 
-    if os.path.isfile(pretrained):
-        logger.info("loading CLIP %s weights from the local file %s", name, pretrained)
-        with _reading_checkpoint(pretrained, name):
-            model = open_clip.create_model(name, pretrained=pretrained, force_quick_gelu=force_quick_gelu, **common)
-        return _finish(model)
-
     if _looks_like_path(pretrained):
         raise FileNotFoundError(
             f"CLIP checkpoint file {pretrained!r} does not exist. Supply weights as an existing local "
             f"file via MODEL.SPARSECLIP.CLIP.PRETRAINED, an open_clip tag of {name} "
-            f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none known'}), or `none`")
+            f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none known'}), "
+            f"hf:/path/to/transformers_dir, or `none`")
     raise ValueError(
         f"unknown pretrained value {pretrained!r} for {name}; valid: an open_clip tag "
         f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none known'}), "
-        f"a local checkpoint file path, or none")
+        f"a local checkpoint file path, hf:/path/to/transformers_dir, or none")
+
+
+# open_clip/factory.py HF_HUB_PREFIX / LOCAL_DIR_PREFIX: the schemas open_clip's create_model accepts.
+MODEL_NAME_SCHEMAS = ("hf-hub:", "local-dir:")
+
+
+def parse_model_name(name: str) -> Tuple[Optional[str], str]:
+    """``("local-dir", path)``, ``("hf-hub", "org/repo")`` or ``(None, name)``."""
+    for prefix in MODEL_NAME_SCHEMAS:
+        if name.startswith(prefix):
+            return prefix[:-1], name[len(prefix):].strip()
+    return None, name
+
+
+def check_model_name(name: str) -> None:
+    """Validate a CLIP model name without building anything (and without the network).
+
+    Valid: an open_clip name, a registered local config, ``local-dir:/existing/dir`` holding
+    ``open_clip_config.json``, or ``hf-hub:org/repo``.
+
+    Raises:
+        ValueError / FileNotFoundError naming the value and the valid choices.
+    """
+    name = str(name).strip()
+    schema, identifier = parse_model_name(name) if name else (None, "")
+    if schema == "local-dir":
+        if not identifier:
+            raise ValueError(f"CLIP model name {name!r}: local-dir: names no directory (local-dir:/path/to/dir)")
+        _local_dir_model_config(identifier)
+        return
+    if schema == "hf-hub":
+        parts = identifier.split("/")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"CLIP model name {name!r}: hf-hub: takes a repository id org/repo "
+                             "(e.g. hf-hub:timm/ViT-B-16-SigLIP)")
+        return
+    if get_local_model_config(name) is None and name not in open_clip.list_models():
+        raise ValueError(
+            f"unknown CLIP model name {name!r}; valid: an open_clip name (see open_clip.list_models(), "
+            f"e.g. ViT-B-16-quickgelu, ViT-L-14-quickgelu), local-dir:/path/to/open_clip_dir, hf-hub:org/repo, "
+            f"or one of sparseclip_d2's local configs ({', '.join(sorted(LOCAL_MODEL_CONFIGS))})")
+
+
+def _quick_gelu_notice(name: str, source: str, force_quick_gelu: bool) -> bool:
+    """QuickGELU is forced for weights trained with it; says so when the name lacks it."""
+    local = get_local_model_config(name)
+    has_it = "quickgelu" in name.lower() or bool(local and local.get("quick_gelu"))
+    if not has_it and not force_quick_gelu:
+        logger.warning(
+            "pretrained=%r was trained with QuickGELU but %r lacks '-quickgelu': forcing QuickGELU "
+            "(use the name %s-quickgelu to silence this)", source, name, name)
+    return True
+
+
+def _local_dir_model_config(path: str) -> dict:
+    """The ``model_cfg`` of ``local-dir:path`` (open_clip's ``open_clip_config.json`` layout)."""
+    path = os.path.expanduser(path)
+    cfg_path = os.path.join(path, "open_clip_config.json")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"CLIP model local-dir:{path}: the directory does not exist")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"CLIP model local-dir:{path}: no open_clip_config.json in it (open_clip's "
+                                "layout: open_clip_config.json with a model_cfg entry, plus the weights file)")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)["model_cfg"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{cfg_path}: not an open_clip config with a model_cfg entry ({type(e).__name__}: {e})") from None
+    return copy.deepcopy(cfg)
+
+
+# Weight files open_clip looks for in a local-dir, in its order of preference
+# (open_clip/factory.py _find_checkpoint_in_dir).
+_LOCAL_DIR_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
+                      "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth", "model.safetensors",
+                      "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+
+
+def _local_dir_checkpoint(path: str) -> str:
+    path = os.path.expanduser(path)
+    for n in _LOCAL_DIR_WEIGHTS:
+        if os.path.isfile(os.path.join(path, n)):
+            return os.path.join(path, n)
+    raise FileNotFoundError(f"CLIP model local-dir:{path} holds no weights file ({', '.join(_LOCAL_DIR_WEIGHTS)}); "
+                            "add one, or set MODEL.SPARSECLIP.CLIP.PRETRAINED none for random weights")
+
+
+def _hub_model_config(identifier: str, cache_dir: Optional[str]) -> dict:
+    _fail_fast_when_offline(f"hf-hub:{identifier}", "", {"hf_hub": f"{identifier}/open_clip_config.json"}, cache_dir)
+    try:
+        cfg = open_clip.get_model_config(f"hf-hub:{identifier}")
+    except Exception as e:  # hub errors of every kind: say which repository
+        raise RuntimeError(f"could not read open_clip_config.json of hf-hub:{identifier} ({type(e).__name__}: {e}). "
+                           "Offline, download the repository once and use local-dir:/path/to/it") from e
+    return copy.deepcopy(cfg)
+
+
+def _load_weights(model: torch.nn.Module, name: str, source: str) -> None:
+    """Load a local checkpoint (OpenAI TorchScript, open_clip state dict) or a
+    transformers directory into ``model`` (built as ``name``), strictly."""
+    if os.path.isdir(source):
+        hf_cfg = read_transformers_config(source)
+        sd = convert_transformers_state_dict(source, model, name)
+        msg = check_transformers_activation(hf_cfg, model, name)
+        if msg and "quick_gelu" in msg:
+            raise ValueError(f"{msg}; use the open_clip name with{'' if 'uses quick_gelu' in msg else 'out'} "
+                             "'-quickgelu'")
+        if msg:
+            logger.warning("%s", msg)
+        model.load_state_dict(sd, strict=True)
+        logger.info("loaded CLIP %s from the transformers %s checkpoint %s", name, hf_cfg["model_type"], source)
+        return
+    if is_torchscript_archive(source):
+        with _reading_checkpoint(source, name):
+            sd = load_torchscript_state_dict(source)
+        target = model.state_dict()
+        bad = sorted(set(sd) ^ set(target)) or [k for k in sd if tuple(sd[k].shape) != tuple(target[k].shape)]
+        if bad:
+            raise ValueError(
+                f"the OpenAI CLIP TorchScript file {source!r} holds a {describe_openai_state_dict(sd)}, which does "
+                f"not fit the open_clip model {name!r} ({describe_openai_state_dict(target)}; first difference: "
+                f"{bad[0]}). Choose the model name of the file (ViT-B-16.pt -> ViT-B-16-quickgelu, ViT-L-14.pt -> "
+                "ViT-L-14-quickgelu)")
+        model.load_state_dict(sd, strict=True)
+        logger.info("loaded CLIP %s from the OpenAI TorchScript file %s", name, source)
+        return
+    logger.info("loading CLIP %s weights from the local file %s", name, source)
+    with _reading_checkpoint(source, name):
+        open_clip.load_checkpoint(model, source)
 
 
 def vision_tower_variant(model: torch.nn.Module, name: str, *, act: str = "", ln_eps: float = 0.0) -> torch.nn.Module:
