@@ -263,6 +263,14 @@ def check_sparseclip_config(cfg) -> None:
         raise ValueError(f"MODEL.SPARSECLIP.CLIP.PRECISION = {sc.CLIP.PRECISION!r} is invalid; "
                          "valid: fp32, fp16, bf16")
     check_device(cfg.MODEL.DEVICE)
+    from .clip.builder import check_model_name
+    from .clip.weights import parse_hf_pretrained
+
+    try:
+        check_model_name(sc.CLIP.NAME)
+        parse_hf_pretrained(sc.CLIP.PRETRAINED)
+    except (ValueError, FileNotFoundError) as e:
+        raise ValueError(f"MODEL.SPARSECLIP.CLIP.NAME / PRETRAINED: {e}") from None
 
 
 def check_device(device) -> None:

@@ -1,5 +1,5 @@
-"""tools/demo.py end to end with the tiny random-weight CLIP, its spec syntax, figures and errors."""
-import importlib.util
+"""The demo (``sparseclip_d2.cli.demo``, run as ``tools/demo.py``) end to end with the tiny
+random-weight CLIP, its spec syntax, figures and errors."""
 import json
 import os
 import subprocess
@@ -29,10 +29,9 @@ TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.C
 
 @pytest.fixture(scope="module")
 def demo():
-    """tools/demo.py imported as a module."""
-    spec = importlib.util.spec_from_file_location("sparseclip_tools_demo", DEMO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The demo program's module."""
+    import sparseclip_d2.cli.demo as module
+
     return module
 
 
@@ -138,8 +137,9 @@ def test_models_share_one_clip(demo):
     args = demo.get_parser().parse_args(["--input", "x", "--classes", "a", "--output", "o", "--opts", *TINY])
     cfg = demo.setup_cfg(args)
     specs = parse_attention_specs(["softmax", "qq:entmax:1.2", "naclip"])
-    models, random_weights = demo.build_models(cfg, specs)
-    assert random_weights and len(models) == 3
+    predictors = demo.build_predictors(cfg, specs)
+    models = [p.model for p in predictors]
+    assert all(p.random_weights for p in predictors) and len(models) == 3
     assert models[0].clip_model is models[1].clip_model is models[2].clip_model
     params = [dict(m.encoder.named_parameters()) for m in models]
     for name, p in params[0].items():
@@ -349,20 +349,24 @@ def test_extreme_aspect_ratio_warns(demo):
 
     from sparseclip_d2 import add_sparseclip_config
 
+    from sparseclip_d2.predictor import Predictor, build_config
+    from sparseclip_d2.predictor import logger as predictor_logger
+
     cfg = get_cfg()
     add_sparseclip_config(cfg)
     cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST = 336, 2048
+    predictor = Predictor(build_config(cfg, TINY[:6] + ["MODEL.DEVICE", "cpu"]))
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    demo.logger.addHandler(handler)
+    predictor_logger.addHandler(handler)
     try:
-        x = demo.prepare_input(np.zeros((200, 20000, 3), dtype=np.uint8), cfg, ["a", "b"], None)
+        x = predictor.prepare(np.zeros((200, 20000, 3), dtype=np.uint8), ["a", "b"], None)
         assert tuple(x["image"].shape[1:]) == (20, 2048)
         assert any("processed at 2048x20" in r.getMessage() and "INPUT.MAX_SIZE_TEST" in r.getMessage()
                    for r in records)
         records.clear()
-        demo.prepare_input(np.zeros((300, 400, 3), dtype=np.uint8), cfg, ["a", "b"], None)
+        predictor.prepare(np.zeros((300, 400, 3), dtype=np.uint8), ["a", "b"], None)
         assert not records
     finally:
-        demo.logger.removeHandler(handler)
+        predictor_logger.removeHandler(handler)

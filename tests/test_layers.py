@@ -31,8 +31,11 @@ LAYERS = {
     "data": 3,
     "modeling": 4,
     "evaluation": 5,
+    "model_zoo": 0,   # standard library only: finds the packaged configs
     "analysis": 6,    # tools' helpers: sweeps, tables, plots, figures
     "utils": 6,
+    "predictor": 6,   # the Python API: modeling + data + figures' helpers
+    "cli": 7,         # the command-line programs
 }
 # Third-party packages a layer must not import.
 FORBIDDEN = {0: ("torch", "detectron2", "open_clip"), 1: ("detectron2", "open_clip"), 2: ("detectron2",)}

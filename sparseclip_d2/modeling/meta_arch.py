@@ -331,7 +331,7 @@ class SparseCLIP(nn.Module):
                     out = {"sem_seg_labels": maps.labels()}
                 del maps
                 if sink is not None:
-                    out["attention"] = self._attention_record(sink, tuple(x["image"].shape[-2:]))
+                    out["attention"] = self.attention_record(sink, tuple(x["image"].shape[-2:]))
                 outputs.append(out)
         return outputs
 
@@ -371,7 +371,7 @@ class SparseCLIP(nn.Module):
         full = F.interpolate(logits[None].float(), size=size, mode="bilinear", align_corners=False)
         return pamr(img, full, self.pamr_steps, self.pamr_dilations)[0]
 
-    def _attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
+    def attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
         """``output["attention"]`` for the attention-statistics evaluator (per-head weights of
         every window; statistics are averaged over heads there)."""
         spec = self.encoder.spec
