@@ -1,45 +1,34 @@
-"""sparseclip_d2: training-free sparse (alpha-entmax) CLIP attention for dense
-open-vocabulary prediction, as a detectron2 plugin."""
-from setuptools import find_packages, setup
+"""Build hook of sparseclip_d2 (the metadata is in pyproject.toml).
 
-setup(
-    name="sparseclip_d2",
-    version="0.1.0",
-    description="Training-free sparse CLIP attention for dense open-vocabulary prediction (detectron2 plugin)",
-    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
-    long_description_content_type="text/markdown",
-    python_requires=">=3.9",
-    packages=find_packages(include=("sparseclip_d2", "sparseclip_d2.*")),
-    package_data={"sparseclip_d2": ["data/classnames/*.txt", "data/classnames/*/*.txt", "data/classnames/SOURCES.md", "reference/*.csv", "attention/csrc/*.cpp"]},
-    install_requires=[
-        "torch>=2.1",
-        "torchvision>=0.16",
-        "open_clip_torch>=2.24",
-        # timm vision towers of open_clip (SigLIP, EVA, PE-Core, MobileCLIP-B)
-        "timm>=1.0.15",
-        # builds the fused alpha-entmax CPU kernel (torch.utils.cpp_extension, first use)
-        "ninja",
-        "fvcore>=0.1.5,<0.1.6",
-        "pycocotools>=2.0.2",
-        "opencv-python-headless",
-        "numpy",
-        "Pillow",
-        "PyYAML",
-        "tqdm",
-        "matplotlib",
-        "imgviz>=1.7",
-        # detectron2 (>=0.6) is required but not declared here: it is not on PyPI under
-        # its own name and has two valid distributions - the patched `pb1-detectron2==0.6`
-        # sdist that scripts/setup.sh installs, or upstream from its repository
-        # (pip install 'git+https://github.com/facebookresearch/detectron2.git').
-        # `import sparseclip_d2` fails with install instructions when it is missing.
-    ],
-    extras_require={
-        # the `entmax` package is the independent reference of the tests and the baseline of
-        # tools/benchmark_entmax.py; the library has its own alpha-entmax
-        "test": ["pytest>=7", "imgviz>=1.7", "entmax>=1.3", "transformers>=4.40"],
-        "bench": ["entmax>=1.3"],
-        # SigLIP / SigLIP 2 tokenizers (open_clip's HFTokenizer loads them with transformers)
-        "hf": ["transformers>=4.40"],
-    },
-)
+A wheel (``pip install .``) carries the repository's ``configs/`` tree as
+``sparseclip_d2/configs``, so configs are found by name once installed
+(``sparseclip_d2.model_zoo.get_config_file("entmax_qq_l14")``), as detectron2's setup.py
+does for its model-zoo configs. An editable install reads the checkout's ``configs/``.
+"""
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildPyWithConfigs(build_py):
+    """``build_py`` that also copies ``configs/**/*.yaml`` into the built package."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        src = os.path.join(ROOT, "configs")
+        dst = os.path.join(self.build_lib, "sparseclip_d2", "configs")
+        for folder, _, files in os.walk(src):
+            for name in files:
+                if name.endswith(".yaml"):
+                    rel = os.path.relpath(os.path.join(folder, name), src)
+                    os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+                    shutil.copy2(os.path.join(folder, name), os.path.join(dst, rel))
+
+
+setup(cmdclass={"build_py": BuildPyWithConfigs})

@@ -26,7 +26,7 @@ fail() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # The stamp records the inputs of this setup; when they change, setup reruns.
 inputs_hash() {
-  cat "$REPO/scripts/setup.sh" "$REPO/setup.py" | sha256sum | cut -d' ' -f1
+  cat "$REPO/scripts/setup.sh" "$REPO/setup.py" "$REPO/pyproject.toml" | sha256sum | cut -d' ' -f1
 }
 
 verify() {
