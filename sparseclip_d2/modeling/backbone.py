@@ -7,7 +7,7 @@ dimension D. Inputs are images normalised with ``MODEL.PIXEL_MEAN/STD`` (set the
 CLIP's mean/std, as ``configs/Base-SparseCLIP.yaml`` does).
 """
 import logging
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from ..clip import (
     vision_tower_variant,
 )
 from ..config import check_device, check_sparseclip_config
+from ..data.mapper import PIXEL_NORMS, pixel_normalization
 
 __all__ = [
     "CLIPParts",
@@ -34,6 +35,7 @@ __all__ = [
     "build_clip_from_config",
     "build_clip_parts",
     "build_encoder_from_config",
+    "check_unread_keys",
     "resolve_device",
 ]
 
@@ -106,12 +108,50 @@ class CLIPParts(NamedTuple):
 
     ``text_classifier(templates)`` returns a :class:`~sparseclip_d2.clip.TextClassifier` for a
     template-set name or file, with the configured tokenizer, text cache and batch size.
+    ``pixel_mean`` / ``pixel_std``: the RGB normalisation (0-255 scale) of
+    ``MODEL.SPARSECLIP.PIXEL_NORM``, the one source of it.
     """
 
     clip_model: nn.Module
     random_weights: bool
     encoder: DenseCLIPEncoder
     text_classifier: Callable[[str], TextClassifier]
+    pixel_mean: List[float]
+    pixel_std: List[float]
+
+
+# detectron2/config/defaults.py: MODEL.BACKBONE.NAME, MODEL.PIXEL_MEAN / PIXEL_STD (BGR
+# ImageNet) as get_cfg() leaves them; a config that keeps them has not set them.
+_D2_BACKBONE_DEFAULT = "build_resnet_backbone"
+_D2_PIXEL_DEFAULT = ([103.530, 116.280, 123.675], [1.0, 1.0, 1.0])
+
+
+def check_unread_keys(cfg, pixel_mean: Sequence[float], pixel_std: Sequence[float]) -> None:
+    """Refuse the detectron2 keys the sparseclip_d2 META_ARCHs do not read when a config sets
+    them to something that would not take effect (a key is honoured or refused, never
+    silently ignored).
+
+    Raises:
+        ValueError: naming the key, its value and what to set instead.
+    """
+    if cfg.MODEL.WEIGHTS:
+        raise ValueError(f"MODEL.WEIGHTS = {cfg.MODEL.WEIGHTS!r} is not read: the CLIP weights come from "
+                         "MODEL.SPARSECLIP.CLIP.PRETRAINED (a tag, a file, hf:/dir or none); leave MODEL.WEIGHTS ''")
+    name = cfg.MODEL.BACKBONE.NAME
+    if name not in (_D2_BACKBONE_DEFAULT, "SparseCLIPBackbone"):
+        raise ValueError(f"MODEL.BACKBONE.NAME = {name!r} is not used by {cfg.MODEL.META_ARCHITECTURE}: its vision "
+                         "tower is the SparseCLIPBackbone's DenseCLIPEncoder of MODEL.SPARSECLIP; valid: "
+                         "SparseCLIPBackbone (or unset)")
+    mean, std = [float(v) for v in cfg.MODEL.PIXEL_MEAN], [float(v) for v in cfg.MODEL.PIXEL_STD]
+    if (mean, std) == _D2_PIXEL_DEFAULT:
+        return
+    if len(mean) != 3 or len(std) != 3 or any(abs(a - b) > 1e-3 for a, b in zip(mean + std, list(pixel_mean) +
+                                                                               list(pixel_std))):
+        raise ValueError(
+            f"MODEL.PIXEL_MEAN/PIXEL_STD = {mean}/{std} are not read by {cfg.MODEL.META_ARCHITECTURE}: it normalises "
+            f"with MODEL.SPARSECLIP.PIXEL_NORM = {cfg.MODEL.SPARSECLIP.PIXEL_NORM!r} (here mean "
+            f"{[round(v, 4) for v in pixel_mean]}, std {[round(v, 4) for v in pixel_std]}, RGB 0-255); remove them "
+            "or choose PIXEL_NORM")
 
 
 def build_clip_parts(cfg) -> CLIPParts:
@@ -126,8 +166,12 @@ def build_clip_parts(cfg) -> CLIPParts:
     sc = cfg.MODEL.SPARSECLIP
     check_sparseclip_config(cfg)
     AttentionSpec.from_config(cfg)
+    if sc.PIXEL_NORM not in PIXEL_NORMS:
+        raise ValueError(f"unknown MODEL.SPARSECLIP.PIXEL_NORM {sc.PIXEL_NORM!r}; valid: {', '.join(PIXEL_NORMS)}")
     clip_model, random_weights = build_clip_from_config(cfg)
     encoder = build_encoder_from_config(cfg, clip_model)
+    pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
+    check_unread_keys(cfg, pixel_mean, pixel_std)
     if encoder.spec.normalizer != "softmax" and next(clip_model.parameters()).device.type == "cpu":
         entmax_backend()
     tokenizer = get_tokenizer(sc.CLIP.NAME, sc.TEXT.TOKENIZER or None, random_weights=random_weights)
@@ -142,7 +186,7 @@ def build_clip_parts(cfg) -> CLIPParts:
             batch_size=sc.TEXT.BATCH_SIZE,
         )
 
-    return CLIPParts(clip_model, random_weights, encoder, text_classifier)
+    return CLIPParts(clip_model, random_weights, encoder, text_classifier, pixel_mean, pixel_std)
 
 
 @BACKBONE_REGISTRY.register()

@@ -328,13 +328,13 @@ class SparseCLIPFGOVD(nn.Module):
         f = sc.FGOVD
         conventions = conventions_from_config(cfg)
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
-        encoder = parts.encoder  # CLIP's own mean/std below
+        encoder = parts.encoder
         text = parts.text_classifier(f.TEMPLATES)
         return {
             "encoder": encoder,
             "caption_encoder": text.encode,
-            "pixel_mean": [255.0 * m for m in encoder.image_mean],
-            "pixel_std": [255.0 * s for s in encoder.image_std],
+            "pixel_mean": parts.pixel_mean,
+            "pixel_std": parts.pixel_std,
             "clip_model": parts.clip_model,
             "protocol": f.PROTOCOL,
             "resolution": f.RESOLUTION,

@@ -34,7 +34,6 @@ from detectron2.structures import ImageList
 
 from ..common.cache import LRUCache
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
-from ..data.mapper import pixel_normalization
 from .attention_record import attention_record
 from .backbone import build_clip_parts
 from .pamr import pamr
@@ -171,7 +170,6 @@ class SparseCLIP(nn.Module):
         sc = cfg.MODEL.SPARSECLIP
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
-        pixel_mean, pixel_std = pixel_normalization(sc.PIXEL_NORM, encoder.image_mean, encoder.image_std)
         logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
         if logit_scale == 0:
             logit_scale = float(clip_model.logit_scale.detach().float().exp())
@@ -183,8 +181,8 @@ class SparseCLIP(nn.Module):
             "text_classifier": parts.text_classifier(sc.TEXT.TEMPLATES),
             "text_classifier_factory": parts.text_classifier,
             "templates": sc.TEXT.TEMPLATES,
-            "pixel_mean": pixel_mean,
-            "pixel_std": pixel_std,
+            "pixel_mean": parts.pixel_mean,
+            "pixel_std": parts.pixel_std,
             "input_format": cfg.INPUT.FORMAT,
             "logit_scale": logit_scale,
             "prob_threshold": sc.PROB_THRESHOLD,

@@ -1,0 +1,145 @@
+"""No key of ``configs/Base-SparseCLIP.yaml`` is silently ignored.
+
+Every key the Base config sets is listed below with a changed value and how it shows:
+either the model built by the one factory (``build_clip_parts`` through the META_ARCH's
+``from_config``) or the loader reflects it, or it is refused with an error naming it, or it
+is one of detectron2's own run keys (consumed by detectron2's machinery, checked to exist
+in its defaults). A new key in the Base config fails ``test_every_base_key_is_listed``
+until it gets a row. The detectron2 keys the META_ARCHs do not read (``MODEL.WEIGHTS``,
+``MODEL.BACKBONE.NAME``, ``MODEL.PIXEL_MEAN/STD``) are refused when set.
+"""
+import os
+
+import pytest
+import yaml
+
+from detectron2.config import get_cfg
+from detectron2.modeling import build_model
+
+from sparseclip_d2 import add_sparseclip_config
+
+from conftest import TINY_CLIP_NAME
+
+BASE = os.path.join(os.path.dirname(__file__), "..", "configs", "Base-SparseCLIP.yaml")
+
+
+def _flat(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def _cfg(**opts):
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    cfg.merge_from_file(BASE)
+    cfg.merge_from_list(["MODEL.SPARSECLIP.CLIP.NAME", TINY_CLIP_NAME, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+                         "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"])
+    for k, v in opts.items():
+        cfg.merge_from_list([k, v])
+    return cfg
+
+
+def _model(**opts):
+    return build_model(_cfg(**opts))
+
+
+def _loader(**opts):
+    from detectron2.data import DatasetCatalog
+
+    from sparseclip_d2.data import build_test_loader
+
+    cfg = _cfg(**opts)
+    return build_test_loader(cfg, "sparseclip_demo", DatasetCatalog.get("sparseclip_demo"))
+
+
+# key -> (override value, check(model-or-None) or a "refused" match, or "detectron2")
+MODEL_EFFECTS = {
+    "MODEL.META_ARCHITECTURE": ("SparseCLIPFGOVD", lambda m: type(m).__name__ == "SparseCLIPFGOVD"),
+    "MODEL.DEVICE": ("cpu", lambda m: m.device.type == "cpu"),
+    "MODEL.SPARSECLIP.CLIP.NAME": (TINY_CLIP_NAME, lambda m: m.encoder.patch_size == 16),
+    "MODEL.SPARSECLIP.CLIP.PRETRAINED": ("none", lambda m: m.random_weights),
+    "MODEL.SPARSECLIP.ATTENTION.SOURCE": ("qq", lambda m: m.encoder.spec.source == "qq"),
+    "MODEL.SPARSECLIP.ATTENTION.NORMALIZER": ("entmax", lambda m: m.encoder.spec.normalizer == "entmax"),
+    "MODEL.SPARSECLIP.ATTENTION.ALPHA": ("1.5", lambda m: m.encoder.spec.alpha == 1.5),
+    "MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS": ("2", lambda m: m.encoder.spec.num_layers == 2),
+    "MODEL.SPARSECLIP.BLOCK.RESIDUAL": ("False", lambda m: m.encoder.spec.residual is False),
+    "MODEL.SPARSECLIP.BLOCK.FFN": ("False", lambda m: m.encoder.spec.ffn is False),
+    "MODEL.SPARSECLIP.TEXT.TEMPLATES": ("openai_imagenet", lambda m: m.templates == "openai_imagenet"),
+    "MODEL.SPARSECLIP.LOGIT_SCALE": ("40.0", lambda m: m.logit_scale == 40.0),
+    "MODEL.SPARSECLIP.PROB_THRESHOLD": ("0.3", lambda m: m.prob_threshold == 0.3),
+    "MODEL.SPARSECLIP.AREA_THRESHOLD": ("0.1", lambda m: m.area_threshold == 0.1),
+    "INPUT.FORMAT": ("BGR", lambda m: m.input_format == "BGR"),
+    "TEST.SLIDING_WINDOW.ENABLED": ("True", lambda m: m.sliding_window is True),
+    "TEST.SLIDING_WINDOW.CROP_SIZE": ("336", lambda m: m.crop_size == 336),
+    "TEST.SLIDING_WINDOW.STRIDE": ("112", lambda m: m.stride == 112),
+    "TEST.SLIDING_WINDOW.BATCH_SIZE": ("3", lambda m: m.window_batch_size == 3),
+}
+LOADER_EFFECTS = {
+    "INPUT.MIN_SIZE_TEST": ("96", lambda batch: min(batch["image"].shape[-2:]) == 96),
+    "INPUT.MAX_SIZE_TEST": ("100", lambda batch: max(batch["image"].shape[-2:]) == 100),
+    "DATALOADER.NUM_WORKERS": ("0", None),  # checked on the loader itself below
+}
+# Read by tools/train_net.py and detectron2's default_setup / config machinery.
+DETECTRON2_KEYS = {"DATASETS.TRAIN", "DATASETS.TEST", "OUTPUT_DIR", "VERSION", "SEED"}
+
+
+def test_every_base_key_is_listed():
+    with open(BASE) as f:
+        keys = set(_flat(yaml.safe_load(f)))
+    listed = set(MODEL_EFFECTS) | set(LOADER_EFFECTS) | DETECTRON2_KEYS
+    assert keys - listed == set(), "Base-SparseCLIP.yaml sets keys no test row checks"
+    defaults = get_cfg()
+    for key in DETECTRON2_KEYS:
+        node = defaults
+        for part in key.split("."):
+            node = node[part]  # detectron2's own key: its machinery reads it
+
+
+@pytest.mark.parametrize("key", sorted(MODEL_EFFECTS))
+def test_model_keys_take_effect(key):
+    value, check = MODEL_EFFECTS[key]
+    extra = {}
+    if key == "MODEL.SPARSECLIP.ATTENTION.ALPHA":
+        extra["MODEL.SPARSECLIP.ATTENTION.NORMALIZER"] = "entmax"
+    if key == "MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS":
+        extra["MODEL.SPARSECLIP.ATTENTION.NORMALIZER"] = "entmax"
+    model = _model(**{key: value}, **extra)
+    assert check(model), f"{key} = {value} did not take effect"
+
+
+@pytest.mark.parametrize("key", ["INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST"])
+def test_loader_keys_take_effect(key):
+    value, check = LOADER_EFFECTS[key]
+    batch = next(iter(_loader(**{key: value})))[0]
+    assert check(batch), f"{key} = {value}: image {tuple(batch['image'].shape)}"
+
+
+def test_num_workers_takes_effect():
+    assert _loader(**{"DATALOADER.NUM_WORKERS": "0"}).num_workers == 0
+    assert _loader(**{"DATALOADER.NUM_WORKERS": "1"}).num_workers == 1
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("MODEL.WEIGHTS", "/some/model_final.pth", "MODEL.WEIGHTS.*MODEL.SPARSECLIP.CLIP.PRETRAINED"),
+    ("MODEL.BACKBONE.NAME", "build_resnet_fpn_backbone", "MODEL.BACKBONE.NAME.*SparseCLIPBackbone"),
+    ("MODEL.PIXEL_MEAN", "[1.0, 2.0, 3.0]", "MODEL.PIXEL_MEAN/PIXEL_STD.*PIXEL_NORM"),
+])
+def test_unread_detectron2_keys_are_refused(key, value, match):
+    for arch in ("SparseCLIP", "SparseCLIPFGOVD"):
+        with pytest.raises(ValueError, match=match):
+            _model(**{key: value, "MODEL.META_ARCHITECTURE": arch})
+
+
+def test_pixel_mean_matching_pixel_norm_is_accepted():
+    """Setting MODEL.PIXEL_MEAN/STD to what PIXEL_NORM gives (for another META_ARCH using the
+    backbone) is consistent and accepted; FG-OVD normalises with PIXEL_NORM too."""
+    ref = _model()
+    mean = [round(float(v), 4) for v in ref.pixel_mean.flatten()]
+    std = [round(float(v), 4) for v in ref.pixel_std.flatten()]
+    model = _model(**{"MODEL.PIXEL_MEAN": str(mean), "MODEL.PIXEL_STD": str(std)})
+    assert model.pixel_mean.flatten().tolist() == ref.pixel_mean.flatten().tolist()
+    fg = _model(**{"MODEL.META_ARCHITECTURE": "SparseCLIPFGOVD", "MODEL.SPARSECLIP.PIXEL_NORM": "imagenet"})
+    assert [round(float(v), 3) for v in fg.pixel_mean.flatten()] == [123.675, 116.28, 103.53]
