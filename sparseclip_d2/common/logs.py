@@ -5,18 +5,10 @@ duration of a ``with`` block; nothing outlives the block and no library class is
 """
 import contextlib
 import logging
-import re
 import warnings
 from typing import Iterator, Sequence
 
-__all__ = ["dropping_log_records", "quiet_library_imports", "strip_ansi"]
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without ANSI escape sequences (terminal colours, cursor moves)."""
-    return _ANSI.sub("", text)
+__all__ = ["dropping_log_records", "quiet_library_imports"]
 
 
 class _DropContaining(logging.Filter):

@@ -48,7 +48,6 @@ __all__ = [
     "clip_crop",
     "resize_image",
     "CaptionEncoder",
-    "score_regions",
 ]
 
 logger = logging.getLogger(__name__)
@@ -218,19 +217,6 @@ class CaptionEncoder:
     def _encode_one(self, caption: str, device: torch.device) -> torch.Tensor:
         # only reached when an entry was dropped between the membership test and the lookup
         return F.normalize(self.encode([caption]).to(device=device, dtype=torch.float32), dim=-1)[0]
-
-
-def score_regions(regions: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
-    """Cosine scores of each region against its own captions.
-
-    Args:
-        regions: ``(K, D)`` unit-norm region embeddings.
-        captions: ``(K, C, D)`` unit-norm caption embeddings (C = 1 + N, positive first).
-
-    Returns:
-        ``(K, C)`` float32.
-    """
-    return torch.einsum("kd,kcd->kc", regions.float(), captions.float())
 
 
 @META_ARCH_REGISTRY.register()
