@@ -301,12 +301,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=["check", "coco_stuff", "coco_object", "cityscapes", "context"])
     p.add_argument("names", nargs="*", help="check: dataset names or patterns (default: all)")
-    p.add_argument("--root", default=os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets")))
+    p.add_argument("--root", default=None, help="datasets root (default: $DETECTRON2_DATASETS, else ./datasets)")
     p.add_argument("--from-instances", action="store_true", help="coco_object from instances_val2017.json")
     p.add_argument("--json", help="context: trainval_merged.json (default: looked for under the root)")
     p.add_argument("--sample", type=int, default=8,
                    help="check: masks validated per segmentation dataset (evenly spaced; default 8)")
     a = p.parse_intermixed_args()
+    if a.root is None:
+        from sparseclip_d2.data.datasets.root import datasets_root
+
+        a.root = datasets_root()
     if a.sample < 1:
         p.error(f"--sample must be >= 1, got {a.sample}")
     if a.names and a.task != "check":

@@ -17,7 +17,7 @@ from detectron2.config import configurable
 from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
 
-from .image_io import read_image_rgb
+from .image_io import check_input_format, convert_channel_order, read_image_rgb
 
 __all__ = ["SparseCLIPTestMapper", "MMSegRescale", "CV2ResizeTransform", "mmseg_rescale_size", "build_resize",
            "RESIZE_MODES", "PIXEL_NORMS", "pixel_normalization"]
@@ -133,8 +133,7 @@ class SparseCLIPTestMapper:
 
     @configurable
     def __init__(self, *, dataset_name: str, augmentations: List, image_format: str = "RGB"):
-        if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {image_format!r}")
+        check_input_format(image_format)
         self.dataset_name = dataset_name
         self.augmentations = T.AugmentationList(augmentations)
         self.image_format = image_format
@@ -150,8 +149,7 @@ class SparseCLIPTestMapper:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
             raise RuntimeError(f"cannot read image {d['file_name']!r} of dataset {self.dataset_name!r}: {e}") from e
-        if self.image_format == "BGR":
-            image = np.ascontiguousarray(image[:, :, ::-1])
+        image = convert_channel_order(image, "RGB", self.image_format)
         if "sem_seg_file_name" in d:
             check_mask_size(d["file_name"], image.shape[:2], d["sem_seg_file_name"])
         utils.check_image_size(d, image)

@@ -38,6 +38,7 @@ from PIL import Image
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
 from ..class_names import load_class_names
+from .root import DATASETS_ENV, datasets_root
 
 __all__ = [
     "DatasetNotFoundError",
@@ -65,8 +66,8 @@ class DatasetNotFoundError(FileNotFoundError):
 
 def _missing(name: str, path: str, prepare_command: str, what: str = "") -> DatasetNotFoundError:
     return DatasetNotFoundError(
-        f"dataset {name!r}: {what or 'expected path'} {path!r} does not exist. Set DETECTRON2_DATASETS "
-        f"to the folder holding it (now {os.getenv('DETECTRON2_DATASETS', 'datasets')!r}) and/or "
+        f"dataset {name!r}: {what or 'expected path'} {path!r} does not exist. Set {DATASETS_ENV} "
+        f"to the folder holding it (now {datasets_root()!r}) and/or "
         f"prepare it: {prepare_command}"
     )
 
@@ -275,5 +276,4 @@ def register_all_sparseclip_segmentation(root: str) -> None:
     register_cityscapes(root)
 
 
-_root = os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets"))
-register_all_sparseclip_segmentation(_root)
+register_all_sparseclip_segmentation(datasets_root())
