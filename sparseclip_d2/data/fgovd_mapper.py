@@ -15,10 +15,10 @@ from detectron2.data import transforms as T
 from detectron2.data.build import build_detection_test_loader, load_proposals_into_dataset
 from detectron2.structures import Boxes, BoxMode, Instances
 
-from .build import register_test_loader
+from .build import TEST_LOADER_REGISTRY, consumed_by
 from .image_io import check_input_format, convert_channel_order, read_image_rgb
 
-__all__ = ["FGOVDDatasetMapper", "attach_fgovd_proposals", "build_fgovd_test_loader"]
+__all__ = ["FGOVDDatasetMapper", "attach_fgovd_proposals", "fgovd"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +124,10 @@ def attach_fgovd_proposals(cfg, dataset_name: str, dataset_dicts: List[dict]) ->
     return load_proposals_into_dataset(dataset_dicts, files[names.index(dataset_name)])
 
 
-@register_test_loader("fgovd", meta_architectures=("SparseCLIPFGOVD",))
-def build_fgovd_test_loader(cfg, dataset_name: str, dataset_dicts: List[dict]):
-    """Test loader of an FG-OVD dataset (``evaluator_type == "fgovd"``): proposals attached
+@TEST_LOADER_REGISTRY.register()
+@consumed_by("SparseCLIPFGOVD")
+def fgovd(cfg, dataset_name: str, dataset_dicts: List[dict]):
+    """Test loader of an FG-OVD dataset (``evaluator_type`` "fgovd"): proposals attached
     when ``MODEL.LOAD_PROPOSALS``, :class:`FGOVDDatasetMapper`."""
     dicts = attach_fgovd_proposals(cfg, dataset_name, dataset_dicts)
     return build_detection_test_loader(

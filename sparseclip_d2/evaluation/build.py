@@ -1,13 +1,14 @@
 """Evaluator factory: ``build_evaluator(cfg, dataset_name, output_folder)``.
 
-Dispatches on the dataset metadata ``evaluator_type`` through ``EVALUATOR_FACTORIES``
-(a plain dict other modules add to: ``EVALUATOR_FACTORIES["fgovd"] = build_fgovd_evaluator``).
-A factory is ``factory(cfg, dataset_name, output_folder) -> DatasetEvaluator``.
+Dispatches on the dataset metadata ``evaluator_type`` through :data:`EVALUATOR_REGISTRY`, an
+fvcore ``Registry`` like the package's other registries: an entry is a function
+``fn(cfg, dataset_name, output_folder) -> DatasetEvaluator`` whose ``__name__`` is the
+``evaluator_type`` it serves (``sem_seg`` here, ``fgovd`` in ``fgovd_evaluation.py``).
 """
 import io
 import logging
 from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from typing import Optional
 
 import numpy as np
 from PIL import Image
@@ -15,15 +16,22 @@ from PIL import Image
 from detectron2.data import MetadataCatalog
 from detectron2.evaluation import DatasetEvaluator, SemSegEvaluator
 from detectron2.utils.file_io import PathManager
+from fvcore.common.registry import Registry
 from iopath.common.file_io import PathHandler
 
 from ..data.build import registered_evaluator_type
 from ..data.class_names import display_name
 from ..data.datasets.segmentation import load_sem_seg_gt
 
-__all__ = ["EVALUATOR_FACTORIES", "build_evaluator", "build_sem_seg_evaluator", "SparseCLIPSemSegEvaluator"]
+__all__ = ["EVALUATOR_REGISTRY", "build_evaluator", "SparseCLIPSemSegEvaluator"]
 
 logger = logging.getLogger(__name__)
+
+EVALUATOR_REGISTRY = Registry("SPARSECLIP_EVALUATOR")
+EVALUATOR_REGISTRY.__doc__ = """
+Evaluator builders keyed by dataset metadata ``evaluator_type`` (the function's name):
+``fn(cfg, dataset_name, output_folder) -> DatasetEvaluator``.
+"""
 
 
 class _ConvertedGroundTruth(PathHandler):
@@ -141,21 +149,17 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
         return OrderedDict([("sem_seg", renamed)] + [(k, v) for k, v in results.items() if k != "sem_seg"])
 
 
-def build_sem_seg_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-    """``"sem_seg"`` factory: :class:`SparseCLIPSemSegEvaluator`."""
+@EVALUATOR_REGISTRY.register()
+def sem_seg(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
+    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`."""
     return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder)
-
-
-EVALUATOR_FACTORIES: Dict[str, Callable[..., DatasetEvaluator]] = {
-    "sem_seg": build_sem_seg_evaluator,
-}
 
 
 def build_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
     """The evaluator of ``dataset_name`` chosen by its metadata ``evaluator_type``.
 
     Raises:
-        ValueError: the dataset has no ``evaluator_type`` or no factory is registered for it.
+        ValueError: the dataset has no ``evaluator_type`` or no evaluator is registered for it.
     """
-    evaluator_type = registered_evaluator_type(dataset_name, EVALUATOR_FACTORIES, "evaluator")
-    return EVALUATOR_FACTORIES[evaluator_type](cfg, dataset_name, output_folder)
+    evaluator_type = registered_evaluator_type(dataset_name, EVALUATOR_REGISTRY, "evaluator")
+    return EVALUATOR_REGISTRY.get(evaluator_type)(cfg, dataset_name, output_folder)
