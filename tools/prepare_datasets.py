@@ -3,7 +3,7 @@
 $DETECTRON2_DATASETS): label PNGs that detectron2's SemSegEvaluator reads as they are
 (class indices of the dataset, 255 = ignore).
 
-    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready (exit 1 if one is not)
+    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready, every mask checked (exit 1 if one is not)
     python tools/prepare_datasets.py voc20       [--root R] # SegmentationClass -> annotations_detectron2/voc20_val
     python tools/prepare_datasets.py ade20k      [--root R] # annotations -> annotations_detectron2 (detectron2's)
     python tools/prepare_datasets.py context     [--root R] [--json trainval_merged.json]  # 60- and 59-class masks
@@ -322,52 +322,49 @@ def context(root, json_path=None):
         print(f"note: {os.path.join(voc, 'JPEGImages')} is missing (extract VOCtrainval_03-May-2010.tar)")
 
 
-def check_masks(name, dicts, sample=8):
-    """Validate a deterministic sample of a segmentation dataset's masks (evenly spaced over
-    the records, first and last included): each mask must read as a single-channel label PNG
-    with labels in range (after the dataset's ``reduce_zero_label``) and the size of its image
-    (EXIF orientation applied, as the mapper reads it).
+def check_masks(name, dicts, sample=None):
+    """Check the masks of a segmentation dataset as train_net.py does before inference
+    (``sparseclip_d2.data.ground_truth``): each must be a single-channel label PNG, the size
+    of its image (EXIF orientation applied, as the mapper reads it), with labels in range
+    over its histogram. All masks by default; ``sample`` N > 0: N evenly spaced records
+    (first and last included).
 
     Returns:
-        a list of problems, one line each naming the file (empty when the sample is clean).
+        a list of problems, one line each naming the file (empty when all are usable).
     """
     from detectron2.data import MetadataCatalog
-    from PIL import Image, ImageOps
 
-    from sparseclip_d2.data.datasets.segmentation import load_sem_seg_gt
+    from sparseclip_d2.data.ground_truth import find_bad_ground_truth
 
     meta = MetadataCatalog.get(name)
     if meta.get("evaluator_type", None) != "sem_seg" or not dicts:
         return []
-    n, k = len(dicts), min(sample, len(dicts))
-    picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
-    problems = []
-    for i in picks:
-        record = dicts[i]
-        try:
-            gt = load_sem_seg_gt(record["sem_seg_file_name"], num_classes=len(meta.stuff_classes),
-                                 ignore_label=meta.get("ignore_label", 255))
-            with Image.open(record["file_name"]) as im:
-                width, height = ImageOps.exif_transpose(im).size
-            if gt.shape != (height, width):
-                problems.append(f"mask {record['sem_seg_file_name']} is {gt.shape[1]}x{gt.shape[0]} but its image "
-                                f"{record['file_name']} is {width}x{height}")
-        except (OSError, ValueError, KeyError) as e:
-            problems.append(str(e))
+    if sample:
+        n, k = len(dicts), min(sample, len(dicts))
+        dicts = [dicts[i] for i in sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})]
+    problems, _ = find_bad_ground_truth(name, dicts, num_classes=len(meta.stuff_classes),
+                                        ignore_label=int(meta.get("ignore_label", 255)))
     return problems
 
 
-def check(root, names=None, sample=8):
+def check(root, names=None, sample=None):
     """Load each requested dataset (every ``sparseclip_*`` one when ``names`` is empty; names
     may be shell patterns such as ``sparseclip_fgovd_*``) as a run would, which checks its
-    files and, for FG-OVD, that every image exists; validate a sample of segmentation masks.
+    files and, for FG-OVD, that every image exists; check every segmentation mask (or
+    ``sample`` evenly spaced ones).
     Prints one line per dataset (and per problem); exits 1 when a requested dataset is not
     ready or a name matches nothing."""
     import fnmatch
 
-    os.environ["DETECTRON2_DATASETS"] = root
+    already = "sparseclip_d2.data" in sys.modules
+    os.environ["DETECTRON2_DATASETS"] = root  # read by sparseclip_d2.data.datasets.root.datasets_root
     import sparseclip_d2  # noqa: F401  (registers with this root)
-    from detectron2.data import DatasetCatalog
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    registered_root = os.path.dirname(MetadataCatalog.get("sparseclip_ade20k_val").dataset_root)
+    if already and os.path.abspath(registered_root) != os.path.abspath(root):
+        sys.exit(f"check: the datasets were registered under {registered_root!r} before --root {root!r} was "
+                 "given; run the check in a fresh process")
 
     registered = sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_"))
     ok = True
@@ -390,7 +387,9 @@ def check(root, names=None, sample=8):
             print(f"{name}: BAD MASK - {problem}")
         ok = ok and not problems
         if not problems:
-            print(f"{name}: ready ({len(dicts)} images)")
+            masks = "" if not dicts or "sem_seg_file_name" not in dicts[0] else (
+                f", {min(sample, len(dicts)) if sample else len(dicts)} masks checked")
+            print(f"{name}: ready ({len(dicts)} images{masks})")
     sys.exit(0 if ok else 1)
 
 
@@ -402,15 +401,15 @@ def main():
     p.add_argument("--root", default=None, help="datasets root (default: $DETECTRON2_DATASETS, else ./datasets)")
     p.add_argument("--from-instances", action="store_true", help="coco_object from instances_val2017.json")
     p.add_argument("--json", help="context: trainval_merged.json (default: looked for under the root)")
-    p.add_argument("--sample", type=int, default=8,
-                   help="check: masks validated per segmentation dataset (evenly spaced; default 8)")
+    p.add_argument("--sample", type=int, default=0,
+                   help="check: masks checked per segmentation dataset, evenly spaced (default 0: all)")
     a = p.parse_intermixed_args()
     if a.root is None:
         from sparseclip_d2.data.datasets.root import datasets_root
 
         a.root = datasets_root()
-    if a.sample < 1:
-        p.error(f"--sample must be >= 1, got {a.sample}")
+    if a.sample < 0:
+        p.error(f"--sample must be >= 0 (0 = every mask), got {a.sample}")
     if a.names and a.task != "check":
         p.error(f"dataset names are only taken by 'check', not by {a.task!r}")
     if a.task == "coco_object":
