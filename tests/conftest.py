@@ -59,9 +59,9 @@ def tiny_cfg(**opts):
     return cfg
 
 
-def register_sem_seg(name, dicts, classes, reduce_zero_label=False):
-    """(Re-)register an in-memory segmentation dataset ``name`` (no background class; label
-    shift only with ``reduce_zero_label``) with detectron2's catalogs."""
+def register_sem_seg(name, dicts, classes):
+    """(Re-)register an in-memory segmentation dataset ``name`` (no background class; its
+    masks hold the class indices as they are, 255 = ignore) with detectron2's catalogs."""
     from detectron2.data import DatasetCatalog, MetadataCatalog
 
     if name in DatasetCatalog.list():
@@ -69,7 +69,7 @@ def register_sem_seg(name, dicts, classes, reduce_zero_label=False):
         MetadataCatalog.remove(name)
     DatasetCatalog.register(name, lambda: dicts)
     MetadataCatalog.get(name).set(stuff_classes=classes, ignore_label=255, evaluator_type="sem_seg",
-                                  background_index=None, reduce_zero_label=reduce_zero_label)
+                                  background_index=None)
 
 
 @pytest.fixture(scope="session")

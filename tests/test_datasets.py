@@ -72,8 +72,20 @@ def test_missing_dataset_names_path_and_command(tmp_path):
                             prepare_command="cmd")
 
 
+def _prepare_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prepare_datasets_fake_root", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "tools", "prepare_datasets.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_fake_root(root, n=2, h=40, w=56):
-    """Every benchmark layout under ``root`` with ``n`` random images each."""
+    """Every benchmark layout under ``root`` with ``n`` random images each, in the official
+    label maps, then converted as a user would (``prepare_datasets.py voc20 / context59 /
+    ade20k``)."""
     rng = np.random.default_rng(0)
 
     def img(path):
@@ -104,6 +116,9 @@ def make_fake_root(root, n=2, h=40, w=56):
         img(os.path.join(city, "leftImg8bit", "val", "lindau", f"lindau_{i:06d}_000019_leftImg8bit.png"))
         _png(os.path.join(city, "gtFine", "val", "lindau", f"lindau_{i:06d}_000019_gtFine_labelTrainIds.png"),
              rng.integers(0, 19, (h, w)))
+    prep = _prepare_tool()
+    for convert in (prep.voc20, prep.context59, prep.ade20k):
+        convert(root)
 
 
 SEG_DATASETS = ["sparseclip_voc21_val", "sparseclip_voc20_val", "sparseclip_context60_val",
@@ -121,8 +136,8 @@ def test_all_layouts_register_and_load_under_detectron2_datasets(tmp_path):
         "    d = DatasetCatalog.get(n); m = MetadataCatalog.get(n)\n"
         "    labels = set()\n"
         "    for r in d:\n"
-        "        labels |= set(load_sem_seg_gt(r['sem_seg_file_name'], num_classes=len(m.stuff_classes),"
-        " reduce_zero_label=m.reduce_zero_label).ravel().tolist())\n"
+        "        labels |= set(load_sem_seg_gt(r['sem_seg_file_name'], num_classes=len(m.stuff_classes)"
+        ").ravel().tolist())\n"
         "    out[n] = dict(n=len(d), classes=len(m.stuff_classes), bg=m.background_index,"
         " type=m.evaluator_type, max=max(labels - {255}), root=d[0]['file_name'])\n"
         "print(json.dumps(out))\n"
@@ -139,6 +154,78 @@ def test_all_layouts_register_and_load_under_detectron2_datasets(tmp_path):
         o = out[name]
         assert (o["n"], o["classes"], o["bg"], o["type"]) == (2, classes, bg, "sem_seg"), name
         assert o["max"] < classes and o["root"].startswith(str(tmp_path)), name
+
+
+def test_conversions_equal_the_label_maps_and_missing_or_stale_ones_name_the_command(tmp_path):
+    """voc20 / context59 / ade20k point at masks converted once (0 -> 255, v -> v - 1, checked
+    here against the raw files by hand); without the conversion, or with a source newer than
+    it, loading the dataset names the command to run."""
+    make_fake_root(str(tmp_path))
+    pairs = [("VOCdevkit/VOC2012/SegmentationClass", "VOCdevkit/VOC2012/annotations_detectron2/voc20_val"),
+             ("VOCdevkit/VOC2010/SegmentationClassContext", "VOCdevkit/VOC2010/annotations_detectron2/pc59_val"),
+             ("ADEChallengeData2016/annotations/validation", "ADEChallengeData2016/annotations_detectron2/validation")]
+    for src_dir, dst_dir in pairs:
+        names = sorted(os.listdir(tmp_path / src_dir))
+        assert names and sorted(os.listdir(tmp_path / dst_dir)) == names
+        for f in names:
+            raw = np.array(Image.open(tmp_path / src_dir / f)).astype(int)
+            expected = np.where((raw == 0) | (raw == 255), 255, raw - 1)
+            out = Image.open(tmp_path / dst_dir / f)
+            assert out.mode == "L" and (np.array(out) == expected).all(), f
+    os.utime(tmp_path / pairs[2][0] / "ADE_val_00000001.png", ns=(2 ** 62, 2 ** 62))  # source newer
+    import shutil
+
+    shutil.rmtree(tmp_path / pairs[0][1])
+    code = (
+        "import sparseclip_d2\n"
+        "from detectron2.data import DatasetCatalog\n"
+        "for n in ('sparseclip_voc20_val', 'sparseclip_ade20k_val', 'sparseclip_voc21_val'):\n"
+        "    try:\n"
+        "        print(n, 'ok', len(DatasetCatalog.get(n)))\n"
+        "    except Exception as e:\n"
+        "        print(n, type(e).__name__, e)\n"
+    )
+    env = dict(os.environ, DETECTRON2_DATASETS=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = {line.split()[0]: line for line in res.stdout.splitlines() if line.startswith("sparseclip_")}
+    voc20, ade, voc21 = lines["sparseclip_voc20_val"], lines["sparseclip_ade20k_val"], lines["sparseclip_voc21_val"]
+    assert "DatasetNotFoundError" in voc20 and "annotations_detectron2/voc20_val" in voc20
+    assert "its source masks" in voc20 and f"prepare_datasets.py voc20 --root {tmp_path}" in voc20
+    assert "DatasetNotFoundError" in ade and "older than its source" in ade and "ADE_val_00000001.png" in ade
+    assert f"prepare_datasets.py ade20k --root {tmp_path}" in ade
+    assert voc21.endswith("ok 2")  # the official VOC masks need no conversion
+
+
+def test_conversion_rewrites_only_missing_or_stale_masks(tmp_path, capsys):
+    prep = _prepare_tool()
+    src = tmp_path / "ADEChallengeData2016" / "annotations" / "validation"
+    _png(str(src / "ADE_val_00000000.png"), [[0, 1, 150]])
+    _png(str(src / "ADE_val_00000001.png"), [[2, 2, 2]])
+    prep.ade20k(str(tmp_path))
+    assert "wrote 2 ade150 masks" in capsys.readouterr().out
+    prep.ade20k(str(tmp_path))
+    again = capsys.readouterr().out
+    assert "wrote 0 ade150 masks" in again and "(2 already up to date)" in again
+    _png(str(src / "ADE_val_00000001.png"), [[3, 3, 3]])  # regenerated source: newer than its conversion
+    os.utime(src / "ADE_val_00000001.png", ns=(2 ** 62, 2 ** 62))
+    prep.ade20k(str(tmp_path))
+    assert "wrote 1 ade150 masks" in capsys.readouterr().out
+    out = tmp_path / "ADEChallengeData2016" / "annotations_detectron2" / "validation"
+    assert np.array(Image.open(out / "ADE_val_00000000.png")).tolist() == [[255, 0, 149]]
+    assert np.array(Image.open(out / "ADE_val_00000001.png")).tolist() == [[2, 2, 2]]
+    _png(str(src / "ADE_val_00000002.png"), [[151, 0, 0]])  # not an ADE label
+    with pytest.raises(SystemExit, match=r"ADE_val_00000002.png.*\[150\]"):
+        prep.ade20k(str(tmp_path))
+    assert not (out / "ADE_val_00000002.png").exists() and not [f for f in os.listdir(out) if f.startswith(".")]
+
+
+def test_registering_reduce_zero_label_is_refused():
+    from sparseclip_d2.data.datasets import register_sem_seg_dataset
+
+    with pytest.raises(ValueError, match="reduce_zero_label=True is not applied at evaluation time.*convert_sem_seg_gt"):
+        register_sem_seg_dataset("datasets_rzl", lambda: [], class_names=["a"], background_index=None,
+                                 dataset_root=".", prepare_command="none", reduce_zero_label=True)
 
 
 def test_demo_dataset_files(tmp_path, monkeypatch):

@@ -101,6 +101,11 @@ def test_prepare_context(prep, tmp_path, capsys):
     assert [d["image_id"] for d in dicts] == ["2008_000000", "2008_000001"]
     gt59 = load_sem_seg_gt(dicts[1]["sem_seg_file_name"], num_classes=59, reduce_zero_label=True)
     assert gt59[1].tolist() == [58, 36, 36, 255]
+    # ... and the 59-class masks `context` converted once for sparseclip_context59_val hold the same
+    converted = voc / "annotations_detectron2" / "pc59_val"
+    assert sorted(os.listdir(converted)) == ["2008_000000.png", "2008_000001.png"]
+    assert np.array(Image.open(converted / "2008_000001.png"))[1].tolist() == [58, 36, 36, 255]
+    assert (load_sem_seg_gt(str(converted / "2008_000001.png"), num_classes=59) == gt59).all()
 
 
 def test_context_name_mismatch_warns_and_missing_json_exits(prep, tmp_path, capsys):

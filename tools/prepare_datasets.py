@@ -1,13 +1,22 @@
 #!/usr/bin/env python
-"""Turn official downloads into the layouts sparseclip_d2 reads (under $DETECTRON2_DATASETS).
+"""Convert official downloads, once, into the files sparseclip_d2 evaluates on (under
+$DETECTRON2_DATASETS): label PNGs that detectron2's SemSegEvaluator reads as they are
+(class indices of the dataset, 255 = ignore).
 
-    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready (exit 1 if one is not)
+    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready, every mask checked (exit 1 if one is not)
+    python tools/prepare_datasets.py voc20       [--root R] # SegmentationClass -> annotations_detectron2/voc20_val
+    python tools/prepare_datasets.py ade20k      [--root R] # annotations -> annotations_detectron2 (detectron2's)
+    python tools/prepare_datasets.py context     [--root R] [--json trainval_merged.json]  # 60- and 59-class masks
+    python tools/prepare_datasets.py context59   [--root R] # SegmentationClassContext -> annotations_detectron2/pc59_val
     python tools/prepare_datasets.py coco_stuff  [--root R] # stuffthingmaps -> *_labelTrainIds.png
     python tools/prepare_datasets.py coco_object [--root R] # -> *_instanceTrainIds.png (SCLIP)
     python tools/prepare_datasets.py cityscapes  [--root R] # *_gtFine_labelIds -> *_labelTrainIds
-    python tools/prepare_datasets.py context     [--root R] [--json trainval_merged.json]
 
-Pascal VOC 2012 and ADE20K need nothing (extract the official archives under the root).
+Pascal VOC 2012 (21 classes) needs nothing beyond the official archive; VOC20, ADE20K and
+Pascal Context 59 drop a class (MMSeg's ``reduce_zero_label``: 0 -> 255, v -> v - 1), which is
+done here, once, into ``annotations_detectron2/`` folders next to the official masks, as
+detectron2's datasets/prepare_ade20k_sem_seg.py does for ADE20K. A conversion rewrites only
+masks that are missing or older than their source; every mask is written atomically.
 COCO: put val2017 images in coco_stuff164k/images/val2017 and the raw COCO-Stuff maps
 (stuffthingmaps_trainval2017.zip, values 0..181, 255 unlabeled) in
 coco_stuff164k/annotations/val2017. COCO-Object is built from those raw maps as SCLIP does
@@ -21,6 +30,8 @@ val images in coco/train2017 and coco/val2017 (the files' file_name is relative 
 Pascal Context: put trainval_merged.json (PASCAL in Detail) in VOCdevkit/VOC2010 next to
 JPEGImages (VOCtrainval_03-May-2010.tar); the val masks are built as MMSeg's
 pascal_context.py does, with pycocotools instead of the Detail API.
+`check` reads every mask of each segmentation dataset (mode, size against its image, label
+range over the histogram), as train_net.py does before inference.
 """
 import argparse
 import glob
@@ -48,15 +59,38 @@ def _lut(mapping, default=255):
     return lut
 
 
-def _convert(files, lut, old_suffix, new_suffix):
-    n = 0
-    for f in files:
-        out = f[: -len(old_suffix)] + new_suffix
-        if os.path.exists(out):
+def _num_classes(class_names_file):
+    from sparseclip_d2.data import load_class_names
+
+    return len(load_class_names(class_names_file))
+
+
+def _convert_files(pairs, *, num_classes, reduce_zero_label=False, lut=None):
+    """Convert each ``(source, destination)`` whose destination is missing or older than
+    its source (``convert_sem_seg_gt``: labels checked, atomic write). Returns
+    ``(written, up to date)``; exits naming the file when a source is out of range."""
+    from sparseclip_d2.data.ground_truth import convert_sem_seg_gt, is_up_to_date
+
+    written = fresh = 0
+    for src, dst in pairs:
+        if is_up_to_date(src, dst):
+            fresh += 1
             continue
-        Image.fromarray(lut[np.asarray(Image.open(f))]).save(out)
-        n += 1
-    return n
+        try:
+            convert_sem_seg_gt(src, dst, num_classes=num_classes, reduce_zero_label=reduce_zero_label, lut=lut)
+        except (OSError, ValueError) as e:
+            sys.exit(f"cannot convert {src}: {e}")
+        written += 1
+    return written, fresh
+
+
+def _convert(files, lut, old_suffix, new_suffix, num_classes):
+    pairs = [(f, f[: -len(old_suffix)] + new_suffix) for f in files]
+    return _convert_files(pairs, num_classes=num_classes, lut=lut)
+
+
+def _report(written, fresh, what, where):
+    print(f"wrote {written} {what} to {where}" + (f" ({fresh} already up to date)" if fresh else ""))
 
 
 def _raw_coco_maps(root):
@@ -69,18 +103,22 @@ def _raw_coco_maps(root):
 
 def coco_stuff(root):
     mapping = {c - 1: i for i, c in enumerate(THING_IDS + STUFF_IDS)}
-    n = _convert(_raw_coco_maps(root), _lut(mapping), ".png", "_labelTrainIds.png")
-    print(f"wrote {n} *_labelTrainIds.png")
+    ann = os.path.join(root, "coco_stuff164k", "annotations", "val2017")
+    _report(*_convert(_raw_coco_maps(root), _lut(mapping), ".png", "_labelTrainIds.png", 171),
+            "*_labelTrainIds.png", ann)
 
 
 def coco_object(root, from_instances=False):
     if not from_instances:
         mapping = {c - 1: i + 1 for i, c in enumerate(THING_IDS)}
         mapping.update({c - 1: 0 for c in STUFF_IDS})
-        n = _convert(_raw_coco_maps(root), _lut(mapping), ".png", "_instanceTrainIds.png")
-        print(f"wrote {n} *_instanceTrainIds.png")
+        ann = os.path.join(root, "coco_stuff164k", "annotations", "val2017")
+        _report(*_convert(_raw_coco_maps(root), _lut(mapping), ".png", "_instanceTrainIds.png", 81),
+                "*_instanceTrainIds.png", ann)
         return
     from pycocotools.coco import COCO
+
+    from sparseclip_d2.common.io import atomic_path
 
     base = os.path.join(root, "coco_stuff164k")
     js = os.path.join(base, "annotations", "instances_val2017.json")
@@ -96,16 +134,72 @@ def coco_object(root, from_instances=False):
         for a in anns:  # large first, so small objects stay visible
             label[coco.annToMask(a).astype(bool)] = train_id[a["category_id"]]
         stem = os.path.splitext(img["file_name"])[0]
-        Image.fromarray(label).save(os.path.join(out_dir, stem + "_instanceTrainIds.png"))
+        with atomic_path(os.path.join(out_dir, stem + "_instanceTrainIds.png")) as tmp:
+            Image.fromarray(label).save(tmp, format="PNG")
     print(f"wrote {len(coco.getImgIds())} *_instanceTrainIds.png from {js}")
+
+
+def _split_ids(split_file):
+    if not os.path.isfile(split_file):
+        sys.exit(f"missing split file {split_file}")
+    with open(split_file) as f:
+        ids = [line.strip() for line in f if line.strip()]
+    if not ids:
+        sys.exit(f"split file {split_file} lists no images")
+    return ids
+
+
+def _reduce_split(base, source_dir, split_file, out_dir, class_names_file):
+    """The masks of ``split_file``'s ids in ``base/source_dir`` -> ``base/out_dir`` with
+    ``reduce_zero_label`` (0 -> 255, v -> v - 1)."""
+    from sparseclip_d2.data.datasets.segmentation import CONVERTED_GT
+
+    src_dir = os.path.join(base, source_dir)
+    dst_dir = os.path.join(base, CONVERTED_GT, out_dir)
+    ids = _split_ids(os.path.join(base, split_file))
+    missing = [i for i in ids if not os.path.isfile(os.path.join(src_dir, i + ".png"))]
+    if missing:
+        sys.exit(f"{len(missing)} of {len(ids)} masks listed in {split_file} are missing from {src_dir}, "
+                 f"e.g. {missing[0]}.png")
+    pairs = [(os.path.join(src_dir, i + ".png"), os.path.join(dst_dir, i + ".png")) for i in ids]
+    written, fresh = _convert_files(pairs, num_classes=_num_classes(class_names_file), reduce_zero_label=True)
+    _report(written, fresh, f"{class_names_file} masks", dst_dir)
+
+
+def voc20(root):
+    """VOC2012 SegmentationClass (val) -> annotations_detectron2/voc20_val (background -> 255)."""
+    _reduce_split(os.path.join(root, "VOCdevkit", "VOC2012"), "SegmentationClass",
+                  os.path.join("ImageSets", "Segmentation", "val.txt"), "voc20_val", "voc20")
+
+
+def context59(root):
+    """VOC2010 SegmentationClassContext (60 classes, val) -> annotations_detectron2/pc59_val."""
+    _reduce_split(os.path.join(root, "VOCdevkit", "VOC2010"), "SegmentationClassContext",
+                  os.path.join("ImageSets", "SegmentationContext", "val.txt"), "pc59_val", "context59")
+
+
+def ade20k(root):
+    """ADE20K annotations/validation -> annotations_detectron2/validation (0 -> 255, v -> v - 1),
+    as detectron2's datasets/prepare_ade20k_sem_seg.py (here the validation split only)."""
+    from sparseclip_d2.data.datasets.segmentation import CONVERTED_GT
+
+    base = os.path.join(root, "ADEChallengeData2016")
+    src_dir = os.path.join(base, "annotations", "validation")
+    files = sorted(glob.glob(os.path.join(src_dir, "*.png")))
+    if not files:
+        sys.exit(f"no ADE20K masks (*.png from ADEChallengeData2016.zip) in {src_dir}")
+    dst_dir = os.path.join(base, CONVERTED_GT, "validation")
+    pairs = [(f, os.path.join(dst_dir, os.path.basename(f))) for f in files]
+    written, fresh = _convert_files(pairs, num_classes=_num_classes("ade150"), reduce_zero_label=True)
+    _report(written, fresh, "ade150 masks", dst_dir)
 
 
 def cityscapes(root):
     files = sorted(glob.glob(os.path.join(root, "cityscapes", "gtFine", "val", "*", "*_gtFine_labelIds.png")))
     if not files:
         sys.exit(f"no *_gtFine_labelIds.png under {os.path.join(root, 'cityscapes', 'gtFine', 'val')}")
-    n = _convert(files, _lut(CITYSCAPES_TRAIN_IDS), "_labelIds.png", "_labelTrainIds.png")
-    print(f"wrote {n} *_gtFine_labelTrainIds.png")
+    _report(*_convert(files, _lut(CITYSCAPES_TRAIN_IDS), "_labelIds.png", "_labelTrainIds.png", 19),
+            "*_gtFine_labelTrainIds.png", os.path.join(root, "cityscapes", "gtFine", "val"))
 
 
 # PASCAL-Context: PASCAL in Detail category ids (1-based, alphabetical over its 459 classes) of
@@ -194,7 +288,8 @@ def context_masks(data, phase="val", unmapped=None):
 
 
 def context(root, json_path=None):
-    """trainval_merged.json -> VOC2010/SegmentationClassContext/*.png + SegmentationContext/val.txt."""
+    """trainval_merged.json -> VOC2010/SegmentationClassContext/*.png + SegmentationContext/val.txt,
+    then the 59-class masks (:func:`context59`)."""
     import json
 
     src = _context_json(root, json_path)
@@ -208,69 +303,68 @@ def context(root, json_path=None):
         data = json.load(f)
     _check_context_names(data.get("categories"))
     ids, unmapped = [], set()
+    from sparseclip_d2.common.io import atomic_path, atomic_write_text
+
     for image_id, mask in context_masks(data, "val", unmapped):
-        Image.fromarray(mask).save(os.path.join(out_dir, image_id + ".png"))
+        with atomic_path(os.path.join(out_dir, image_id + ".png")) as tmp:
+            Image.fromarray(mask).save(tmp, format="PNG")
         ids.append(image_id)
     if not ids:
         sys.exit(f"no images with phase 'val' in {src}")
     ids.sort()
-    with open(os.path.join(split_dir, "val.txt"), "w") as f:
-        f.writelines(i + "\n" for i in ids)
+    atomic_write_text(os.path.join(split_dir, "val.txt"), "".join(i + "\n" for i in ids))
     if unmapped:  # MMSeg's converter asserts these never occur; here they become background
         print(f"note: {len(unmapped)} category ids outside the 59 were painted as background 0: "
               f"{sorted(unmapped)[:20]}{' ...' if len(unmapped) > 20 else ''}")
     print(f"wrote {len(ids)} masks to {out_dir} and {os.path.join(split_dir, 'val.txt')}")
+    context59(root)  # the 59-class masks of sparseclip_context59_val, from these
     if not os.path.isdir(os.path.join(voc, "JPEGImages")):
         print(f"note: {os.path.join(voc, 'JPEGImages')} is missing (extract VOCtrainval_03-May-2010.tar)")
 
 
-def check_masks(name, dicts, sample=8):
-    """Validate a deterministic sample of a segmentation dataset's masks (evenly spaced over
-    the records, first and last included): each mask must read as a single-channel label PNG
-    with labels in range (after the dataset's ``reduce_zero_label``) and the size of its image
-    (EXIF orientation applied, as the mapper reads it).
+def check_masks(name, dicts, sample=None):
+    """Check the masks of a segmentation dataset as train_net.py does before inference
+    (``sparseclip_d2.data.ground_truth``): each must be a single-channel label PNG, the size
+    of its image (EXIF orientation applied, as the mapper reads it), with labels in range
+    over its histogram. All masks by default; ``sample`` N > 0: N evenly spaced records
+    (first and last included).
 
     Returns:
-        a list of problems, one line each naming the file (empty when the sample is clean).
+        a list of problems, one line each naming the file (empty when all are usable).
     """
     from detectron2.data import MetadataCatalog
-    from PIL import Image, ImageOps
 
-    from sparseclip_d2.data.datasets.segmentation import load_sem_seg_gt
+    from sparseclip_d2.data.ground_truth import find_bad_ground_truth
 
     meta = MetadataCatalog.get(name)
     if meta.get("evaluator_type", None) != "sem_seg" or not dicts:
         return []
-    n, k = len(dicts), min(sample, len(dicts))
-    picks = sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})
-    problems = []
-    for i in picks:
-        record = dicts[i]
-        try:
-            gt = load_sem_seg_gt(record["sem_seg_file_name"], num_classes=len(meta.stuff_classes),
-                                 reduce_zero_label=bool(meta.get("reduce_zero_label", False)),
-                                 ignore_label=meta.get("ignore_label", 255))
-            with Image.open(record["file_name"]) as im:
-                width, height = ImageOps.exif_transpose(im).size
-            if gt.shape != (height, width):
-                problems.append(f"mask {record['sem_seg_file_name']} is {gt.shape[1]}x{gt.shape[0]} but its image "
-                                f"{record['file_name']} is {width}x{height}")
-        except (OSError, ValueError, KeyError) as e:
-            problems.append(str(e))
+    if sample:
+        n, k = len(dicts), min(sample, len(dicts))
+        dicts = [dicts[i] for i in sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})]
+    problems, _ = find_bad_ground_truth(name, dicts, num_classes=len(meta.stuff_classes),
+                                        ignore_label=int(meta.get("ignore_label", 255)))
     return problems
 
 
-def check(root, names=None, sample=8):
+def check(root, names=None, sample=None):
     """Load each requested dataset (every ``sparseclip_*`` one when ``names`` is empty; names
     may be shell patterns such as ``sparseclip_fgovd_*``) as a run would, which checks its
-    files and, for FG-OVD, that every image exists; validate a sample of segmentation masks.
+    files and, for FG-OVD, that every image exists; check every segmentation mask (or
+    ``sample`` evenly spaced ones).
     Prints one line per dataset (and per problem); exits 1 when a requested dataset is not
     ready or a name matches nothing."""
     import fnmatch
 
-    os.environ["DETECTRON2_DATASETS"] = root
+    already = "sparseclip_d2.data" in sys.modules
+    os.environ["DETECTRON2_DATASETS"] = root  # read by sparseclip_d2.data.datasets.root.datasets_root
     import sparseclip_d2  # noqa: F401  (registers with this root)
-    from detectron2.data import DatasetCatalog
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    registered_root = os.path.dirname(MetadataCatalog.get("sparseclip_ade20k_val").dataset_root)
+    if already and os.path.abspath(registered_root) != os.path.abspath(root):
+        sys.exit(f"check: the datasets were registered under {registered_root!r} before --root {root!r} was "
+                 "given; run the check in a fresh process")
 
     registered = sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_"))
     ok = True
@@ -293,22 +387,29 @@ def check(root, names=None, sample=8):
             print(f"{name}: BAD MASK - {problem}")
         ok = ok and not problems
         if not problems:
-            print(f"{name}: ready ({len(dicts)} images)")
+            masks = "" if not dicts or "sem_seg_file_name" not in dicts[0] else (
+                f", {min(sample, len(dicts)) if sample else len(dicts)} masks checked")
+            print(f"{name}: ready ({len(dicts)} images{masks})")
     sys.exit(0 if ok else 1)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("task", choices=["check", "coco_stuff", "coco_object", "cityscapes", "context"])
+    p.add_argument("task", choices=["check", "voc20", "ade20k", "context", "context59", "coco_stuff", "coco_object",
+                                    "cityscapes"])
     p.add_argument("names", nargs="*", help="check: dataset names or patterns (default: all)")
-    p.add_argument("--root", default=os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets")))
+    p.add_argument("--root", default=None, help="datasets root (default: $DETECTRON2_DATASETS, else ./datasets)")
     p.add_argument("--from-instances", action="store_true", help="coco_object from instances_val2017.json")
     p.add_argument("--json", help="context: trainval_merged.json (default: looked for under the root)")
-    p.add_argument("--sample", type=int, default=8,
-                   help="check: masks validated per segmentation dataset (evenly spaced; default 8)")
+    p.add_argument("--sample", type=int, default=0,
+                   help="check: masks checked per segmentation dataset, evenly spaced (default 0: all)")
     a = p.parse_intermixed_args()
-    if a.sample < 1:
-        p.error(f"--sample must be >= 1, got {a.sample}")
+    if a.root is None:
+        from sparseclip_d2.data.datasets.root import datasets_root
+
+        a.root = datasets_root()
+    if a.sample < 0:
+        p.error(f"--sample must be >= 0 (0 = every mask), got {a.sample}")
     if a.names and a.task != "check":
         p.error(f"dataset names are only taken by 'check', not by {a.task!r}")
     if a.task == "coco_object":
@@ -318,7 +419,8 @@ def main():
     elif a.task == "check":
         check(a.root, a.names, a.sample)
     else:
-        {"check": check, "coco_stuff": coco_stuff, "cityscapes": cityscapes, "context": context}[a.task](a.root)
+        {"voc20": voc20, "ade20k": ade20k, "context59": context59, "coco_stuff": coco_stuff,
+         "cityscapes": cityscapes}[a.task](a.root)
 
 
 if __name__ == "__main__":

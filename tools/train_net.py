@@ -11,7 +11,8 @@ loader and the evaluator its metadata ``evaluator_type`` selects
 (``sparseclip_d2.data.build_test_loader``, ``sparseclip_d2.evaluation.build_evaluator``),
 ``inference_on_dataset``, detectron2's ``print_csv_format`` table; then the run-level
 summaries (``finalize_summaries``, e.g. FG-OVD mHME) and ``OUTPUT_DIR/results.json``.
-Every dataset (files, images) is checked before the model is built. The method has nothing
+Every dataset (files, images, and every segmentation mask: mode, size, label range) is
+checked before the model is built. The method has nothing
 to train: without ``--eval-only`` the script exits with a message. ``--num-gpus N`` runs N
 processes through detectron2's ``launch``. ``--max-images N`` = ``TEST.MAX_IMAGES N``.
 
@@ -48,6 +49,7 @@ from sparseclip_d2.model_zoo import resolve_config_file
 from sparseclip_d2.data import build_test_loader, check_meta_architecture
 from sparseclip_d2.data.datasets import DatasetNotFoundError
 from sparseclip_d2.data.datasets.fgovd import FGOVDFormatError
+from sparseclip_d2.data.ground_truth import check_ground_truth
 from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, finalize_summaries, write_results
 from sparseclip_d2.evaluation.results import RecordFailures, begin_results
 from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
@@ -158,6 +160,7 @@ def check_datasets(cfg):
             dicts = DatasetCatalog.get(name)
             if cfg.TEST.MAX_IMAGES > 0:
                 dicts = dicts[: cfg.TEST.MAX_IMAGES]
+            check_ground_truth(name, dicts, cache_dir=cfg.OUTPUT_DIR or None)  # every mask, before inference
             out[name] = dicts
         check_meta_architecture(cfg.MODEL.META_ARCHITECTURE, list(out))
         if cfg.MODEL.WEIGHTS:

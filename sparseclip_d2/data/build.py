@@ -1,42 +1,51 @@
 """Test loaders chosen by a dataset's metadata ``evaluator_type``.
 
-A task registers its loader builder with :func:`register_test_loader` (``"sem_seg"`` here,
-``"fgovd"`` in ``fgovd_mapper.py``); a builder is ``builder(cfg, dataset_name, dataset_dicts)
--> iterable loader``. It also names the META_ARCHs that consume its inputs, so that a config
+:data:`TEST_LOADER_REGISTRY` is an fvcore ``Registry`` (the style of detectron2's
+``META_ARCH_REGISTRY``, and of this package's attention registries): an entry is a function
+``fn(cfg, dataset_name, dataset_dicts) -> iterable loader`` whose ``__name__`` is the
+``evaluator_type`` it serves (``sem_seg`` here, ``fgovd`` in ``fgovd_mapper.py``), decorated
+with :func:`consumed_by` to name the META_ARCHs that consume its inputs, so that a config
 pairing a dataset with the wrong model fails before the model is built.
 """
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 from detectron2.data import MetadataCatalog, build_detection_test_loader
+from fvcore.common.registry import Registry
 
 from .mapper import SparseCLIPTestMapper
 
-__all__ = ["TEST_LOADERS", "register_test_loader", "build_test_loader", "check_meta_architecture"]
+__all__ = ["TEST_LOADER_REGISTRY", "consumed_by", "build_test_loader", "check_meta_architecture",
+           "registered_evaluator_type"]
 
-# evaluator_type -> (loader builder, META_ARCH names that consume its inputs)
-TEST_LOADERS: Dict[str, Tuple[Callable, Tuple[str, ...]]] = {}
+TEST_LOADER_REGISTRY = Registry("SPARSECLIP_TEST_LOADER")
+TEST_LOADER_REGISTRY.__doc__ = """
+Test-loader builders keyed by dataset metadata ``evaluator_type`` (the function's name):
+``fn(cfg, dataset_name, dataset_dicts) -> loader``, with the attribute
+``meta_architectures`` set by :func:`consumed_by`.
+"""
 
 
-def register_test_loader(evaluator_type: str, meta_architectures: Sequence[str]):
-    """Decorator registering ``builder(cfg, dataset_name, dataset_dicts)`` for the datasets
-    whose metadata ``evaluator_type`` is ``evaluator_type``."""
+def consumed_by(*meta_architectures: str) -> Callable[[Callable], Callable]:
+    """Decorator recording on a test-loader builder the ``MODEL.META_ARCHITECTURE`` names that
+    consume its inputs (``fn.meta_architectures``)."""
+    if not meta_architectures:
+        raise ValueError("consumed_by needs at least one META_ARCH name")
 
-    def deco(builder: Callable) -> Callable:
-        if evaluator_type in TEST_LOADERS:
-            raise ValueError(f"a test loader for evaluator_type {evaluator_type!r} is already registered")
-        TEST_LOADERS[evaluator_type] = (builder, tuple(meta_architectures))
-        return builder
+    def deco(fn: Callable) -> Callable:
+        fn.meta_architectures = tuple(meta_architectures)
+        return fn
 
     return deco
 
 
-def registered_evaluator_type(dataset_name: str, registry, what: str) -> str:
-    """The metadata ``evaluator_type`` of ``dataset_name``, which must be a key of
-    ``registry`` (``what`` names the registry's entries in the error: "test loader",
+def registered_evaluator_type(dataset_name: str, registry: Registry, what: str) -> str:
+    """The metadata ``evaluator_type`` of ``dataset_name``, which must name an entry of the
+    fvcore ``registry`` (``what`` names the registry's entries in the error: "test loader",
     "evaluator").
 
     Raises:
-        ValueError: the dataset has no ``evaluator_type``, or ``registry`` has no entry for it.
+        ValueError: the dataset has no ``evaluator_type``, or ``registry`` has no entry for it
+            (the message lists the registered ones).
     """
     evaluator_type = MetadataCatalog.get(dataset_name).get("evaluator_type", None)
     if evaluator_type is None:
@@ -44,29 +53,30 @@ def registered_evaluator_type(dataset_name: str, registry, what: str) -> str:
     if evaluator_type not in registry:
         raise ValueError(
             f"no {what} for evaluator_type {evaluator_type!r} of dataset {dataset_name!r}; "
-            f"registered: {', '.join(sorted(registry))}"
+            f"registered: {', '.join(sorted(name for name, _ in registry))}"
         )
     return evaluator_type
 
 
-def _evaluator_type(dataset_name: str) -> str:
-    return registered_evaluator_type(dataset_name, TEST_LOADERS, "test loader")
+def _loader_of(dataset_name: str) -> Tuple[str, Callable]:
+    evaluator_type = registered_evaluator_type(dataset_name, TEST_LOADER_REGISTRY, "test loader")
+    return evaluator_type, TEST_LOADER_REGISTRY.get(evaluator_type)
 
 
 def build_test_loader(cfg, dataset_name: str, dataset_dicts: List[dict]):
     """The test loader of ``dataset_name`` chosen by its metadata ``evaluator_type``."""
-    return TEST_LOADERS[_evaluator_type(dataset_name)][0](cfg, dataset_name, dataset_dicts)
+    return _loader_of(dataset_name)[1](cfg, dataset_name, dataset_dicts)
 
 
 def check_meta_architecture(meta_architecture: str, dataset_names: Sequence[str]) -> None:
     """Raise ``ValueError`` when a dataset's inputs are meant for another of this package's
     META_ARCHs than ``meta_architecture`` (an architecture no task names is let through)."""
-    known = {a for _, archs in TEST_LOADERS.values() for a in archs}
+    known = {a for _, builder in TEST_LOADER_REGISTRY for a in getattr(builder, "meta_architectures", ())}
     if meta_architecture not in known:
         return
     for name in dataset_names:
-        evaluator_type = _evaluator_type(name)
-        archs = TEST_LOADERS[evaluator_type][1]
+        evaluator_type, builder = _loader_of(name)
+        archs = getattr(builder, "meta_architectures", ())
         if meta_architecture not in archs:
             raise ValueError(
                 f"dataset {name!r} (evaluator_type {evaluator_type!r}) is evaluated with "
@@ -75,9 +85,10 @@ def check_meta_architecture(meta_architecture: str, dataset_names: Sequence[str]
             )
 
 
-@register_test_loader("sem_seg", meta_architectures=("SparseCLIP",))
-def build_sem_seg_test_loader(cfg, dataset_name: str, dataset_dicts: List[dict]):
-    """Segmentation datasets: :class:`SparseCLIPTestMapper`."""
+@TEST_LOADER_REGISTRY.register()
+@consumed_by("SparseCLIP")
+def sem_seg(cfg, dataset_name: str, dataset_dicts: List[dict]):
+    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPTestMapper`."""
     return build_detection_test_loader(
         dataset_dicts, mapper=SparseCLIPTestMapper(cfg, dataset_name), num_workers=cfg.DATALOADER.NUM_WORKERS
     )

@@ -15,10 +15,10 @@ from detectron2.data import transforms as T
 from detectron2.data.build import build_detection_test_loader, load_proposals_into_dataset
 from detectron2.structures import Boxes, BoxMode, Instances
 
-from .build import register_test_loader
-from .image_io import read_image_rgb
+from .build import TEST_LOADER_REGISTRY, consumed_by
+from .image_io import check_input_format, convert_channel_order, read_image_rgb
 
-__all__ = ["FGOVDDatasetMapper", "attach_fgovd_proposals", "build_fgovd_test_loader"]
+__all__ = ["FGOVDDatasetMapper", "attach_fgovd_proposals", "fgovd"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,7 @@ class FGOVDDatasetMapper:
                 not expected; a record that has them is an error, to avoid using them silently).
             dataset_name: when given, set as the records' ``dataset_name``.
         """
-        if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {image_format!r}")
+        check_input_format(image_format)
         self.image_format = image_format
         self.proposal_topk = proposal_topk
         self.dataset_name = dataset_name
@@ -75,8 +74,7 @@ class FGOVDDatasetMapper:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
             raise RuntimeError(f"cannot read FG-OVD image {d['file_name']!r}: {e}") from e
-        if self.image_format == "BGR":
-            image = np.ascontiguousarray(image[:, :, ::-1])
+        image = convert_channel_order(image, "RGB", self.image_format)
         utils.check_image_size(d, image)
         h, w = image.shape[:2]
         d["image"] = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
@@ -126,9 +124,10 @@ def attach_fgovd_proposals(cfg, dataset_name: str, dataset_dicts: List[dict]) ->
     return load_proposals_into_dataset(dataset_dicts, files[names.index(dataset_name)])
 
 
-@register_test_loader("fgovd", meta_architectures=("SparseCLIPFGOVD",))
-def build_fgovd_test_loader(cfg, dataset_name: str, dataset_dicts: List[dict]):
-    """Test loader of an FG-OVD dataset (``evaluator_type == "fgovd"``): proposals attached
+@TEST_LOADER_REGISTRY.register()
+@consumed_by("SparseCLIPFGOVD")
+def fgovd(cfg, dataset_name: str, dataset_dicts: List[dict]):
+    """Test loader of an FG-OVD dataset (``evaluator_type`` "fgovd"): proposals attached
     when ``MODEL.LOAD_PROPOSALS``, :class:`FGOVDDatasetMapper`."""
     dicts = attach_fgovd_proposals(cfg, dataset_name, dataset_dicts)
     return build_detection_test_loader(

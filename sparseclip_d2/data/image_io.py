@@ -36,12 +36,39 @@ from typing import List
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["ImageReadError", "read_image_rgb", "to_rgb_array", "parse_vocabulary", "VocabularyError"]
+__all__ = ["ImageReadError", "read_image_rgb", "to_rgb_array", "parse_vocabulary", "VocabularyError",
+           "INPUT_FORMATS", "check_input_format", "convert_channel_order"]
 
 logger = logging.getLogger(__name__)
 
 _ALPHA_MODES = ("LA", "La", "RGBA", "RGBa", "PA")
 _UINT16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+#: Channel orders of ``INPUT.FORMAT`` (detectron2's key) that the package accepts.
+INPUT_FORMATS = ("RGB", "BGR")
+
+
+def check_input_format(value, key: str = "INPUT.FORMAT") -> str:
+    """Return ``value`` when it is one of :data:`INPUT_FORMATS`; else raise ``ValueError``
+    naming ``key``, the value and the valid choices. The one check of the channel order
+    for the config, the mappers and the META_ARCHs."""
+    if value not in INPUT_FORMATS:
+        raise ValueError(f"{key} = {value!r} is invalid; valid: {', '.join(INPUT_FORMATS)}")
+    return value
+
+
+def convert_channel_order(image: np.ndarray, src: str, dst: str) -> np.ndarray:
+    """``(H, W, 3)`` image in channel order ``src`` -> ``dst`` (both checked with
+    :func:`check_input_format`); the same array when they are equal, else a C-contiguous
+    copy with the channels reversed."""
+    check_input_format(src, "source channel order")
+    check_input_format(dst, "target channel order")
+    if src == dst:
+        return image
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected an (H, W, 3) image to reorder channels, got shape {image.shape}")
+    return np.ascontiguousarray(image[:, :, ::-1])
 
 
 class ImageReadError(OSError):

@@ -16,16 +16,20 @@ from PIL import Image
 from detectron2.config import configurable
 from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
+from fvcore.common.registry import Registry
 
-from .image_io import read_image_rgb
+from .image_io import check_input_format, convert_channel_order, read_image_rgb
 
 __all__ = ["SparseCLIPTestMapper", "MMSegRescale", "CV2ResizeTransform", "mmseg_rescale_size", "build_resize",
-           "RESIZE_MODES", "PIXEL_NORMS", "pixel_normalization"]
+           "RESIZE_REGISTRY", "RESIZE_MODES", "PIXEL_NORMS", "pixel_normalization"]
 
 logger = logging.getLogger(__name__)
 
-#: ``INPUT.RESIZE_MODE`` values.
-RESIZE_MODES = ("detectron2", "mmseg")
+RESIZE_REGISTRY = Registry("SPARSECLIP_RESIZE")
+RESIZE_REGISTRY.__doc__ = """
+Test-time resizes keyed by ``INPUT.RESIZE_MODE`` (the function's name):
+``fn(short, long) -> List[detectron2 Augmentation]`` for ``short > 0``.
+"""
 
 #: ``MODEL.SPARSECLIP.PIXEL_NORM`` values with their (mean, std) in 0-255 RGB; ``clip`` takes
 #: the CLIP model's own constants instead (``None`` here).
@@ -106,15 +110,29 @@ class MMSegRescale(T.Augmentation):
         return CV2ResizeTransform(h, w, new_h, new_w)
 
 
+@RESIZE_REGISTRY.register()
+def detectron2(short: int, long: int) -> List[T.Augmentation]:
+    """detectron2's ``ResizeShortestEdge``: short side ``short``, long side capped at ``long``."""
+    return [T.ResizeShortestEdge(short, long, "choice")]
+
+
+@RESIZE_REGISTRY.register()
+def mmseg(short: int, long: int) -> List[T.Augmentation]:
+    """MMSeg's ``Resize(scale=(long, short), keep_ratio=True)``: :class:`MMSegRescale`."""
+    return [MMSegRescale(short, long)]
+
+
+#: ``INPUT.RESIZE_MODE`` values, in registration order.
+RESIZE_MODES = tuple(name for name, _ in RESIZE_REGISTRY)
+
+
 def build_resize(mode: str, short: int, long: int) -> List[T.Augmentation]:
     """The test-time resize of ``INPUT.RESIZE_MODE`` ``mode`` (``[]`` when ``short <= 0``)."""
-    if mode not in RESIZE_MODES:
+    if not isinstance(mode, str) or mode not in RESIZE_REGISTRY:
         raise ValueError(f"unknown INPUT.RESIZE_MODE {mode!r}; valid: {', '.join(RESIZE_MODES)}")
     if short <= 0:
         return []
-    if mode == "mmseg":
-        return [MMSegRescale(short, long)]
-    return [T.ResizeShortestEdge(short, long, "choice")]
+    return RESIZE_REGISTRY.get(mode)(short, long)
 
 
 class SparseCLIPTestMapper:
@@ -133,8 +151,7 @@ class SparseCLIPTestMapper:
 
     @configurable
     def __init__(self, *, dataset_name: str, augmentations: List, image_format: str = "RGB"):
-        if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {image_format!r}")
+        check_input_format(image_format)
         self.dataset_name = dataset_name
         self.augmentations = T.AugmentationList(augmentations)
         self.image_format = image_format
@@ -150,8 +167,7 @@ class SparseCLIPTestMapper:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
             raise RuntimeError(f"cannot read image {d['file_name']!r} of dataset {self.dataset_name!r}: {e}") from e
-        if self.image_format == "BGR":
-            image = np.ascontiguousarray(image[:, :, ::-1])
+        image = convert_channel_order(image, "RGB", self.image_format)
         if "sem_seg_file_name" in d:
             check_mask_size(d["file_name"], image.shape[:2], d["sem_seg_file_name"])
         utils.check_image_size(d, image)

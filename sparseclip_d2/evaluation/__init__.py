@@ -3,25 +3,23 @@ from .. import require_detectron2
 
 require_detectron2("sparseclip_d2.evaluation")
 
-from .build import EVALUATOR_FACTORIES, SparseCLIPSemSegEvaluator, build_evaluator, build_sem_seg_evaluator
-from .results import SUMMARY_HOOKS, build_results, dataset_summary, finalize_summaries, write_results
+from .build import EVALUATOR_REGISTRY, SparseCLIPSemSegEvaluator, build_evaluator
+from .results import SUMMARY_HOOK_REGISTRY, build_results, dataset_summary, finalize_summaries, write_results
 
 from .attention_stats import AttentionStatsEvaluator, build_attention_stats_evaluator
-from .fgovd_evaluation import FGOVDEvaluator, add_mhme, build_fgovd_evaluator  # registers "fgovd" and mHME
+from .fgovd_evaluation import FGOVDEvaluator, add_mhme  # registers the "fgovd" evaluator and the mHME hook
 
 __all__ = [
     "AttentionStatsEvaluator",
     "build_attention_stats_evaluator",
-    "EVALUATOR_FACTORIES",
+    "EVALUATOR_REGISTRY",
     "FGOVDEvaluator",
     "add_mhme",
-    "build_fgovd_evaluator",
     "SparseCLIPSemSegEvaluator",
     "build_evaluator",
-    "build_sem_seg_evaluator",
     "build_results",
     "finalize_summaries",
-    "SUMMARY_HOOKS",
+    "SUMMARY_HOOK_REGISTRY",
     "dataset_summary",
     "write_results",
 ]

@@ -13,7 +13,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.evaluation import DatasetEvaluator
 from detectron2.utils import comm
 
-from ..data.datasets.segmentation import load_sem_seg_gt
+from ..data.ground_truth import load_sem_seg_gt
 
 __all__ = [
     "ROW_STAT_KEYS",
@@ -283,7 +283,6 @@ class AttentionStatsEvaluator(DatasetEvaluator):
         self._num_classes = len(classes)
         self._ignore_label = int(meta.get("ignore_label", 255))
         self._background_index = meta.get("background_index", None)
-        self._reduce_zero_label = bool(meta.get("reduce_zero_label", False))
         self._distributed = distributed
         self._gt_files: Optional[Dict[str, str]] = None
         self._per_image: List[Optional[Dict[str, float]]] = []
@@ -304,8 +303,7 @@ class AttentionStatsEvaluator(DatasetEvaluator):
                 raise KeyError(
                     "TEST.ATTENTION_STATS.ENABLED needs the model to return output['attention'] "
                     f"(see sparseclip_d2.evaluation.attention_stats); got keys {sorted(output)}")
-            gt = load_sem_seg_gt(self._gt_file(input), num_classes=self._num_classes,
-                                 reduce_zero_label=self._reduce_zero_label, ignore_label=self._ignore_label)
+            gt = load_sem_seg_gt(self._gt_file(input), num_classes=self._num_classes, ignore_label=self._ignore_label)
             self._per_image.append(image_statistics(
                 output["attention"], gt, ignore_label=self._ignore_label, background_index=self._background_index))
 

@@ -1,131 +1,99 @@
 """Evaluator factory: ``build_evaluator(cfg, dataset_name, output_folder)``.
 
-Dispatches on the dataset metadata ``evaluator_type`` through ``EVALUATOR_FACTORIES``
-(a plain dict other modules add to: ``EVALUATOR_FACTORIES["fgovd"] = build_fgovd_evaluator``).
-A factory is ``factory(cfg, dataset_name, output_folder) -> DatasetEvaluator``.
+Dispatches on the dataset metadata ``evaluator_type`` through :data:`EVALUATOR_REGISTRY`, an
+fvcore ``Registry`` like the package's other registries: an entry is a function
+``fn(cfg, dataset_name, output_folder) -> DatasetEvaluator`` whose ``__name__`` is the
+``evaluator_type`` it serves (``sem_seg`` here, ``fgovd`` in ``fgovd_evaluation.py``).
 """
-import io
 import logging
 from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from typing import Optional
 
-import numpy as np
-from PIL import Image
+import torch
 
 from detectron2.data import MetadataCatalog
 from detectron2.evaluation import DatasetEvaluator, SemSegEvaluator
-from detectron2.utils.file_io import PathManager
-from iopath.common.file_io import PathHandler
+from fvcore.common.registry import Registry
 
 from ..data.build import registered_evaluator_type
 from ..data.class_names import display_name
-from ..data.datasets.segmentation import load_sem_seg_gt
+from ..data.ground_truth import load_sem_seg_gt
 
-__all__ = ["EVALUATOR_FACTORIES", "build_evaluator", "build_sem_seg_evaluator", "SparseCLIPSemSegEvaluator"]
+__all__ = ["EVALUATOR_REGISTRY", "build_evaluator", "SparseCLIPSemSegEvaluator", "label_map_scores"]
 
 logger = logging.getLogger(__name__)
 
-
-class _ConvertedGroundTruth(PathHandler):
-    """Serves ground-truth label maps converted by :func:`load_sem_seg_gt` to
-    ``SemSegEvaluator``, which reads every ground-truth file with ``PathManager.open``.
-
-    A path is ``sparseclip-semseg-gt://<num_classes>/<reduce_zero_label 0|1>/<ignore>/<real path>``;
-    opening it returns the converted ``(H, W)`` labels as an uncompressed PNG (8-bit, or
-    16-bit when a label exceeds 255). iopath's documented extension point
-    (``_get_supported_prefixes``/``_open``) is used; ``tests/test_evaluation.py`` pins that
-    detectron2's ``SemSegEvaluator.process`` reads its ground truth through ``PathManager``.
-    """
-
-    PREFIX = "sparseclip-semseg-gt://"
-
-    def _get_supported_prefixes(self):
-        return [self.PREFIX]
-
-    @classmethod
-    def path(cls, real_path: str, *, num_classes: int, reduce_zero_label: bool, ignore_label: int) -> str:
-        return f"{cls.PREFIX}{int(num_classes)}/{int(bool(reduce_zero_label))}/{int(ignore_label)}/{real_path}"
-
-    @classmethod
-    def parse(cls, path: str):
-        num_classes, reduce_zero_label, ignore_label, real_path = path[len(cls.PREFIX):].split("/", 3)
-        return real_path, int(num_classes), reduce_zero_label == "1", int(ignore_label)
-
-    def _open(self, path, mode="r", buffering=-1, **kwargs):
-        if "w" in mode or "a" in mode:
-            raise ValueError(f"{path!r} is read-only (converted ground truth)")
-        real_path, num_classes, reduce_zero_label, ignore_label = self.parse(path)
-        gt = load_sem_seg_gt(
-            real_path, num_classes=num_classes, reduce_zero_label=reduce_zero_label, ignore_label=ignore_label
-        )
-        image = Image.fromarray(gt.astype(np.uint8 if gt.max(initial=0) <= 255 else np.uint16))
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=0)
-        buf.seek(0)
-        return buf
+EVALUATOR_REGISTRY = Registry("SPARSECLIP_EVALUATOR")
+EVALUATOR_REGISTRY.__doc__ = """
+Evaluator builders keyed by dataset metadata ``evaluator_type`` (the function's name):
+``fn(cfg, dataset_name, output_folder) -> DatasetEvaluator``.
+"""
 
 
-_GT_HANDLER = _ConvertedGroundTruth()
-PathManager.register_handler(_GT_HANDLER)
-
-
-class _LabelMap:
-    """The label map of a large output (``output["sem_seg_labels"]``, ``(H, W)``) in the
-    place of ``output["sem_seg"]``: ``SemSegEvaluator.process`` reads the scores only through
-    ``argmax(dim=0)`` (pinned by ``tests/test_postprocess_bands.py``, which compares the
-    metrics of both outputs), so no ``(C, H, W)`` tensor is built for it."""
-
-    def __init__(self, labels):
-        self.labels = labels
-        self.shape = tuple(labels.shape)
-
-    def argmax(self, dim: int):
-        if dim != 0:
-            raise ValueError(f"a label map has no class dimension other than 0, got dim={dim}")
-        return self.labels
+def label_map_scores(labels: torch.Tensor) -> torch.Tensor:
+    """``(H, W)`` integer label map -> ``(K, H, W)`` uint8 one-hot scores whose
+    ``argmax(dim=0)`` is ``labels`` (``K = labels.max() + 1``: channels above the largest
+    label cannot win the argmax, so they are left out). One byte per element: a quarter of
+    the float32 scores the META_ARCH avoided by returning ``sem_seg_labels``."""
+    labels = torch.as_tensor(labels).long().cpu()
+    if labels.dim() != 2:
+        raise ValueError(f"a label map must be (H, W), got shape {tuple(labels.shape)}")
+    if labels.numel() and int(labels.min()) < 0:
+        raise ValueError(f"a label map holds the negative label {int(labels.min())}")
+    k = int(labels.max()) + 1 if labels.numel() else 1
+    scores = torch.zeros((k,) + tuple(labels.shape), dtype=torch.uint8)
+    scores.scatter_(0, labels[None], 1)
+    return scores
 
 
 class SparseCLIPSemSegEvaluator(SemSegEvaluator):
-    """detectron2's ``SemSegEvaluator`` on ground truth converted by :func:`load_sem_seg_gt`
-    (the dataset's ``reduce_zero_label`` label map; out-of-range labels raise, naming the
-    file), with a clear error when a prediction and its ground truth differ in size, and a
-    per-class table keyed by display names (first synonym).
+    """detectron2's ``SemSegEvaluator``, through its public API only: it reads each
+    ground-truth file as it is (the datasets point at files converted offline by
+    ``tools/prepare_datasets.py``); the metrics (mIoU, fwIoU, mACC, pACC, per-class IoU/ACC)
+    are its own ``evaluate``.
 
-    Only public API: the ground-truth paths of ``input_file_to_gt_file`` point at a
-    ``PathManager`` handler that converts the labels, and ``evaluate`` renames the
-    per-class keys of detectron2's result. Metrics (mIoU, fwIoU, mACC, pACC, per-class
-    IoU/ACC) are detectron2's own ``SemSegEvaluator.evaluate``.
+    Added around it, per image, before ``SemSegEvaluator.process``:
+
+    - the ground truth is checked with :func:`~sparseclip_d2.data.ground_truth.load_sem_seg_gt`
+      (a single-channel label PNG whose labels lie in ``[0, C)`` or are ``ignore_label``; the
+      file is named otherwise: ``SemSegEvaluator`` would count an out-of-range label in a
+      wrong cell of its confusion matrix), and its size against the prediction's;
+    - a label-map output (``output["sem_seg_labels"]`` ``(H, W)``, returned by the META_ARCH
+      above ``TEST.SEM_SEG_SCORES_MAX_MB``) is given to it as the one-hot scores of
+      :func:`label_map_scores`, one image at a time;
+    - ``evaluate`` renames the per-class keys to display names (first synonym).
     """
 
     def __init__(self, dataset_name: str, distributed: bool = True, output_dir: Optional[str] = None):
-        super().__init__(dataset_name, distributed=distributed, output_dir=output_dir)
         meta = MetadataCatalog.get(dataset_name)
-        self._gt_params = dict(
-            num_classes=len(meta.stuff_classes),
-            reduce_zero_label=bool(meta.get("reduce_zero_label", False)),
-            ignore_label=int(meta.ignore_label),
-        )
-        self._real_gt = dict(self.input_file_to_gt_file)
-        self.input_file_to_gt_file = {
-            k: _ConvertedGroundTruth.path(v, **self._gt_params) for k, v in self._real_gt.items()
-        }
+        if meta.get("reduce_zero_label", False):
+            raise ValueError(
+                f"dataset {dataset_name!r} has reduce_zero_label=True in its metadata: label maps are not "
+                "converted at evaluation time; convert the masks once (sparseclip_d2.data.ground_truth."
+                "convert_sem_seg_gt, or tools/prepare_datasets.py) and register the converted files"
+            )
+        super().__init__(dataset_name, distributed=distributed, output_dir=output_dir)
+        self._num_gt_classes = len(meta.stuff_classes)
+        self._gt_ignore = int(meta.ignore_label)
         self._display = {name: display_name(name) for name in meta.stuff_classes}
 
     def process(self, inputs, outputs):
         for input, output in zip(inputs, outputs):
-            if input["file_name"] not in self._real_gt:
+            if input["file_name"] not in self.input_file_to_gt_file:
                 raise KeyError(f"{input['file_name']!r} is not an image of this evaluator's dataset")
-            gt_file = self._real_gt[input["file_name"]]
-            with Image.open(gt_file) as im:
-                gt_size = (im.height, im.width)
-            pred = output["sem_seg"] if "sem_seg" in output else output["sem_seg_labels"]
-            pred_size = tuple(pred.shape[-2:])
-            if gt_size != pred_size:
+            gt_file = self.input_file_to_gt_file[input["file_name"]]
+            gt = load_sem_seg_gt(gt_file, num_classes=self._num_gt_classes, ignore_label=self._gt_ignore)
+            if "sem_seg" in output:
+                pred_size = tuple(output["sem_seg"].shape[-2:])
+            else:
+                pred_size = tuple(output["sem_seg_labels"].shape[-2:])
+            if tuple(gt.shape) != pred_size:
                 raise ValueError(
-                    f"prediction {pred_size} and ground truth {gt_size} of {input['file_name']!r} differ in size"
+                    f"prediction {pred_size} and ground truth {tuple(gt.shape)} of {input['file_name']!r} differ in size"
                 )
-        super().process(inputs, [o if "sem_seg" in o else {"sem_seg": _LabelMap(o["sem_seg_labels"])}
-                                 for o in outputs])
+            if "sem_seg" not in output:
+                output = {"sem_seg": label_map_scores(output["sem_seg_labels"])}
+            super().process([input], [output])
 
     def evaluate(self):
         results = super().evaluate()
@@ -141,21 +109,17 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
         return OrderedDict([("sem_seg", renamed)] + [(k, v) for k, v in results.items() if k != "sem_seg"])
 
 
-def build_sem_seg_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-    """``"sem_seg"`` factory: :class:`SparseCLIPSemSegEvaluator`."""
+@EVALUATOR_REGISTRY.register()
+def sem_seg(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
+    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`."""
     return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder)
-
-
-EVALUATOR_FACTORIES: Dict[str, Callable[..., DatasetEvaluator]] = {
-    "sem_seg": build_sem_seg_evaluator,
-}
 
 
 def build_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
     """The evaluator of ``dataset_name`` chosen by its metadata ``evaluator_type``.
 
     Raises:
-        ValueError: the dataset has no ``evaluator_type`` or no factory is registered for it.
+        ValueError: the dataset has no ``evaluator_type`` or no evaluator is registered for it.
     """
-    evaluator_type = registered_evaluator_type(dataset_name, EVALUATOR_FACTORIES, "evaluator")
-    return EVALUATOR_FACTORIES[evaluator_type](cfg, dataset_name, output_folder)
+    evaluator_type = registered_evaluator_type(dataset_name, EVALUATOR_REGISTRY, "evaluator")
+    return EVALUATOR_REGISTRY.get(evaluator_type)(cfg, dataset_name, output_folder)

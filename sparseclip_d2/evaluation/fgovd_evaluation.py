@@ -31,8 +31,8 @@ from detectron2.utils import comm
 from ..common.io import atomic_write_text
 from ..data.datasets.fgovd import resolve_num_negatives
 from ..modeling.fgovd_conventions import CONVENTION_CHOICES, FGOVD_CONVENTION_PRESETS, FGOVDConventions, conventions_from_config
-from .build import EVALUATOR_FACTORIES
-from .results import SUMMARY_HOOKS
+from .build import EVALUATOR_REGISTRY
+from .results import SUMMARY_HOOK_REGISTRY
 
 __all__ = [
     "FGOVDEvaluator",
@@ -40,7 +40,8 @@ __all__ = [
     "fgovd_metrics",
     "median",
     "add_mhme",
-    "build_fgovd_evaluator",
+    "fgovd",
+    "fgovd_mhme",
     "MHME_SPLITS",
 ]
 
@@ -283,8 +284,9 @@ class FGOVDEvaluator(DatasetEvaluator):
         return OrderedDict(fgovd=metrics)
 
 
-def build_fgovd_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> FGOVDEvaluator:
-    """Evaluator factory registered as ``"fgovd"`` in ``EVALUATOR_FACTORIES``: N from
+@EVALUATOR_REGISTRY.register()
+def fgovd(cfg, dataset_name: str, output_folder: Optional[str] = None) -> FGOVDEvaluator:
+    """FG-OVD datasets (``evaluator_type`` "fgovd"): :class:`FGOVDEvaluator`, N from
     ``MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES`` (-1: the split's), conventions from the config."""
     n = resolve_num_negatives(dataset_name, cfg.MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES)
     return FGOVDEvaluator(dataset_name, n, conventions_from_config(cfg), output_dir=output_folder)
@@ -355,8 +357,9 @@ def add_mhme(results: Dict[str, dict]) -> Dict[str, dict]:
     return out
 
 
-def mhme_summary_hook(summaries: Dict[str, dict]) -> Dict[str, dict]:
-    """Run-level hook (``SUMMARY_HOOKS``): :func:`add_mhme` on the results.json entries, and
+@SUMMARY_HOOK_REGISTRY.register()
+def fgovd_mhme(summaries: Dict[str, dict]) -> Dict[str, dict]:
+    """Run-level hook (``SUMMARY_HOOK_REGISTRY``): :func:`add_mhme` on the results.json entries, and
     detectron2's csv table of it when computed."""
     out = add_mhme(summaries)
     if "fgovd_mHME" in out:
@@ -364,6 +367,3 @@ def mhme_summary_hook(summaries: Dict[str, dict]) -> Dict[str, dict]:
         print_csv_format({"fgovd_mHME": out["fgovd_mHME"]})
     return out
 
-
-EVALUATOR_FACTORIES["fgovd"] = build_fgovd_evaluator
-SUMMARY_HOOKS.append(mhme_summary_hook)

@@ -15,20 +15,22 @@ of a run, :class:`RecordFailures` writes ``error.json`` when the run raises, and
 :func:`write_results` writes ``results.json`` atomically at the end.
 
 An evaluator may define ``results_extras() -> dict``: its (JSON-able) entries are added to
-its dataset's entry. Functions in ``SUMMARY_HOOKS`` (``summaries -> summaries``) run once all
-datasets of a run are evaluated (FG-OVD adds mHME there), through :func:`finalize_summaries`.
+its dataset's entry. The functions of :data:`SUMMARY_HOOK_REGISTRY` (an fvcore ``Registry``;
+``summaries -> summaries``) run once all datasets of a run are evaluated, in registration
+order (FG-OVD registers ``fgovd_mhme``), through :func:`finalize_summaries`.
 """
 import logging
 import math
 import os
 import traceback
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import yaml
+from fvcore.common.registry import Registry
 
 from ..common.io import atomic_write_json
 
-__all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "SUMMARY_HOOKS", "dataset_summary", "finalize_summaries",
+__all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "SUMMARY_HOOK_REGISTRY", "dataset_summary", "finalize_summaries",
            "build_results", "write_results", "begin_results", "write_error", "RecordFailures"]
 
 logger = logging.getLogger(__name__)
@@ -41,13 +43,16 @@ _ACTIVE_OUTPUT_DIR: Optional[str] = None
 SEM_SEG_KEYS = ("mIoU", "fwIoU", "mACC", "pACC")
 
 
-# Run-level hooks: summaries (dataset name -> results.json entry) -> summaries.
-SUMMARY_HOOKS: List[Callable[[Dict[str, Dict[str, Any]]], Dict[str, Dict[str, Any]]]] = []
+SUMMARY_HOOK_REGISTRY = Registry("SPARSECLIP_SUMMARY_HOOK")
+SUMMARY_HOOK_REGISTRY.__doc__ = """
+Run-level hooks ``fn(summaries) -> summaries`` (summaries: dataset name -> results.json
+entry), applied by :func:`finalize_summaries` in registration order.
+"""
 
 
 def finalize_summaries(summaries: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Apply every ``SUMMARY_HOOKS`` function, in registration order."""
-    for hook in SUMMARY_HOOKS:
+    """Apply every :data:`SUMMARY_HOOK_REGISTRY` function, in registration order."""
+    for _, hook in SUMMARY_HOOK_REGISTRY:
         summaries = hook(summaries)
     return summaries
 

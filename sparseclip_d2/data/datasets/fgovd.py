@@ -22,6 +22,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
 
+from .root import datasets_root
 from .segmentation import DatasetNotFoundError
 
 __all__ = [
@@ -341,5 +342,4 @@ def register_all_fgovd(root: str) -> None:
                                split=f"val_{split}")
 
 
-_root = os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets"))
-register_all_fgovd(_root)
+register_all_fgovd(datasets_root())

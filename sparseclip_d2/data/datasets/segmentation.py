@@ -1,43 +1,48 @@
 """Semantic-segmentation benchmarks of training-free open-vocabulary CLIP methods.
 
 Registered on import under ``$DETECTRON2_DATASETS`` (default ``datasets``), in the
-layouts SCLIP / NACLIP / MMSeg users already have:
+layouts SCLIP / NACLIP / MMSeg / detectron2 users already have:
 
 =============================  ==========================================================
 name                           layout under the root
 =============================  ==========================================================
 sparseclip_voc21_val           VOCdevkit/VOC2012/{JPEGImages, SegmentationClass,
-sparseclip_voc20_val           ImageSets/Segmentation/val.txt} (voc20: 0 -> ignore, shift)
+                               ImageSets/Segmentation/val.txt}
+sparseclip_voc20_val           the same images, masks in VOC2012/annotations_detectron2/voc20_val
+                               (``prepare_datasets.py voc20``)
 sparseclip_context60_val       VOCdevkit/VOC2010/{JPEGImages, SegmentationClassContext,
-sparseclip_context59_val       ImageSets/SegmentationContext/val.txt} (59: 0 -> ignore, shift)
-sparseclip_ade20k_val          ADEChallengeData2016/{images,annotations}/validation
-                               (0 -> ignore, 1..150 -> 0..149)
+                               ImageSets/SegmentationContext/val.txt} (``prepare_datasets.py context``)
+sparseclip_context59_val       the same images, masks in VOC2010/annotations_detectron2/pc59_val
+                               (``prepare_datasets.py context`` or ``context59``)
+sparseclip_ade20k_val          ADEChallengeData2016/images/validation, masks in
+                               ADEChallengeData2016/annotations_detectron2/validation
+                               (``prepare_datasets.py ade20k``, as detectron2's
+                               datasets/prepare_ade20k_sem_seg.py)
 sparseclip_coco_stuff_val      coco_stuff164k/{images,annotations}/val2017, *_labelTrainIds.png
 sparseclip_coco_object_val     coco_stuff164k/{images,annotations}/val2017, *_instanceTrainIds.png
 sparseclip_cityscapes_val      cityscapes/{leftImg8bit,gtFine}/val, *_gtFine_labelTrainIds.png
 =============================  ==========================================================
 
-Ground-truth files are read as they are on disk; label maps that differ from the model's
-class indices (``reduce_zero_label``, MMSeg's term) are applied when the evaluator loads
-them (:func:`load_sem_seg_gt`), so nothing needs converting for VOC / ADE (Pascal Context masks
-are made from the official ``trainval_merged.json`` by ``tools/prepare_datasets.py context``).
-Metadata: ``stuff_classes`` (class names with synonyms), ``ignore_label`` 255,
-``evaluator_type`` "sem_seg", ``background_index`` (int or None), ``reduce_zero_label``,
-``class_names_file`` (the packaged class-name file, e.g. ``voc21``, also the key of the
-upstream class-name sets),
-``dataset_root``, ``prepare_command``.
+Every ``sem_seg_file_name`` holds the dataset's class indices as they are (255 = ignore),
+which is what detectron2's ``SemSegEvaluator`` reads: label maps that differ from the
+official files (MMSeg's ``reduce_zero_label`` for VOC20, Context59, ADE20K; train ids) are
+converted once, offline, by ``tools/prepare_datasets.py`` (``data/ground_truth.py``). A
+missing or stale conversion (a converted mask older than its source) is an error that names
+the command to run. Metadata: ``stuff_classes`` (class names with synonyms), ``ignore_label``
+255, ``evaluator_type`` "sem_seg", ``background_index`` (int or None), ``class_names_file``
+(the packaged class-name file, e.g. ``voc21``, also the key of the upstream class-name
+sets), ``dataset_root``, ``prepare_command``.
 """
 import glob
 import logging
 import os
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
-from PIL import Image
-
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
 from ..class_names import load_class_names
+from ..ground_truth import IGNORE_LABEL, load_sem_seg_gt
+from .root import DATASETS_ENV, datasets_root
 
 __all__ = [
     "DatasetNotFoundError",
@@ -45,6 +50,7 @@ __all__ = [
     "load_paired_dataset",
     "load_sem_seg_gt",
     "register_sem_seg_dataset",
+    "CONVERTED_GT",
     "register_pascal_voc",
     "register_pascal_context",
     "register_ade20k",
@@ -55,7 +61,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IGNORE_LABEL = 255
 PREPARE = "python tools/prepare_datasets.py"
 
 
@@ -63,28 +68,54 @@ class DatasetNotFoundError(FileNotFoundError):
     """A dataset's files are missing; the message names the path and how to prepare it."""
 
 
-def _missing(name: str, path: str, prepare_command: str, what: str = "") -> DatasetNotFoundError:
+def _missing(name: str, path: str, prepare_command: str, what: str = "",
+             source_dir: Optional[str] = None) -> DatasetNotFoundError:
+    if source_dir is not None and os.path.isdir(source_dir):  # the download is there, the conversion is not
+        return DatasetNotFoundError(
+            f"dataset {name!r}: {what or 'converted ground truth'} {path!r} does not exist, but its source "
+            f"masks {source_dir!r} do: convert them once with: {prepare_command}"
+        )
     return DatasetNotFoundError(
-        f"dataset {name!r}: {what or 'expected path'} {path!r} does not exist. Set DETECTRON2_DATASETS "
-        f"to the folder holding it (now {os.getenv('DETECTRON2_DATASETS', 'datasets')!r}) and/or "
+        f"dataset {name!r}: {what or 'expected path'} {path!r} does not exist. Set {DATASETS_ENV} "
+        f"to the folder holding it (now {datasets_root()!r}) and/or "
         f"prepare it: {prepare_command}"
     )
 
 
+def _check_not_stale(name: str, gt: str, source_dir: Optional[str], prepare_command: str) -> None:
+    """A converted mask must not be older than its source (same file name in ``source_dir``)."""
+    if source_dir is None:
+        return
+    src = os.path.join(source_dir, os.path.basename(gt))
+    if os.path.isfile(src) and os.stat(src).st_mtime_ns > os.stat(gt).st_mtime_ns:
+        raise DatasetNotFoundError(
+            f"dataset {name!r}: converted ground truth {gt!r} is older than its source {src!r}; "
+            f"convert again: {prepare_command}"
+        )
+
+
 def load_split_file_dataset(
     name: str, image_dir: str, gt_dir: str, split_file: str, *, prepare_command: str,
-    image_ext: str = ".jpg", gt_ext: str = ".png",
+    image_ext: str = ".jpg", gt_ext: str = ".png", source_dir: Optional[str] = None,
 ) -> List[Dict]:
     """Dataset dicts for an id list (Pascal VOC / Context style).
 
+    Args:
+        source_dir: for converted ground truth (``gt_dir`` written by
+            ``tools/prepare_datasets.py``), the folder of the source masks (same file names):
+            a missing ``gt_dir`` is then reported as a missing conversion, and a converted
+            mask older than its source as stale.
     Returns:
         ``[{"file_name", "sem_seg_file_name", "image_id"}]`` in the order of ``split_file``.
     Raises:
-        DatasetNotFoundError: the split file, or any listed image or mask, is missing.
+        DatasetNotFoundError: the split file, or any listed image or mask, is missing, or a
+            converted mask is stale.
     """
-    for path in (split_file, image_dir, gt_dir):
+    for path in (split_file, image_dir):
         if not os.path.exists(path):
             raise _missing(name, path, prepare_command)
+    if not os.path.exists(gt_dir):
+        raise _missing(name, gt_dir, prepare_command, source_dir=source_dir)
     with open(split_file) as f:
         ids = [line.strip() for line in f if line.strip()]
     if not ids:
@@ -96,23 +127,27 @@ def load_split_file_dataset(
         for path in (image, gt):
             if not os.path.isfile(path):
                 raise _missing(name, path, prepare_command, f"file listed in {split_file} as")
+        _check_not_stale(name, gt, source_dir, prepare_command)
         dicts.append({"file_name": image, "sem_seg_file_name": gt, "image_id": image_id})
     return dicts
 
 
 def load_paired_dataset(
     name: str, image_dir: str, gt_dir: str, *, image_suffix: str, gt_suffix: str,
-    prepare_command: str, recursive: bool = False,
+    prepare_command: str, recursive: bool = False, source_dir: Optional[str] = None,
 ) -> List[Dict]:
     """Dataset dicts pairing ``<stem><image_suffix>`` images with ``<stem><gt_suffix>`` masks
-    (same relative folder), sorted by path.
+    (same relative folder), sorted by path. ``source_dir``: as in
+    :func:`load_split_file_dataset` (flat folders only).
 
     Raises:
-        DatasetNotFoundError: a folder is missing, it holds no images, or an image has no mask.
+        DatasetNotFoundError: a folder is missing, it holds no images, an image has no mask,
+            or a converted mask is stale.
     """
-    for path in (image_dir, gt_dir):
-        if not os.path.isdir(path):
-            raise _missing(name, path, prepare_command)
+    if not os.path.isdir(image_dir):
+        raise _missing(name, image_dir, prepare_command)
+    if not os.path.isdir(gt_dir):
+        raise _missing(name, gt_dir, prepare_command, source_dir=source_dir)
     pattern = os.path.join(image_dir, "**", "*" + image_suffix) if recursive else os.path.join(image_dir, "*" + image_suffix)
     images = sorted(glob.glob(pattern, recursive=recursive))
     if not images:
@@ -124,6 +159,7 @@ def load_paired_dataset(
         if not os.path.isfile(gt):
             missing.append(gt)
             continue
+        _check_not_stale(name, gt, source_dir, prepare_command)
         dicts.append({"file_name": image, "sem_seg_file_name": gt, "image_id": os.path.basename(rel)})
     if missing:
         raise DatasetNotFoundError(
@@ -133,100 +169,99 @@ def load_paired_dataset(
     return dicts
 
 
-def load_sem_seg_gt(path: str, *, num_classes: int, reduce_zero_label: bool = False,
-                    ignore_label: int = IGNORE_LABEL) -> np.ndarray:
-    """Read a label PNG and map it to class indices ``[0, num_classes)`` or ``ignore_label``.
-
-    ``reduce_zero_label`` (MMSeg): 0 -> ignore, v -> v - 1 (ADE20K, VOC20, Context59).
-
-    Returns:
-        ``(H, W)`` int64 array.
-    Raises:
-        ValueError: a label outside ``[0, num_classes)`` other than ``ignore_label``
-            (a wrong layout or an unprepared file), naming the file and the bad values.
-    """
-    with Image.open(path) as im:
-        gt = np.asarray(im, dtype=np.int64).copy()
-    if gt.ndim != 2:
-        raise ValueError(f"ground truth {path!r} has shape {gt.shape}; expected a single-channel label PNG")
-    if reduce_zero_label:
-        ignore = (gt == ignore_label) | (gt == 0)
-        gt = gt - 1
-        gt[ignore] = ignore_label
-    bad = (gt != ignore_label) & ((gt < 0) | (gt >= num_classes))
-    if bad.any():
-        raise ValueError(
-            f"ground truth {path!r} holds labels {sorted(np.unique(gt[bad]).tolist())[:10]} outside "
-            f"[0, {num_classes}) and != ignore {ignore_label} (after reduce_zero_label={reduce_zero_label})"
-        )
-    return gt
-
-
 def register_sem_seg_dataset(
     name: str, loader: Callable[[], List[Dict]], *, class_names: List[str],
-    background_index: Optional[int], reduce_zero_label: bool, dataset_root: str,
-    prepare_command: str, **extra_metadata,
+    background_index: Optional[int], dataset_root: str, prepare_command: str,
+    reduce_zero_label: bool = False, **extra_metadata,
 ) -> None:
-    """Register one semantic-segmentation dataset and its metadata."""
+    """Register one semantic-segmentation dataset and its metadata.
+
+    The loader's ``sem_seg_file_name`` files must hold the class indices of ``class_names``
+    (255 = ignore) as they are: detectron2's ``SemSegEvaluator`` reads them unchanged.
+
+    Raises:
+        ValueError: ``reduce_zero_label=True``: label maps are converted offline, not at
+            evaluation time (``sparseclip_d2.data.ground_truth.convert_sem_seg_gt``, or
+            ``tools/prepare_datasets.py`` for the built-in datasets).
+    """
+    if reduce_zero_label:
+        raise ValueError(
+            f"dataset {name!r}: reduce_zero_label=True is not applied at evaluation time; convert the masks "
+            "once with sparseclip_d2.data.ground_truth.convert_sem_seg_gt(src, dst, num_classes=..., "
+            "reduce_zero_label=True) and register the converted files"
+        )
     DatasetCatalog.register(name, loader)
     MetadataCatalog.get(name).set(
         stuff_classes=list(class_names),
         ignore_label=IGNORE_LABEL,
         evaluator_type="sem_seg",
         background_index=background_index,
-        reduce_zero_label=reduce_zero_label,
         dataset_root=dataset_root,
         prepare_command=prepare_command,
         **extra_metadata,
     )
 
 
-def _register_voc_style(base: str, image_dir: str, mask_dir: str, split_file: str, prep: str,
-                        variants) -> None:
-    """Register the variants ``(name, class-name file, background_index, reduce_zero_label)``
-    of one VOC-style dataset (images, masks and a split file of ids under ``base``)."""
-    for name, classes, bg, reduce in variants:
+def _register_voc_style(base: str, split_file: str, variants) -> None:
+    """Register the variants ``(name, class-name file, background_index, image dir, mask dir,
+    source mask dir or None, prepare command)`` of one VOC-style dataset (folders relative to
+    ``base``, a split file of ids)."""
+    for name, classes, bg, image_dir, mask_dir, source_dir, prep in variants:
         register_sem_seg_dataset(
             name,
-            lambda name=name: load_split_file_dataset(
-                name, os.path.join(base, image_dir), os.path.join(base, mask_dir),
-                os.path.join(base, split_file), prepare_command=prep),
-            class_names=load_class_names(classes), background_index=bg, reduce_zero_label=reduce,
+            lambda name=name, image_dir=image_dir, mask_dir=mask_dir, source_dir=source_dir, prep=prep:
+            load_split_file_dataset(
+                name, os.path.join(base, image_dir), os.path.join(base, mask_dir), os.path.join(base, split_file),
+                prepare_command=prep, source_dir=None if source_dir is None else os.path.join(base, source_dir)),
+            class_names=load_class_names(classes), background_index=bg,
             dataset_root=base, prepare_command=prep, class_names_file=classes,
         )
 
 
+#: Folders of the converted ground truth, next to the official ones: detectron2's name
+#: ``annotations_detectron2`` (detectron2 datasets/prepare_ade20k_sem_seg.py), one sub-folder
+#: per converted dataset.
+CONVERTED_GT = "annotations_detectron2"
+
+
 def register_pascal_voc(root: str) -> None:
-    """``sparseclip_voc21_val`` (background + 20) and ``sparseclip_voc20_val`` (20, 0 -> ignore)."""
+    """``sparseclip_voc21_val`` (background + 20, the official masks) and
+    ``sparseclip_voc20_val`` (20 classes, background -> ignore, converted)."""
+    download = f"download VOCtrainval_11-May-2012.tar and extract it under {root}/"
     _register_voc_style(
-        os.path.join(root, "VOCdevkit", "VOC2012"), "JPEGImages", "SegmentationClass",
-        os.path.join("ImageSets", "Segmentation", "val.txt"),
-        f"download VOCtrainval_11-May-2012.tar and extract it under {root}/ (no conversion needed)",
-        (("sparseclip_voc21_val", "voc21", 0, False), ("sparseclip_voc20_val", "voc20", None, True)),
+        os.path.join(root, "VOCdevkit", "VOC2012"), os.path.join("ImageSets", "Segmentation", "val.txt"),
+        (("sparseclip_voc21_val", "voc21", 0, "JPEGImages", "SegmentationClass", None,
+          f"{download} (no conversion needed)"),
+         ("sparseclip_voc20_val", "voc20", None, "JPEGImages", os.path.join(CONVERTED_GT, "voc20_val"),
+          "SegmentationClass", f"{download}, then: {PREPARE} voc20 --root {root}")),
     )
 
 
 def register_pascal_context(root: str) -> None:
-    """``sparseclip_context60_val`` (0 = background) and ``sparseclip_context59_val`` (0 -> ignore)."""
+    """``sparseclip_context60_val`` (0 = background) and ``sparseclip_context59_val``
+    (background -> ignore, converted from the 60-class masks)."""
     _register_voc_style(
-        os.path.join(root, "VOCdevkit", "VOC2010"), "JPEGImages", "SegmentationClassContext",
-        os.path.join("ImageSets", "SegmentationContext", "val.txt"),
-        f"{PREPARE} context --root {root}",
-        (("sparseclip_context60_val", "context60", 0, False), ("sparseclip_context59_val", "context59", None, True)),
+        os.path.join(root, "VOCdevkit", "VOC2010"), os.path.join("ImageSets", "SegmentationContext", "val.txt"),
+        (("sparseclip_context60_val", "context60", 0, "JPEGImages", "SegmentationClassContext", None,
+          f"{PREPARE} context --root {root}"),
+         ("sparseclip_context59_val", "context59", None, "JPEGImages", os.path.join(CONVERTED_GT, "pc59_val"),
+          "SegmentationClassContext", f"{PREPARE} context --root {root} (or, with the 60-class masks "
+          f"already there: {PREPARE} context59 --root {root})")),
     )
 
 
 def register_ade20k(root: str) -> None:
-    """``sparseclip_ade20k_val``: 150 classes, 0 -> ignore, 1..150 -> 0..149."""
+    """``sparseclip_ade20k_val``: 150 classes, converted (0 -> ignore, 1..150 -> 0..149)."""
     base = os.path.join(root, "ADEChallengeData2016")
-    prep = f"download ADEChallengeData2016.zip and extract it under {root}/ (no conversion needed)"
+    prep = f"download ADEChallengeData2016.zip and extract it under {root}/, then: {PREPARE} ade20k --root {root}"
     name = "sparseclip_ade20k_val"
     register_sem_seg_dataset(
         name,
         lambda: load_paired_dataset(
-            name, os.path.join(base, "images", "validation"), os.path.join(base, "annotations", "validation"),
-            image_suffix=".jpg", gt_suffix=".png", prepare_command=prep),
-        class_names=load_class_names("ade150"), background_index=None, reduce_zero_label=True,
+            name, os.path.join(base, "images", "validation"), os.path.join(base, CONVERTED_GT, "validation"),
+            image_suffix=".jpg", gt_suffix=".png", prepare_command=prep,
+            source_dir=os.path.join(base, "annotations", "validation")),
+        class_names=load_class_names("ade150"), background_index=None,
         dataset_root=base, prepare_command=prep, class_names_file="ade150",
     )
 
@@ -245,7 +280,7 @@ def register_coco_stuff(root: str) -> None:
             lambda name=name, suffix=suffix, prep=prep: load_paired_dataset(
                 name, os.path.join(base, "images", "val2017"), os.path.join(base, "annotations", "val2017"),
                 image_suffix=".jpg", gt_suffix=suffix, prepare_command=prep),
-            class_names=load_class_names(classes), background_index=bg, reduce_zero_label=False,
+            class_names=load_class_names(classes), background_index=bg,
             dataset_root=base, prepare_command=prep, class_names_file=classes,
         )
 
@@ -261,7 +296,7 @@ def register_cityscapes(root: str) -> None:
             name, os.path.join(base, "leftImg8bit", "val"), os.path.join(base, "gtFine", "val"),
             image_suffix="_leftImg8bit.png", gt_suffix="_gtFine_labelTrainIds.png",
             prepare_command=prep, recursive=True),
-        class_names=load_class_names("cityscapes19"), background_index=None, reduce_zero_label=False,
+        class_names=load_class_names("cityscapes19"), background_index=None,
         dataset_root=base, prepare_command=prep, class_names_file="cityscapes19",
     )
 
@@ -275,5 +310,4 @@ def register_all_sparseclip_segmentation(root: str) -> None:
     register_cityscapes(root)
 
 
-_root = os.path.expanduser(os.getenv("DETECTRON2_DATASETS", "datasets"))
-register_all_sparseclip_segmentation(_root)
+register_all_sparseclip_segmentation(datasets_root())
