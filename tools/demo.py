@@ -82,7 +82,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
-from sparseclip_d2.config import check_sparseclip_config
+from sparseclip_d2.config import check_sparseclip_config, merge_config
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, is_random_weights
 from sparseclip_d2.data import available_class_name_files, display_name, load_class_names
 from sparseclip_d2.data.image_io import read_image_rgb, parse_vocabulary
@@ -141,8 +141,7 @@ def setup_cfg(args):
         raise FileNotFoundError(f"config file not found: {args.config_file!r}")
     cfg = get_cfg()
     add_sparseclip_config(cfg)
-    cfg.merge_from_file(args.config_file)
-    cfg.merge_from_list(list(args.opts))
+    merge_config(cfg, args.config_file, args.opts)  # ints accepted for float keys
     check_sparseclip_config(cfg)
     cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
     cfg.freeze()

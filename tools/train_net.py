@@ -44,6 +44,7 @@ with quiet_library_imports():
     from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
+from sparseclip_d2.config import merge_config
 from sparseclip_d2.data import build_test_loader, check_meta_architecture
 from sparseclip_d2.data.datasets import DatasetNotFoundError
 from sparseclip_d2.data.datasets.fgovd import FGOVDFormatError
@@ -97,8 +98,7 @@ def setup(args):
     with user_errors("config", CONFIG_ERRORS):
         cfg = get_cfg()
         add_sparseclip_config(cfg)
-        cfg.merge_from_file(args.config_file)
-        cfg.merge_from_list(args.opts)
+        merge_config(cfg, args.config_file, args.opts)  # ints accepted for float keys
         if getattr(args, "max_images", None) is not None:
             if args.max_images < 0:
                 raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
