@@ -16,7 +16,7 @@ from detectron2.data.build import build_detection_test_loader, load_proposals_in
 from detectron2.structures import Boxes, BoxMode, Instances
 
 from .build import register_test_loader
-from .image_io import read_image_rgb
+from .image_io import BadInputFile, read_image_rgb
 
 __all__ = ["FGOVDDatasetMapper", "attach_fgovd_proposals", "build_fgovd_test_loader"]
 
@@ -74,7 +74,7 @@ class FGOVDDatasetMapper:
         try:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
-            raise RuntimeError(f"cannot read FG-OVD image {d['file_name']!r}: {e}") from e
+            raise BadInputFile(f"cannot read FG-OVD image {d['file_name']!r}: {e}") from e
         if self.image_format == "BGR":
             image = np.ascontiguousarray(image[:, :, ::-1])
         utils.check_image_size(d, image)

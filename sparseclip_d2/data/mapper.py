@@ -17,7 +17,7 @@ from detectron2.config import configurable
 from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
 
-from .image_io import read_image_rgb
+from .image_io import BadInputFile, read_image_rgb
 
 __all__ = ["SparseCLIPTestMapper", "MMSegRescale", "CV2ResizeTransform", "mmseg_rescale_size", "build_resize",
            "RESIZE_MODES", "PIXEL_NORMS", "pixel_normalization"]
@@ -149,7 +149,7 @@ class SparseCLIPTestMapper:
         try:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
-            raise RuntimeError(f"cannot read image {d['file_name']!r} of dataset {self.dataset_name!r}: {e}") from e
+            raise BadInputFile(f"cannot read image {d['file_name']!r} of dataset {self.dataset_name!r}: {e}") from e
         if self.image_format == "BGR":
             image = np.ascontiguousarray(image[:, :, ::-1])
         if "sem_seg_file_name" in d:
@@ -172,7 +172,7 @@ def check_mask_size(image_file: str, image_hw, mask_file: str) -> None:
         with Image.open(mask_file) as m:
             mask_wh = m.size
     except Exception as e:
-        raise RuntimeError(f"cannot read the ground-truth mask {mask_file!r} of image {image_file!r}: {e}") from e
+        raise BadInputFile(f"cannot read the ground-truth mask {mask_file!r} of image {image_file!r}: {e}") from e
     h, w = int(image_hw[0]), int(image_hw[1])
     if (mask_wh[1], mask_wh[0]) != (h, w):
         hint = ""
