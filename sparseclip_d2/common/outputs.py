@@ -30,7 +30,7 @@ from typing import Iterable, List, Optional, Sequence
 
 from .io import atomic_write_json
 
-__all__ = ["LOCK_FILE", "MANIFEST_FILE", "OutputFolder", "OutputFolderBusy", "OutputFolderError"]
+__all__ = ["LOCK_FILE", "MANIFEST_FILE", "OutputFolder", "OutputFolderBusy", "OutputFolderError", "SkipBad"]
 
 LOCK_FILE = ".sparseclip.lock"
 MANIFEST_FILE = ".sparseclip_manifest.json"
@@ -189,3 +189,40 @@ class OutputFolder:
 
     def _write(self) -> None:
         atomic_write_json(self.manifest_path, {"tool": self.tool, "run": self._run, "files": list(self._files)})
+
+
+class SkipBad:
+    """``--skip-bad`` for a loop over input files: ``with skip.guard(path): ...`` lets an
+    exception of ``errors`` (an unreadable file) propagate unless ``enabled``; when enabled
+    it is logged as a warning naming the file, remembered in :attr:`skipped`
+    (``[{"file", "error"}]``, for results.json) and the loop goes on."""
+
+    def __init__(self, enabled: bool, errors: tuple, logger=None):
+        import logging
+
+        self.enabled = bool(enabled)
+        self.errors = tuple(errors)
+        self.skipped: List[dict] = []
+        self.logger = logger or logging.getLogger(__name__)
+
+    def guard(self, path: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def _guard():
+            try:
+                yield
+            except self.errors as e:
+                if not self.enabled:
+                    raise
+                message = " ".join(str(e).split())
+                self.skipped.append({"file": str(path), "error": message})
+                self.logger.warning("skipped %s (--skip-bad): %s", path, message)
+
+        return _guard()
+
+    def summary(self, total: int) -> None:
+        """Log the count of skipped files (nothing when none was skipped)."""
+        if self.skipped:
+            self.logger.warning("skipped %d of %d input(s) (--skip-bad): %s", len(self.skipped), total,
+                                ", ".join(s["file"] for s in self.skipped))
