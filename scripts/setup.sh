@@ -82,6 +82,25 @@ if [[ -x "$VENV/bin/python" ]]; then
   fi
 fi
 
+# A font for CJK class names in the overlays (sparseclip_d2/utils/visualize.py FALLBACK_FONTS):
+# Debian's fonts-wqy-microhei (about 5 MB) where apt-get can install it; otherwise a note
+# (the figures then draw such names as boxes and log a warning naming the characters).
+install_cjk_font() {
+  local f
+  for f in /usr/share/fonts/truetype/wqy/wqy-microhei.ttc /usr/share/fonts/truetype/wqy/wqy-zenhei.ttc \
+           /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc; do
+    [[ -f "$f" ]] && return 0
+  done
+  if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+    log "installing a CJK font for the figures (apt-get install fonts-wqy-microhei)"
+    apt-get install -y -q fonts-wqy-microhei >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q fonts-wqy-microhei >/dev/null 2>&1; } \
+      || log "WARNING: could not install fonts-wqy-microhei; CJK class names will be drawn as boxes"
+  else
+    log "note: no CJK font found; install fonts-wqy-microhei or fonts-noto-cjk for CJK class names in figures"
+  fi
+}
+
 WANT="$(inputs_hash)"
 if [[ "$REBIND" == 0 && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   if verify && warm_kernel; then
@@ -132,6 +151,7 @@ log "pip check"
 "${PIP[@]}" check
 
 verify || fail "verification import failed after install"
+install_cjk_font
 log "building the fused alpha-entmax CPU kernel ahead of time (about 1 min when cold)"
 warm_kernel
 echo "$WANT" > "$STAMP"
