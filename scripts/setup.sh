@@ -5,6 +5,10 @@
 #   bash scripts/setup.sh            # creates ./.venv
 #   SPARSECLIP_VENV=/path/venv bash scripts/setup.sh
 #
+# A venv is bound to the checkout whose setup installed sparseclip_d2 into it (editable):
+# setup refuses a venv bound to another checkout (scripts/check_venv_binding.py says which
+# and how to fix it); SPARSECLIP_REBIND=1 reinstalls it for this checkout.
+#
 # Steps: venv -> torch/torchvision -> detectron2 0.6 from the PyPI sdist
 # `pb1-detectron2` (sha256 checked, patched: no C++ extension, pure-Python
 # `_C` stand-in, packaged model-zoo configs, numpy>=1.24 / Pillow>=10 aliases
@@ -57,8 +61,48 @@ print(f"[setup] alpha-entmax CPU kernel {name} ready in {time.perf_counter() - s
 PY
 }
 
+# An existing venv whose editable install points at another checkout would run that
+# checkout's sparseclip_d2 under this checkout's tools/ (and pass `verify`): refuse, with the
+# fixes, unless SPARSECLIP_REBIND=1 asks to reinstall it for this checkout.
+REBIND=0
+if [[ -x "$VENV/bin/python" ]]; then
+  set +e
+  BINDING="$(env -u PYTHONPATH "$VENV/bin/python" "$REPO/scripts/check_venv_binding.py" "$REPO" 2>&1)"
+  BOUND=$?
+  set -e
+  if [[ "$BOUND" == 3 ]]; then
+    if [[ "${SPARSECLIP_REBIND:-0}" == 1 ]]; then
+      log "SPARSECLIP_REBIND=1: reinstalling $VENV for this checkout ($REPO); was: $BINDING"
+      REBIND=1
+    else
+      fail "$BINDING"
+    fi
+  elif [[ "$BOUND" != 0 ]]; then
+    fail "could not check which checkout $VENV belongs to: $BINDING"
+  fi
+fi
+
+# A font for CJK class names in the overlays (sparseclip_d2/utils/visualize.py FALLBACK_FONTS):
+# Debian's fonts-wqy-microhei (about 5 MB) where apt-get can install it; otherwise a note
+# (the figures then draw such names as boxes and log a warning naming the characters).
+install_cjk_font() {
+  local f
+  for f in /usr/share/fonts/truetype/wqy/wqy-microhei.ttc /usr/share/fonts/truetype/wqy/wqy-zenhei.ttc \
+           /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc; do
+    [[ -f "$f" ]] && return 0
+  done
+  if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+    log "installing a CJK font for the figures (apt-get install fonts-wqy-microhei)"
+    apt-get install -y -q fonts-wqy-microhei >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q fonts-wqy-microhei >/dev/null 2>&1; } \
+      || log "WARNING: could not install fonts-wqy-microhei; CJK class names will be drawn as boxes"
+  else
+    log "note: no CJK font found; install fonts-wqy-microhei or fonts-noto-cjk for CJK class names in figures"
+  fi
+}
+
 WANT="$(inputs_hash)"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+if [[ "$REBIND" == 0 && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   if verify && warm_kernel; then
     log "environment at $VENV is complete and up to date (nothing changed)"
     exit 0
@@ -100,11 +144,14 @@ fi
 
 log "installing sparseclip_d2 (editable, with the test extra)"
 "${PIP[@]}" install -q --no-build-isolation -e "$REPO[test]"
+env -u PYTHONPATH "$VENV/bin/python" "$REPO/scripts/check_venv_binding.py" "$REPO" >/dev/null \
+  || fail "after the editable install, $VENV still does not import this checkout's sparseclip_d2 (another .pth or site path comes first?)"
 
 log "pip check"
 "${PIP[@]}" check
 
 verify || fail "verification import failed after install"
+install_cjk_font
 log "building the fused alpha-entmax CPU kernel ahead of time (about 1 min when cold)"
 warm_kernel
 echo "$WANT" > "$STAMP"

@@ -9,7 +9,10 @@ a sparseclip_d2 YAML file::
 
 Every key has a comment; the method is training-free, so there are no solver keys.
 """
+import ast
+import logging
 import math
+import os
 
 from . import require_detectron2
 
@@ -17,7 +20,10 @@ require_detectron2("sparseclip_d2.config")
 
 from detectron2.config import CfgNode as CN
 
-__all__ = ["add_sparseclip_config", "check_sparseclip_config"]
+__all__ = ["add_sparseclip_config", "check_sparseclip_config", "merge_config"]
+
+logger = logging.getLogger(__name__)
+_WARNED = set()  # config warnings already logged in this process (one line each)
 
 
 def add_sparseclip_config(cfg):
@@ -271,6 +277,111 @@ def check_sparseclip_config(cfg) -> None:
         parse_hf_pretrained(sc.CLIP.PRETRAINED)
     except (ValueError, FileNotFoundError) as e:
         raise ValueError(f"MODEL.SPARSECLIP.CLIP.NAME / PRETRAINED: {e}") from None
+    _warn_ignored_values(cfg)
+
+
+# Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no
+# alpha, sparsemax is alpha-entmax at alpha = 2 whatever ALPHA says).
+_NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax")
+_DEFAULT_ALPHA = 1.2  # add_sparseclip_config's ATTENTION.ALPHA
+
+
+def _warn_once(message: str, *args) -> None:
+    text = message % args
+    if text not in _WARNED:
+        _WARNED.add(text)
+        logger.warning(text)
+
+
+def _warn_ignored_values(cfg) -> None:
+    """Warnings (once per process each) for values that are valid but do not do what they
+    seem to: an ALPHA its NORMALIZER ignores, a MAX_SIZE_TEST below MIN_SIZE_TEST."""
+    att = cfg.MODEL.SPARSECLIP.ATTENTION
+    if att.NORMALIZER in _NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA:
+        _warn_once("MODEL.SPARSECLIP.ATTENTION.ALPHA = %g is ignored by NORMALIZER %s; it applies to "
+                   "NORMALIZER entmax (and the random_matched control)%s", att.ALPHA, att.NORMALIZER,
+                   "; NORMALIZER sparsemax is alpha 2" if att.NORMALIZER == "sparsemax" else "")
+    min_sizes = cfg.INPUT.MIN_SIZE_TEST
+    min_sizes = [m for m in (min_sizes if isinstance(min_sizes, (list, tuple)) else [min_sizes]) if m > 0]
+    if min_sizes and cfg.INPUT.MAX_SIZE_TEST < max(min_sizes):
+        _warn_once("INPUT.MAX_SIZE_TEST = %d is below INPUT.MIN_SIZE_TEST = %d: the long side of every image "
+                   "is capped at %d px, so images are processed smaller than MIN_SIZE_TEST (coarse "
+                   "predictions); raise INPUT.MAX_SIZE_TEST", cfg.INPUT.MAX_SIZE_TEST, max(min_sizes),
+                   cfg.INPUT.MAX_SIZE_TEST)
+
+
+def _float_keys_given_ints(cfg, tree, prefix=""):
+    """``(dotted key, value)`` of every int in the nested dict ``tree`` whose key holds a
+    float in ``cfg`` (bools excluded)."""
+    for key, value in tree.items():
+        if key not in cfg:
+            continue
+        full = prefix + key
+        if isinstance(value, dict) and isinstance(cfg[key], CN):
+            yield from _float_keys_given_ints(cfg[key], value, full + ".")
+        elif (isinstance(value, int) and not isinstance(value, bool) and isinstance(cfg[key], float)):
+            yield full, value
+
+
+def _ints_to_floats(cfg, tree):
+    """``tree`` (a nested dict) with ints turned into floats where ``cfg`` holds floats."""
+    out = {}
+    for key, value in tree.items():
+        if key in cfg and isinstance(value, dict) and isinstance(cfg[key], CN):
+            value = _ints_to_floats(cfg[key], value)
+        elif (key in cfg and isinstance(value, int) and not isinstance(value, bool)
+              and isinstance(cfg[key], float)):
+            value = float(value)
+        out[key] = value
+    return out
+
+
+def coerce_opts(cfg, opts):
+    """``KEY VALUE`` overrides (``merge_from_list`` format) with integer literals given to
+    float keys written as floats (``ATTENTION.ALPHA 2`` -> ``2.0``), which yacs would
+    refuse with "Type mismatch (float vs int)". Other values are passed on unchanged."""
+    opts = list(opts)
+    out = []
+    for key, value in zip(opts[0::2], opts[1::2]):
+        node, ok = cfg, True
+        for part in key.split("."):
+            if isinstance(node, CN) and part in node:
+                node = node[part]
+            else:
+                ok = False
+                break
+        if ok and isinstance(node, float) and isinstance(value, str):
+            try:
+                literal = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                literal = None
+            if isinstance(literal, int) and not isinstance(literal, bool):
+                value = repr(float(literal))
+        out.extend([key, value])
+    return out + opts[len(out):]  # an odd trailing item is left for merge_from_list to refuse
+
+
+def merge_config(cfg, config_file=None, opts=()):
+    """``cfg.merge_from_file(config_file)`` then ``cfg.merge_from_list(opts)``, with integer
+    literals accepted for float keys in both (``ALPHA: 2`` in a file, ``ALPHA 2`` on the
+    command line; yacs alone refuses them). The file is read with detectron2's public
+    ``load_yaml_with_base``; when it gives an int to a float key, the loaded config (of the
+    current version) is merged with ``merge_from_other_cfg``, else ``merge_from_file`` runs
+    unchanged. ``config_file`` may also be a packaged config name (``entmax_qq_l14``,
+    :mod:`sparseclip_d2.model_zoo`). Returns ``cfg``."""
+    if config_file:
+        from .model_zoo import resolve_config_file
+
+        config_file = resolve_config_file(config_file)  # a file, or a packaged config name
+        loaded = cfg.load_yaml_with_base(config_file, allow_unsafe=True)
+        version = loaded.get("VERSION", cfg.get("VERSION")) if isinstance(loaded, dict) else None
+        if (isinstance(loaded, dict) and version == cfg.get("VERSION")
+                and any(True for _ in _float_keys_given_ints(cfg, loaded))):
+            cfg.merge_from_other_cfg(type(cfg)(_ints_to_floats(cfg, loaded)))
+        else:
+            cfg.merge_from_file(config_file)
+    cfg.merge_from_list(coerce_opts(cfg, opts))
+    return cfg
 
 
 def check_device(device) -> None:

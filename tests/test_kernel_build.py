@@ -104,3 +104,55 @@ def test_many_consecutive_threaded_calls():
                 assert torch.equal(module.entmax_rows(x, 5.0)[0], e)
     finally:
         torch.set_num_threads(before)
+
+
+def test_two_checkouts_write_one_build_file_without_their_paths(tmp_path, monkeypatch):
+    """Two checkouts (same kernel source, other folders) share one build directory, and the
+    build.ninja torch writes there names the copy inside it, never a checkout's path, so a
+    load from the other checkout finds the same build.ninja and ninja has nothing to redo
+    (issue 28, point 3). A source that fails at once keeps the test fast: build.ninja is
+    written before the compiler runs."""
+    monkeypatch.setenv(_entmax_cpu.DIR_ENV_VAR, str(tmp_path / "kernels"))
+    text = "#error deliberately broken kernel source\n"
+    checkouts = [tmp_path / "clone_a" / "csrc", tmp_path / "clone_b" / "csrc"]
+    ninja_files = []
+    for folder in checkouts:
+        folder.mkdir(parents=True)
+        (folder / "kernel.cpp").write_text(text)
+        # (the second call fails too: in this process torch's JIT versioner already knows
+        # the placed source and looks straight for the .so the first build did not make)
+        with pytest.raises(Exception):
+            _entmax_cpu.build_kernel(folder / "kernel.cpp")
+        name, _, build_dir = _entmax_cpu.kernel_spec(folder / "kernel.cpp")
+        ninja_files.append((build_dir, (build_dir / "build.ninja").read_text()))
+    (dir_a, ninja_a), (dir_b, ninja_b) = ninja_files
+    assert dir_a == dir_b and ninja_a == ninja_b
+    assert "clone_a" not in ninja_a and "clone_b" not in ninja_a
+    assert f"compile {dir_a / 'kernel.cpp'}" in ninja_a
+    assert (dir_a / "kernel.cpp").read_text() == text
+
+
+def test_placed_source_is_never_rewritten(tmp_path):
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    src = tmp_path / "k.cpp"
+    src.write_text("int x;\n")
+    placed = _entmax_cpu._place_source(src, build_dir)
+    before = placed.stat().st_mtime_ns
+    assert _entmax_cpu._place_source(src, build_dir) == placed and placed.stat().st_mtime_ns == before
+    src.write_text("int y;\n")  # a copy that differs from its source is refused, not rebuilt
+    with pytest.raises(RuntimeError, match="differs from"):
+        _entmax_cpu._place_source(src, build_dir)
+    assert not [p for p in build_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_build_directory_depends_on_the_torch_and_python_folders(monkeypatch, tmp_path):
+    """build.ninja holds torch's and Python's include folders: another venv with the same
+    torch version gets its own build directory instead of rewriting this one's."""
+    monkeypatch.setenv(_entmax_cpu.DIR_ENV_VAR, str(tmp_path))
+    name = _entmax_cpu.kernel_spec()[0]
+    import sysconfig
+
+    paths = dict(sysconfig.get_paths(), include="/elsewhere/include/python3")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: paths)
+    assert _entmax_cpu.kernel_spec()[0] != name

@@ -45,7 +45,7 @@ with quiet_library_imports():
     from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
-from sparseclip_d2.model_zoo import resolve_config_file
+from sparseclip_d2.config import merge_config
 from sparseclip_d2.data import build_test_loader, check_meta_architecture
 from sparseclip_d2.data.datasets import DatasetNotFoundError
 from sparseclip_d2.data.datasets.fgovd import FGOVDFormatError
@@ -53,6 +53,9 @@ from sparseclip_d2.data.ground_truth import check_ground_truth
 from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, finalize_summaries, write_results
 from sparseclip_d2.evaluation.results import RecordFailures, begin_results
 from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
+from sparseclip_d2.evaluation.checkpoint import evaluate_resumable, remove_checkpoint
+from sparseclip_d2.common.outputs import OutputFolder, OutputFolderError
+from sparseclip_d2.data.image_io import BadInputFile
 from sparseclip_d2.modeling import resolve_device
 
 logger = logging.getLogger("sparseclip_d2.train_net")
@@ -66,7 +69,9 @@ TRAINING_FREE = (
 CONFIG_ERRORS = (KeyError, ValueError, AssertionError, OSError)  # yacs/detectron2 merge use all four
 DATA_ERRORS = (KeyError, ValueError, OSError)  # DatasetNotFoundError is an OSError
 MODEL_ERRORS = (ValueError, OSError, RuntimeError)  # bad values; weights that cannot be loaded
-INFERENCE_ERRORS = (DatasetNotFoundError, FGOVDFormatError)
+INFERENCE_ERRORS = (DatasetNotFoundError, FGOVDFormatError, BadInputFile)
+# The lock of OUTPUT_DIR, held for the whole run by the main process (released when it ends).
+_OUTPUT_FOLDER = None
 
 
 _STAGE = "_sparseclip_user_mistake"  # attribute naming the stage of a user mistake
@@ -100,18 +105,29 @@ def setup(args):
     with user_errors("config", CONFIG_ERRORS):
         cfg = get_cfg()
         add_sparseclip_config(cfg)
-        cfg.merge_from_file(resolve_config_file(args.config_file))
-        cfg.merge_from_list(args.opts)
+        merge_config(cfg, args.config_file, args.opts)  # ints accepted for float keys; config names too
         if getattr(args, "max_images", None) is not None:
             if args.max_images < 0:
                 raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
             cfg.TEST.MAX_IMAGES = args.max_images
+    lock_output_dir(cfg)  # before log.txt, config.yaml or results.json is touched
+    with user_errors("config", CONFIG_ERRORS):
         # the package's logger first, so that resolve_device's notice reaches log.txt
         setup_logger(output=cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="sparseclip_d2")
         cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
         cfg.freeze()
     setup_run(cfg, args)
     return cfg
+
+
+def lock_output_dir(cfg):
+    """Take the lock of ``OUTPUT_DIR`` (main process) before anything is written there: a
+    second run on the same folder stops with one error line instead of interleaving its
+    log and overwriting results.json (``sparseclip_d2.common.outputs``)."""
+    global _OUTPUT_FOLDER
+    if cfg.OUTPUT_DIR and comm.is_main_process():
+        with user_errors("output", (OutputFolderError,)):
+            _OUTPUT_FOLDER = OutputFolder(cfg.OUTPUT_DIR, "train_net.py").acquire()
 
 
 def setup_run(cfg, args):
@@ -145,13 +161,15 @@ def setup_run(cfg, args):
         seed_all_rng(cfg.SEED + rank)
 
 
-def check_datasets(cfg):
-    """Load every test dataset's dicts (their loaders check files and images) and check that
-    the META_ARCH consumes its inputs, all before the model is built. Returns {name: dicts}."""
+def check_datasets(cfg, skip_bad=False):
+    """Load every test dataset's dicts (their loaders check files and images), check every
+    ground-truth mask and that the META_ARCH consumes its inputs, all before the model is
+    built. Returns ``({name: dicts}, {name: skipped})``: with ``skip_bad`` the records whose
+    mask or image is unusable are left out and listed in ``skipped``."""
     with user_errors("data", DATA_ERRORS):
         if not cfg.DATASETS.TEST:
             raise ValueError("DATASETS.TEST is empty: name at least one registered dataset")
-        out = OrderedDict()
+        out, skipped = OrderedDict(), {}
         for name in cfg.DATASETS.TEST:
             if name not in DatasetCatalog.list():
                 raise KeyError(
@@ -160,41 +178,72 @@ def check_datasets(cfg):
             dicts = DatasetCatalog.get(name)
             if cfg.TEST.MAX_IMAGES > 0:
                 dicts = dicts[: cfg.TEST.MAX_IMAGES]
-            check_ground_truth(name, dicts, cache_dir=cfg.OUTPUT_DIR or None)  # every mask, before inference
-            out[name] = dicts
+            gt = check_ground_truth(name, dicts, cache_dir=cfg.OUTPUT_DIR or None,  # every mask, before inference
+                                    skip_bad=skip_bad)
+            bad = {id(s["record"]) for s in gt.get("skipped", [])}
+            skipped[name] = [{"file": s["file"], "error": s["error"]} for s in gt.get("skipped", [])]
+            out[name] = [d for d in dicts if id(d) not in bad]
         check_meta_architecture(cfg.MODEL.META_ARCHITECTURE, list(out))
         if cfg.MODEL.WEIGHTS:
             raise ValueError(
                 f"MODEL.WEIGHTS={cfg.MODEL.WEIGHTS!r} is not used by this training-free method; set the CLIP "
                 "weights with MODEL.SPARSECLIP.CLIP.PRETRAINED (an open_clip tag, a local file, or none)"
             )
-    return out
+    return out, skipped
 
 
-def do_test(cfg, model, datasets):
-    """One loader and evaluator per dataset, ``inference_on_dataset``, ``print_csv_format``.
+def checkpoint_folder(cfg, name):
+    """Where a dataset's per-image checkpoint lives (None: not used)."""
+    if not cfg.OUTPUT_DIR:
+        return None
+    return os.path.join(cfg.OUTPUT_DIR, "inference", name, "checkpoint")
+
+
+def do_test(cfg, model, datasets, *, skip_bad=False, resume=True, pre_skipped=None):
+    """One loader and evaluator per dataset, ``inference_on_dataset`` (with per-image
+    checkpoints and ``--skip-bad``: ``sparseclip_d2.evaluation.checkpoint``),
+    ``print_csv_format``.
 
     Returns:
         ``(results, summaries)``: the evaluators' dicts and the results.json entries.
     """
     results, summaries = OrderedDict(), OrderedDict()
+    single = comm.get_world_size() == 1
+    if not single:
+        logger.info("per-image checkpoints are off with %d processes (a rerun starts from image 0)",
+                    comm.get_world_size())
     for name, dicts in datasets.items():
         if cfg.TEST.MAX_IMAGES > 0:
             logger.warning("PARTIAL RUN: %s evaluated on its first %d images only (TEST.MAX_IMAGES)", name, len(dicts))
-        loader = build_test_loader(cfg, name, dicts)
         evaluator = build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", name))
         extras = evaluator.results_extras() if hasattr(evaluator, "results_extras") else {}
         attention_evaluator = build_attention_stats_evaluator(cfg, name)  # None unless enabled
         if attention_evaluator is not None:
             evaluator = DatasetEvaluators([evaluator, attention_evaluator])
+        folder = checkpoint_folder(cfg, name) if single else None
+        if folder is not None and not resume:
+            remove_checkpoint(folder)
         start = time.perf_counter()
-        res = inference_on_dataset(model, loader, evaluator)
+        res, info = evaluate_resumable(model, cfg, name, dicts, evaluator,
+                                       lambda remaining: build_test_loader(cfg, name, remaining),
+                                       folder=folder, skip_bad=skip_bad)
         seconds = time.perf_counter() - start
         results[name] = res
         if comm.is_main_process():
             logger.info("Evaluation results for %s in csv format:", name)
             print_csv_format(res)
-            summaries[name] = dataset_summary(res, len(dicts), seconds / max(len(dicts), 1), extras)
+            extras = dict(extras)
+            pre = list((pre_skipped or {}).get(name, []))  # left out by the ground-truth check
+            skipped = pre + list(info["skipped"])
+            if skip_bad:
+                extras["skipped"] = skipped
+                if pre:  # the count over the whole dataset (evaluate_resumable saw only the rest)
+                    logger.warning("%s: skipped %d of %d images (--skip-bad): %s", name, len(skipped),
+                                   len(dicts) + len(pre), ", ".join(s["file"] for s in skipped))
+            if info["resumed_images"]:
+                extras["resumed_images"] = info["resumed_images"]
+            evaluated = len(dicts) - len(info["skipped"])
+            summaries[name] = dataset_summary(res, evaluated, seconds / max(info["evaluated_now"], 1), extras)
     if comm.is_main_process():
         summaries = finalize_summaries(summaries)
     return results, summaries
@@ -204,7 +253,7 @@ def main(args):
     """The evaluation (``--eval-only`` is checked by the caller, once)."""
     cfg = setup(args)
     begin_results(cfg.OUTPUT_DIR)  # no results.json of an earlier run survives this one
-    datasets = check_datasets(cfg)
+    datasets, pre_skipped = check_datasets(cfg, skip_bad=getattr(args, "skip_bad", False))
     # Random-weight (PRETRAINED none) models are drawn from a fixed seed (SEED, or 0 when
     # SEED < 0): identical in every run and on every rank. setup_run seeds SEED + rank.
     # The builder logs the one "RANDOM WEIGHTS" warning of the run.
@@ -213,10 +262,13 @@ def main(args):
         model = build_model(cfg)
     random_weights = bool(getattr(model, "random_weights", False))
     with user_errors("data", INFERENCE_ERRORS):
-        results, summaries = do_test(cfg, model, datasets)
+        results, summaries = do_test(cfg, model, datasets, skip_bad=getattr(args, "skip_bad", False),
+                                      resume=not getattr(args, "restart", False), pre_skipped=pre_skipped)
     if comm.is_main_process():
         path = write_results(build_results(summaries, cfg, random_weights=random_weights), cfg.OUTPUT_DIR)
         logger.info("wrote %s", path)
+        for name in datasets:  # finished: results.json holds them
+            remove_checkpoint(checkpoint_folder(cfg, name))
         note = "  (RANDOM WEIGHTS: a smoke test, random_weights: true)" if random_weights else ""
         print(f"results.json: {os.path.abspath(path)}{note}")
     return results
@@ -240,6 +292,12 @@ def build_parser():
     parser.add_argument("--max-images", type=int, default=None, metavar="N",
                         help="evaluate only the first N images of each dataset (sets TEST.MAX_IMAGES; "
                              "recorded in results.json)")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip images (or ground-truth files) that cannot be read, listing them in results.json "
+                             "(\"skipped\") and the log; without it the first one stops the run, naming the file")
+    parser.add_argument("--restart", action="store_true",
+                        help="ignore the per-image checkpoint of an interrupted run in OUTPUT_DIR and start from "
+                             "image 0 (by default a rerun with the same config, data and code resumes)")
     return parser
 
 

@@ -2,12 +2,15 @@
 
 The kernel is compiled with ``torch.utils.cpp_extension.load`` under a content-addressed
 name, ``sparseclip_entmax_cpu[_avx2]_<hash>``, where the hash covers the source text, the
-compiler flags, the compiler (``$CXX``), torch's version and the Python ABI; its build
-directory is ``<root>/<name>`` with root ``$SPARSECLIP_KERNEL_DIR``, else
-``$TORCH_EXTENSIONS_DIR/sparseclip_d2``, else ``~/.cache/sparseclip_d2/kernels``.  Two
-checkouts or venvs whose kernel inputs differ therefore never share a build directory
-(no rebuild ping-pong, no build lock held by the other one, never a ``.so`` built from
-other source); identical inputs reuse one build.  ``scripts/setup.sh`` builds it ahead of
+compiler flags, the compiler (``$CXX``), torch's version and install folder, the Python
+ABI and include folder; its build directory is ``<root>/<name>`` with root
+``$SPARSECLIP_KERNEL_DIR``, else ``$TORCH_EXTENSIONS_DIR/sparseclip_d2``, else
+``~/.cache/sparseclip_d2/kernels``.  The source is copied into that folder
+(``<build dir>/entmax_cpu.cpp``, written once, never overwritten) and compiled from
+there, so the ``build.ninja`` torch writes holds no checkout path: two checkouts with the
+same kernel inputs write the same ``build.ninja`` and reuse one build (no rebuild
+ping-pong); checkouts or venvs whose inputs differ never share a build directory (no
+build lock held by the other one, never a ``.so`` built from other source).  ``scripts/setup.sh`` builds it ahead of
 time (:func:`build_kernel`); otherwise the first CPU call builds it (just in time), with
 a log line before the build starts and one every 15 s while it runs.
 
@@ -26,6 +29,8 @@ import logging
 import os
 import platform
 import sys
+import sysconfig
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -88,7 +93,7 @@ def kernel_spec(source: Optional[Path] = None, base_name: Optional[str] = None,
 
     The name ends with the first 16 hex digits of a SHA-256 over everything the binary
     depends on: the source bytes, the flags, ``$CXX``, torch's version and git revision,
-    the Python ABI tag and the machine type.
+    its install folder, the Python ABI tag and include folder, and the machine type.
     """
     source = Path(source) if source is not None else _SOURCE
     default_name, default_flags = _build_config()
@@ -100,6 +105,10 @@ def kernel_spec(source: Optional[Path] = None, base_name: Optional[str] = None,
         "cxx": os.environ.get("CXX", "c++"),
         "torch": torch.__version__,
         "torch_git": getattr(torch.version, "git_version", ""),
+        # build.ninja holds torch's and Python's include folders: two venvs with the same
+        # torch version elsewhere on disk must not rewrite each other's build.ninja
+        "torch_dir": str(Path(torch.__file__).resolve().parent),
+        "python_include": sysconfig.get_paths().get("include", ""),
         "python": sys.implementation.cache_tag,
         "machine": platform.machine(),
     }
@@ -113,6 +122,31 @@ def kernel_is_built(source: Optional[Path] = None) -> bool:
     """True when the kernel for the current inputs is already compiled (loads in ~1 s)."""
     name, _, build_dir = kernel_spec(source)
     return any((build_dir / (name + ext)).is_file() for ext in (".so", ".pyd"))
+
+
+def _place_source(source: Path, build_dir: Path) -> Path:
+    """The copy of ``source`` inside ``build_dir`` that the build compiles (see the module
+    docstring). Created once with an exclusive link of a complete temporary file, so
+    concurrent builders never see half a file and an existing copy is never rewritten
+    (its mtime stays, so ninja sees nothing new). A copy whose bytes differ from
+    ``source`` (a hash collision or a hand edit) is an error, not silently rebuilt."""
+    target = build_dir / source.name
+    data = source.read_bytes()
+    if not target.exists():
+        fd, tmp = tempfile.mkstemp(dir=build_dir, prefix="." + source.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, target)  # atomic, fails if another builder placed it first
+            except FileExistsError:
+                pass
+        finally:
+            os.remove(tmp)
+    if target.read_bytes() != data:
+        raise RuntimeError(f"kernel source copy {target} differs from {source}; delete {build_dir} "
+                           "to rebuild it")
+    return target
 
 
 def build_kernel(source: Optional[Path] = None, base_name: Optional[str] = None,
@@ -134,6 +168,7 @@ def build_kernel(source: Optional[Path] = None, base_name: Optional[str] = None,
     name, flags, build_dir = kernel_spec(source, base_name, cflags, ldflags)
     cold = not any((build_dir / (name + ext)).is_file() for ext in (".so", ".pyd"))
     build_dir.mkdir(parents=True, exist_ok=True)
+    placed = _place_source(source, build_dir)
     start = time.perf_counter()
     done = threading.Event()
     if cold:
@@ -147,7 +182,7 @@ def build_kernel(source: Optional[Path] = None, base_name: Optional[str] = None,
 
         threading.Thread(target=heartbeat, name="entmax-build-heartbeat", daemon=True).start()
     try:
-        module = cpp_extension.load(name=name, sources=[str(source)], extra_cflags=flags,
+        module = cpp_extension.load(name=name, sources=[str(placed)], extra_cflags=flags,
                                     extra_ldflags=list(ldflags) or None,
                                     build_directory=str(build_dir), verbose=False)
     finally:

@@ -71,7 +71,9 @@ import torch
 import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ..common.io import atomic_write_json
 from ..common.logs import quiet_library_imports
+from ..common.outputs import OutputFolder, SkipBad
 
 with quiet_library_imports():
     import detectron2.data  # noqa: F401
@@ -80,7 +82,7 @@ from detectron2.utils.logger import setup_logger
 
 from ..clip import AttentionSpec, describe_spec, parse_attention_specs
 from ..data import display_name
-from ..data.image_io import read_image_rgb, parse_vocabulary
+from ..data.image_io import ImageReadError, read_image_rgb, parse_vocabulary
 from ..predictor import Predictor, build_config, resolve_vocabulary as resolve_vocabulary_value
 from ..utils.visualize import (
     RANDOM_WEIGHTS_BANNER,
@@ -97,6 +99,8 @@ logger = logging.getLogger("sparseclip_d2.demo")
 
 #: The packaged config the demo uses without --config-file (``configs/demo.yaml``).
 DEFAULT_CONFIG = "demo"
+# What a demo run writes; a folder holding such files but no manifest is refused (common/outputs.py).
+DEMO_OUTPUTS = ("classes.txt", "results.json", "*_overlay.png", "*_labels*.png", "*_compare.png", "*_probs*")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".ppm", ".pgm", ".pnm")
 
 
@@ -123,6 +127,9 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", nargs="+", metavar="SPEC",
                         help="one figure per image with one panel per attention spec (syntax below)")
     parser.add_argument("--save-probs", action="store_true", help="also write per-class probability maps")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip images that cannot be read (listed in OUTPUT/results.json and the log); "
+                             "without it the first one stops the run, naming the file")
     parser.add_argument("--opacity", type=float, default=0.55, help="mask opacity of the overlays (default 0.55)")
     parser.add_argument("--opts", default=[], nargs=argparse.REMAINDER, metavar="KEY VALUE",
                         help="config overrides as KEY VALUE pairs, e.g. MODEL.DEVICE cpu INPUT.MIN_SIZE_TEST 336")
@@ -146,7 +153,8 @@ def collect_inputs(items: Sequence[str]) -> List[str]:
     for item in items:
         if os.path.isdir(item):
             found = sorted(os.path.join(item, f) for f in os.listdir(item)
-                           if f.lower().endswith(IMAGE_EXTENSIONS) and os.path.isfile(os.path.join(item, f)))
+                           if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith(".")  # .hidden, macOS ._*
+                           and os.path.isfile(os.path.join(item, f)))
             if not found:
                 raise FileNotFoundError(f"input folder {item!r} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
         elif os.path.isfile(item):
@@ -379,6 +387,7 @@ def run(args) -> Dict[str, List[str]]:
         specs = [("cfg", spec)]
     paths = collect_inputs(args.input)
     check_output_folder(args.output, args.input, paths)
+    folder = OutputFolder(args.output, "demo.py", stale_patterns=DEMO_OUTPUTS).acquire()  # one run at a time
     if not 0.0 <= args.opacity <= 1.0:
         raise ValueError(f"--opacity must be in [0, 1], got {args.opacity}")
     logger.info("vocabulary (%s): %d classes: %s%s", vocab_source, len(vocabulary), ", ".join(names),
@@ -396,9 +405,11 @@ def run(args) -> Dict[str, List[str]]:
         logger.info("random weights (MODEL.SPARSECLIP.CLIP.PRETRAINED=%r): every image is marked %r",
                     clip.PRETRAINED, RANDOM_WEIGHTS_BANNER)
 
-    os.makedirs(args.output, exist_ok=True)
+    folder.begin({"vocabulary": list(vocabulary), "inputs": list(paths)})  # removes the earlier run's files
     with open(os.path.join(args.output, "classes.txt"), "w", encoding="utf-8") as f:
         f.writelines(f"{i}\t{c}\n" for i, c in enumerate(vocabulary))
+    folder.record([os.path.join(args.output, "classes.txt")])
+    skip = SkipBad(getattr(args, "skip_bad", False), (ImageReadError, FileNotFoundError), logger)
     colors = class_colors(len(vocabulary))
     model_tag = f"{clip.NAME} ({'random weights' if random_weights else clip.PRETRAINED}), short side {cfg.INPUT.MIN_SIZE_TEST}"
     written: Dict[str, List[str]] = {}
@@ -406,8 +417,13 @@ def run(args) -> Dict[str, List[str]]:
                                         logging.getLogger("fvcore")]):  # log lines never split a bar
         for path, stem in tqdm.tqdm(list(zip(paths, unique_stems(paths))), disable=len(paths) < 2, desc="demo",
                                     unit="img"):
-            written[path] = process_image(path, stem, args, cfg, specs, predictors, vocabulary, background, names,
-                                          colors, banner, model_tag)
+            with skip.guard(path):
+                written[path] = process_image(path, stem, args, cfg, specs, predictors, vocabulary, background,
+                                              names, colors, banner, model_tag)
+                folder.record(written[path])
+    skip.summary(len(paths))
+    folder.record([atomic_write_json(os.path.join(args.output, "results.json"),
+                                     {"vocabulary": list(vocabulary), "outputs": written, "skipped": skip.skipped})])
     if random_weights:
         logger.info("random weights: the %d image(s) in %s show a random model, not the method", len(paths),
                     args.output)

@@ -76,6 +76,27 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
     return torch.cat([pe[:1], grid], dim=0)
 
 
+# Pixels normalised with any CLIP / ImageNet mean and std lie within about [-2.2, 2.7]
+# ((0 - 0.48) / 0.22 .. (1 - 0.41) / 0.26); raw 0..255 pixels exceed this bound.
+_NORMALIZED_BOUND = 20.0
+
+
+def check_normalized(images: torch.Tensor) -> None:
+    """Raise ValueError for images that are not normalised floats: an integer tensor (raw
+    ``uint8`` pixels) or float values beyond +-20 (raw 0..255 pixels cast to float);
+    normalised CLIP inputs lie within about [-2.2, 2.7]."""
+    if not images.is_floating_point():
+        raise ValueError(
+            f"DenseCLIPEncoder takes normalised float images (pixels / 255 - image_mean) / image_std, got "
+            f"dtype {images.dtype}; normalise them first (SparseCLIP and the tools do this)")
+    if images.numel():
+        peak = float(images.detach().abs().amax())
+        if peak > _NORMALIZED_BOUND:
+            raise ValueError(
+                f"DenseCLIPEncoder takes normalised images (values within about [-2.2, 2.7]), got values up to "
+                f"{peak:g}: raw pixels? normalise them with (pixels / 255 - image_mean) / image_std first")
+
+
 class DenseCLIPEncoder(nn.Module):
     """Dense open-vocabulary features from a frozen open_clip ViT tower with a modified final attention.
 
@@ -215,6 +236,7 @@ class DenseCLIPEncoder(nn.Module):
         """
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
+        check_normalized(images)
         _, _, H, W = images.shape
         grid = self.grid_for(H, W)
         tower = self._tower

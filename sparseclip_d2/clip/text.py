@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..common.synonyms import split_class_name
 from .templates import get_templates
 
 __all__ = ["TextClassifier", "max_over_synonyms", "split_synonyms", "weights_fingerprint", "text_cache_dir"]
@@ -21,10 +22,11 @@ _ENV = "SPARSECLIP_TEXT_CACHE"
 
 
 def split_synonyms(class_names: Sequence[str]) -> Tuple[List[str], List[int]]:
-    """Flatten class names with comma-separated synonyms.
+    """Flatten class names with synonyms separated by ``;`` or ``,`` (one rule:
+    :mod:`sparseclip_d2.common.synonyms`).
 
     Args:
-        class_names: C strings such as ``"person, people"``.
+        class_names: C strings such as ``"person, people"`` or ``"person; people"``.
     Returns:
         ``(synonyms, class_index)``: S synonym strings and, for each, its class index.
     """
@@ -34,7 +36,7 @@ def split_synonyms(class_names: Sequence[str]) -> Tuple[List[str], List[int]]:
     for c, name in enumerate(class_names):
         if not isinstance(name, str):
             raise ValueError(f"class name {c} must be a string, got {name!r}")
-        parts = [p.strip() for p in name.split(",") if p.strip()]
+        parts = [p for p in split_class_name(name) if p]
         if not parts:
             raise ValueError(f"class {c} ({name!r}) has no name")
         synonyms.extend(parts)
@@ -107,7 +109,8 @@ class TextClassifier:
     """Class-name embeddings for open-vocabulary classification.
 
     ``classifier(class_names) -> (embeddings (S, D) float32 L2-normalised, class_index (S,) long)``:
-    each class name may hold comma-separated synonyms; each synonym is put into every
+    each class name may hold synonyms separated by ";" or "," (one rule,
+    :mod:`sparseclip_d2.common.synonyms`); each synonym is put into every
     template, the prompts are encoded with ``model.encode_text``, L2-normalised, averaged
     over templates and re-normalised. Results are cached in memory per (vocabulary,
     templates, device) and on disk under ``cache_dir`` keyed by model name, a weight
@@ -207,7 +210,8 @@ class TextClassifier:
         """Embeddings of a vocabulary.
 
         Args:
-            class_names: C class names, each with optional comma-separated synonyms.
+            class_names: C class names, each with optional synonyms separated by ";" or ",".
+
         Returns:
             ``(embeddings (S, D) float32 L2-normalised, class_index (S,) long)`` on the model's device.
         """

@@ -11,6 +11,8 @@ in ``classnames/SOURCES.md``): ``load_class_names("voc21", class_set="sclip")``.
 from importlib import resources
 from typing import List, Optional
 
+from ..common.synonyms import first_synonym, split_class_name
+
 __all__ = ["load_class_names", "available_class_name_files", "display_name", "CLASS_NAME_SETS"]
 
 _PACKAGE = "sparseclip_d2.data"
@@ -57,12 +59,13 @@ def load_class_names(name: str, class_set: Optional[str] = None) -> List[str]:
             f"unknown class-name file {name!r}{where}; valid: {', '.join(available_class_name_files(class_set))}"
         )
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    classes = [", ".join(s.strip() for s in line.split(",") if s.strip()) for line in lines if line]
+    classes = [", ".join(s for s in split_class_name(line) if s) for line in lines if line]
     if not classes:
         raise ValueError(f"class-name file {name}.txt is empty")
     return classes
 
 
 def display_name(class_name: str) -> str:
-    """The first synonym of a class string (``"tv monitor, monitor"`` -> ``"tv monitor"``)."""
-    return class_name.split(",")[0].strip()
+    """The first synonym of a class string (``"tv monitor, monitor"`` or ``"tv monitor; monitor"``
+    -> ``"tv monitor"``; :mod:`sparseclip_d2.common.synonyms`)."""
+    return first_synonym(class_name)

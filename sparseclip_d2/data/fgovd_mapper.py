@@ -16,7 +16,7 @@ from detectron2.data.build import build_detection_test_loader, load_proposals_in
 from detectron2.structures import Boxes, BoxMode, Instances
 
 from .build import TEST_LOADER_REGISTRY, consumed_by
-from .image_io import check_input_format, convert_channel_order, read_image_rgb
+from .image_io import BadInputFile, check_input_format, convert_channel_order, read_image_rgb
 
 __all__ = ["FGOVDDatasetMapper", "attach_fgovd_proposals", "fgovd"]
 
@@ -73,7 +73,7 @@ class FGOVDDatasetMapper:
         try:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
-            raise RuntimeError(f"cannot read FG-OVD image {d['file_name']!r}: {e}") from e
+            raise BadInputFile(f"cannot read FG-OVD image {d['file_name']!r}: {e}") from e
         image = convert_channel_order(image, "RGB", self.image_format)
         utils.check_image_size(d, image)
         h, w = image.shape[:2]

@@ -172,7 +172,7 @@ def mask_problem(mask_file: str, image_file: Optional[str], *, num_classes: int,
         try:
             width, height = _oriented_size(image_file)
         except Exception as e:
-            return f"image {image_file} of mask {mask_file} cannot be read: {type(e).__name__}: {e}"
+            return f"cannot read image {image_file} (the image of mask {mask_file}): {type(e).__name__}: {e}"
         if (mw, mh) != (width, height):
             return f"mask {mask_file} is {mw}x{mh} but its image {image_file} is {width}x{height}"
     bad = [v for v in labels if v != ignore_label and not 0 <= v < num_classes]
@@ -198,7 +198,8 @@ def _stat_key(path: Optional[str]):
 
 
 def find_bad_ground_truth(dataset_name: str, dicts, *, num_classes: int, ignore_label: int = IGNORE_LABEL,
-                          cache_file: Optional[str] = None, workers: Optional[int] = None):
+                          cache_file: Optional[str] = None, workers: Optional[int] = None,
+                          return_records: bool = False):
     """:func:`mask_problem` of every record's ``sem_seg_file_name`` (against its
     ``file_name``), in threads.
 
@@ -207,8 +208,10 @@ def find_bad_ground_truth(dataset_name: str, dicts, *, num_classes: int, ignore_
             mtime) of the mask and of its image, ``num_classes``, ``ignore_label`` and the
             source of this check; an entry whose key differs is checked again. None: no cache.
         workers: threads (default ``min(8, cpu count)``).
+        return_records: also return ``[(record, problem)]`` of the bad records.
     Returns:
-        ``(problems, stats)``: the problem lines in record order, and ``{"checked", "cached"}``.
+        ``(problems, stats)``: the problem lines in record order, and ``{"checked", "cached"}``
+        (with ``return_records``: ``(problems, stats, bad_records)``).
     """
     import json
     from concurrent.futures import ThreadPoolExecutor
@@ -245,6 +248,7 @@ def find_bad_ground_truth(dataset_name: str, dicts, *, num_classes: int, ignore_
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
         results = list(pool.map(one, records))
     problems = [p for p, _, _ in results if p is not None]
+    bad_records = [(record, p) for record, (p, _, _) in zip(records, results) if p is not None]
     cached = sum(1 for _, _, hit in results if hit)
     if cache_file:
         usable = dict(cache)
@@ -258,11 +262,12 @@ def find_bad_ground_truth(dataset_name: str, dicts, *, num_classes: int, ignore_
             atomic_write_json(cache_file, {"version": version, "usable": usable})
         except OSError as e:
             logger.warning("could not write the ground-truth check cache %s (%s)", cache_file, e)
-    return problems, {"checked": len(records), "cached": cached}
+    stats = {"checked": len(records), "cached": cached}
+    return (problems, stats, bad_records) if return_records else (problems, stats)
 
 
 def check_ground_truth(dataset_name: str, dicts, *, cache_dir: Optional[str] = None,
-                       workers: Optional[int] = None):
+                       workers: Optional[int] = None, skip_bad: bool = False):
     """Check every ground-truth mask of a segmentation dataset before inference (nothing for
     datasets whose metadata ``evaluator_type`` is not "sem_seg").
 
@@ -270,10 +275,14 @@ def check_ground_truth(dataset_name: str, dicts, *, cache_dir: Optional[str] = N
         dicts: the records that will be evaluated.
         cache_dir: a per-run folder (``OUTPUT_DIR``) for the cache of usable masks
             (``ground_truth_check.json``) and, when some are bad, ``bad_ground_truth.txt``.
+        skip_bad: (``--skip-bad``) bad records are returned, each named in a warning, instead of
+            raising.
     Returns:
-        ``{"checked", "cached"}`` counts.
+        ``{"checked", "cached"}`` counts; with ``skip_bad`` also ``"skipped"``, the bad records
+        as ``[{"file": image file, "error": the problem, "record": the dataset dict}]``.
     Raises:
-        GroundTruthError: some masks are unusable (each named; a ``ValueError``).
+        GroundTruthError: some masks are unusable (each named; a ``ValueError``), unless
+        ``skip_bad``.
     """
     import time
 
@@ -283,12 +292,20 @@ def check_ground_truth(dataset_name: str, dicts, *, cache_dir: Optional[str] = N
 
     meta = MetadataCatalog.get(dataset_name)
     if meta.get("evaluator_type", None) != "sem_seg":
-        return {"checked": 0, "cached": 0}
+        return {"checked": 0, "cached": 0, "skipped": []} if skip_bad else {"checked": 0, "cached": 0}
     start = time.perf_counter()
-    problems, stats = find_bad_ground_truth(
+    problems, stats, bad_records = find_bad_ground_truth(
         dataset_name, dicts, num_classes=len(meta.stuff_classes), ignore_label=int(meta.get("ignore_label", 255)),
-        cache_file=os.path.join(cache_dir, CHECK_CACHE_FILE) if cache_dir else None, workers=workers)
-    if problems:
+        cache_file=os.path.join(cache_dir, CHECK_CACHE_FILE) if cache_dir else None, workers=workers,
+        return_records=True)
+    if skip_bad:
+        stats["skipped"] = []
+    if problems and skip_bad:
+        for record, problem in bad_records:
+            logger.warning("%s: skipping %s (--skip-bad): %s", dataset_name, record.get("file_name"), problem)
+            stats["skipped"].append({"file": record.get("file_name") or record["sem_seg_file_name"], "error": problem,
+                                     "record": record})
+    elif problems:
         listing = None
         if cache_dir:
             listing = atomic_write_text(os.path.join(cache_dir, BAD_LIST_FILE), "".join(p + "\n" for p in problems))

@@ -75,6 +75,12 @@ class ImageReadError(OSError):
     """An image file exists but cannot be read or decoded; the message names the file."""
 
 
+class BadInputFile(RuntimeError):
+    """A dataset's image or ground-truth file cannot be read (raised by the test mapper,
+    naming the file and the dataset); ``--skip-bad`` evaluations skip exactly these. A
+    class of its own so that it survives a DataLoader worker (torch re-raises the type)."""
+
+
 class VocabularyError(ValueError):
     """A vocabulary string is empty, has an empty entry or a duplicate name."""
 

@@ -18,7 +18,7 @@ from detectron2.data import detection_utils as utils
 from detectron2.data import transforms as T
 from fvcore.common.registry import Registry
 
-from .image_io import check_input_format, convert_channel_order, read_image_rgb
+from .image_io import BadInputFile, check_input_format, convert_channel_order, read_image_rgb
 
 __all__ = ["SparseCLIPTestMapper", "MMSegRescale", "CV2ResizeTransform", "mmseg_rescale_size", "build_resize",
            "RESIZE_REGISTRY", "RESIZE_MODES", "PIXEL_NORMS", "pixel_normalization"]
@@ -166,7 +166,7 @@ class SparseCLIPTestMapper:
         try:
             image = read_image_rgb(d["file_name"])
         except Exception as e:
-            raise RuntimeError(f"cannot read image {d['file_name']!r} of dataset {self.dataset_name!r}: {e}") from e
+            raise BadInputFile(f"cannot read image {d['file_name']!r} of dataset {self.dataset_name!r}: {e}") from e
         image = convert_channel_order(image, "RGB", self.image_format)
         if "sem_seg_file_name" in d:
             check_mask_size(d["file_name"], image.shape[:2], d["sem_seg_file_name"])
@@ -188,7 +188,7 @@ def check_mask_size(image_file: str, image_hw, mask_file: str) -> None:
         with Image.open(mask_file) as m:
             mask_wh = m.size
     except Exception as e:
-        raise RuntimeError(f"cannot read the ground-truth mask {mask_file!r} of image {image_file!r}: {e}") from e
+        raise BadInputFile(f"cannot read the ground-truth mask {mask_file!r} of image {image_file!r}: {e}") from e
     h, w = int(image_hw[0]), int(image_hw[1])
     if (mask_wh[1], mask_wh[0]) != (h, w):
         hint = ""

@@ -33,6 +33,7 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
 from ..common.cache import LRUCache
+from ..common.synonyms import split_class_name
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
 from .backbone import build_clip_parts
@@ -444,7 +445,7 @@ def check_vocabulary(vocabulary: Sequence[str], what: str, allow_duplicates: boo
     for c, name in enumerate(vocabulary):
         if not isinstance(name, str):
             raise ValueError(f"{what}: class {c} must be a string, got {name!r}")
-        synonyms = [" ".join(p.split()) for p in name.split(",")]
+        synonyms = [" ".join(p.split()) for p in split_class_name(name)]
         if not any(synonyms):
             raise ValueError(f"{what}: class {c} ({name!r}) has no name")
         for syn in filter(None, synonyms):

@@ -18,7 +18,7 @@ figures of one vocabulary agree.
 import logging
 import math
 import os
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from matplotlib import font_manager
@@ -94,11 +94,66 @@ def _legend_handles(labels: np.ndarray, class_names: Sequence[str], colors: np.n
     return handles
 
 
-def _font(size: float, bold: bool = False) -> ImageFont.FreeTypeFont:
-    """DejaVu Sans (shipped with matplotlib) at ``size`` px."""
-    path = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans",
+# Fonts tried, in order, for text DejaVu Sans cannot draw (CJK class names): files of the
+# Debian packages fonts-wqy-microhei / fonts-wqy-zenhei / fonts-noto-cjk (scripts/setup.sh
+# installs fonts-wqy-microhei where apt is available), then any installed font whose family
+# name says CJK. Text no font covers is drawn with DejaVu Sans (boxes) and logged once.
+FALLBACK_FONTS = [
+    "/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
+    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+    "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+]
+_coverage_cache: Dict[str, frozenset] = {}
+_font_warned = set()
+
+
+def _dejavu(bold: bool = False) -> str:
+    return font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans",
                                                              weight="bold" if bold else "normal"))
-    return ImageFont.truetype(path, size=max(6, int(round(size))))
+
+
+def _coverage(path: str) -> frozenset:
+    """Code points a font file maps (its cmap; first face of a .ttc), cached; empty when
+    the file cannot be read."""
+    if path not in _coverage_cache:
+        try:
+            from fontTools.ttLib import TTFont
+
+            with TTFont(path, fontNumber=0, lazy=True) as f:
+                _coverage_cache[path] = frozenset(f.getBestCmap() or {})
+        except Exception:  # a missing or unreadable font is simply not a candidate
+            _coverage_cache[path] = frozenset()
+    return _coverage_cache[path]
+
+
+def _candidate_fonts() -> List[str]:
+    extra = sorted(f.fname for f in font_manager.fontManager.ttflist if "CJK" in f.name or "Hei" in f.name)
+    return [p for p in dict.fromkeys(FALLBACK_FONTS + extra) if os.path.isfile(p)]
+
+
+def font_path_for(text: str, bold: bool = False) -> str:
+    """The font file to draw ``text`` with: DejaVu Sans when it covers every character, else
+    the first of :data:`FALLBACK_FONTS` (and installed CJK fonts) that does. When none does,
+    DejaVu Sans, with one warning per set of missing characters naming them and the fix."""
+    needed = {ord(ch) for ch in text if not ch.isspace()}
+    base = _dejavu(bold)
+    if needed <= _coverage(base):
+        return base
+    for path in _candidate_fonts():
+        if needed <= _coverage(path):
+            return path
+    missing = "".join(sorted({chr(c) for c in needed - _coverage(base)}))
+    if missing not in _font_warned:
+        _font_warned.add(missing)
+        logger.warning("no installed font draws %r (%s); these characters appear as boxes in the figures: "
+                       "install a CJK font (Debian: apt-get install fonts-wqy-microhei or fonts-noto-cjk)",
+                       missing, ", ".join(f"U+{ord(c):04X}" for c in missing[:8]))
+    return base
+
+
+def _font(size: float, bold: bool = False, path: Optional[str] = None) -> ImageFont.FreeTypeFont:
+    """The font at ``path`` (default DejaVu Sans, shipped with matplotlib) at ``size`` px."""
+    return ImageFont.truetype(path or _dejavu(bold), size=max(6, int(round(size))))
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -210,8 +265,14 @@ def draw_overlay(
     h, w = labels.shape
     canvas = Image.fromarray(_blend(image, labels, colors, alpha))
     draw = ImageDraw.Draw(canvas)
-    size = max(9, int(round(0.028 * text_scale * max(min(h, w), 0.5 * max(h, w)))))  # text height in px
-    font, small, bold = _font(size), _font(0.85 * size), _font(1.2 * size, bold=True)
+    # Text height from the SHORT side (2.8 %, at least 9 px, or short / 12 on tiny strips), so a
+    # 20000 x 100 panorama gets 9 px text, not a title bar over a third of its height.
+    short = min(h, w)
+    size = max(int(round(min(9, short / 12))), int(round(0.028 * text_scale * short)), 1)
+    texts = " ".join([banner or "", title or ""] + [str(n) for n in class_names])
+    path = font_path_for(texts)
+    bold_path = font_path_for(banner or "", bold=True)
+    font, small, bold = _font(size, path=path), _font(0.85 * size, path=path), _font(1.2 * size, True, bold_path)
     pad = max(2, size // 5)
     reserved = []
     y = 0
