@@ -32,7 +32,8 @@ from detectron2.config import CfgNode, get_cfg  # noqa: E402
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 
 from .clip import AttentionSpec, DenseCLIPEncoder, describe_spec, is_random_weights, parse_attention_specs  # noqa: E402
-from .config import add_sparseclip_config, check_sparseclip_config  # noqa: E402
+from .common.synonyms import SYNONYM_SEPARATORS, split_class_name  # noqa: E402
+from .config import add_sparseclip_config, check_sparseclip_config, merge_config  # noqa: E402
 from .data import available_class_name_files, display_name, load_class_names  # noqa: E402
 from .data.image_io import read_image_rgb, to_rgb_array  # noqa: E402
 from .data.mapper import build_resize  # noqa: E402
@@ -70,8 +71,8 @@ def build_config(config: Union[str, os.PathLike, CfgNode, None] = "demo", opts: 
     else:
         cfg = get_cfg()
         add_sparseclip_config(cfg)
-        cfg.merge_from_file(resolve_config_file(config if config is not None else "demo"))
-    cfg.merge_from_list(list(opts))
+        merge_config(cfg, resolve_config_file(config if config is not None else "demo"))
+    merge_config(cfg, None, list(opts))  # integer literals accepted for float keys
     if weights is not None:
         cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED = str(weights)
     if device is not None:
@@ -136,8 +137,9 @@ def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[in
     comma-separated synonyms (the first is the display name).
 
     Args:
-        vocabulary: a list whose items are class names (``"cat"``), comma-separated synonyms
-            (``"grass, lawn"``) or lists of synonyms (``["grass", "lawn"]``); or the name of a
+        vocabulary: a list whose items are class names (``"cat"``), synonyms separated by
+            ``,`` or ``;`` (``"grass, lawn"``, :mod:`sparseclip_d2.common.synonyms`) or lists of
+            synonyms (``["grass", "lawn"]``); or the name of a
             registered segmentation dataset (``sparseclip_voc21_val``) or of a packaged
             class-name file (``voc21``, ``ade150``), which bring their background class.
         background: with a list: the class (index or any of its names) that
@@ -164,15 +166,15 @@ def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[in
     classes = []
     for i, item in enumerate(list(vocabulary)):
         if isinstance(item, str):
-            synonyms = [s.strip() for s in item.split(",")]
+            synonyms = split_class_name(item)  # the one synonym rule: ';' or ',' inside a class
         elif isinstance(item, (list, tuple)) and all(isinstance(s, str) for s in item):
             synonyms = [s.strip() for s in item]
+            if any(sep in s for s in synonyms for sep in SYNONYM_SEPARATORS):
+                raise ValueError(f"vocabulary class {i}: a synonym may not contain a comma or semicolon ({item!r})")
         else:
             raise ValueError(f"vocabulary class {i}: {item!r} is neither a name nor a list of synonyms (strings)")
         if not synonyms or any(not s for s in synonyms):
             raise ValueError(f"vocabulary class {i} ({item!r}) has an empty name")
-        if any("," in s for s in synonyms) and not isinstance(item, str):
-            raise ValueError(f"vocabulary class {i}: a synonym may not contain a comma ({item!r})")
         classes.append(", ".join(synonyms))
     if not classes:
         raise ValueError("the vocabulary is empty: give at least one class name")
@@ -184,7 +186,7 @@ def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[in
             index = background
         else:
             key = " ".join(str(background).split()).lower()
-            matches = [i for i, c in enumerate(classes) if key in [s.strip().lower() for s in c.split(",")]]
+            matches = [i for i, c in enumerate(classes) if key in [s.lower() for s in split_class_name(c)]]
             if not matches:
                 raise ValueError(f"background {background!r} is none of the classes: "
                                  f"{', '.join(display_name(c) for c in classes)}")

@@ -111,6 +111,7 @@ def test_variants_share_the_clip_model(predictor, photo):
 
 def test_background_and_named_vocabularies():
     assert resolve_vocabulary(["sky", ["grass", "lawn"]], background="LAWN") == (["sky", "grass, lawn"], 1)
+    assert resolve_vocabulary(["sky", "grass; lawn"])[0] == resolve_vocabulary(["sky", "grass, lawn"])[0]
     classes, bg = resolve_vocabulary("voc21")
     assert len(classes) == 21 and bg == 0
     classes, bg = resolve_vocabulary("sparseclip_demo")
@@ -118,7 +119,8 @@ def test_background_and_named_vocabularies():
 
 
 @pytest.mark.parametrize("vocabulary, match", [([], "empty"), (["cat", ""], "empty name"), ("voc99", "voc21"),
-                                                ([3], "neither a name"), (["cat", ["a, b"]], "comma")])
+                                                ([3], "neither a name"), (["cat", ["a, b"]], "comma"),
+                                                (["cat", ["a; b"]], "semicolon")])
 def test_bad_vocabulary(vocabulary, match):
     with pytest.raises(ValueError, match=match):
         resolve_vocabulary(vocabulary)
