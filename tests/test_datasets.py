@@ -173,13 +173,20 @@ def test_conversions_equal_the_label_maps_and_missing_or_stale_ones_name_the_com
             out = Image.open(tmp_path / dst_dir / f)
             assert out.mode == "L" and (np.array(out) == expected).all(), f
     os.utime(tmp_path / pairs[2][0] / "ADE_val_00000001.png", ns=(2 ** 62, 2 ** 62))  # source newer
+    # converted next to their sources (COCO-Stuff raw maps, Cityscapes label ids): newer sources too
+    coco_raw = tmp_path / "coco_stuff164k" / "annotations" / "val2017" / "000000000000.png"
+    city_raw = tmp_path / "cityscapes" / "gtFine" / "val" / "lindau" / "lindau_000001_000019_gtFine_labelIds.png"
+    for raw in (coco_raw, city_raw):
+        _png(str(raw), np.zeros((40, 56)))
+        os.utime(raw, ns=(2 ** 62, 2 ** 62))
     import shutil
 
     shutil.rmtree(tmp_path / pairs[0][1])
     code = (
         "import sparseclip_d2\n"
         "from detectron2.data import DatasetCatalog\n"
-        "for n in ('sparseclip_voc20_val', 'sparseclip_ade20k_val', 'sparseclip_voc21_val'):\n"
+        "for n in ('sparseclip_voc20_val', 'sparseclip_ade20k_val', 'sparseclip_voc21_val',"
+        " 'sparseclip_coco_stuff_val', 'sparseclip_coco_object_val', 'sparseclip_cityscapes_val'):\n"
         "    try:\n"
         "        print(n, 'ok', len(DatasetCatalog.get(n)))\n"
         "    except Exception as e:\n"
@@ -195,6 +202,12 @@ def test_conversions_equal_the_label_maps_and_missing_or_stale_ones_name_the_com
     assert "DatasetNotFoundError" in ade and "older than its source" in ade and "ADE_val_00000001.png" in ade
     assert f"prepare_datasets.py ade20k --root {tmp_path}" in ade
     assert voc21.endswith("ok 2")  # the official VOC masks need no conversion
+    for name, converted, command in (
+            ("sparseclip_coco_stuff_val", "000000000000_labelTrainIds.png", "coco_stuff"),
+            ("sparseclip_coco_object_val", "000000000000_instanceTrainIds.png", "coco_object"),
+            ("sparseclip_cityscapes_val", "lindau_000001_000019_gtFine_labelTrainIds.png", "cityscapes")):
+        line = lines[name]
+        assert "older than its source" in line and converted in line and f"prepare_datasets.py {command}" in line, line
 
 
 def test_conversion_rewrites_only_missing_or_stale_masks(tmp_path, capsys):

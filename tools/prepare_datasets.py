@@ -3,7 +3,7 @@
 $DETECTRON2_DATASETS): label PNGs that detectron2's SemSegEvaluator reads as they are
 (class indices of the dataset, 255 = ignore).
 
-    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready, every mask checked (exit 1 if one is not)
+    python tools/prepare_datasets.py check [NAME ...] [--sample N]  # which datasets are ready (exit 1 if not)
     python tools/prepare_datasets.py voc20       [--root R] # SegmentationClass -> annotations_detectron2/voc20_val
     python tools/prepare_datasets.py ade20k      [--root R] # annotations -> annotations_detectron2 (detectron2's)
     python tools/prepare_datasets.py context     [--root R] [--json trainval_merged.json]  # 60- and 59-class masks
@@ -104,8 +104,8 @@ def _raw_coco_maps(root):
 def coco_stuff(root):
     mapping = {c - 1: i for i, c in enumerate(THING_IDS + STUFF_IDS)}
     ann = os.path.join(root, "coco_stuff164k", "annotations", "val2017")
-    _report(*_convert(_raw_coco_maps(root), _lut(mapping), ".png", "_labelTrainIds.png", 171),
-            "*_labelTrainIds.png", ann)
+    written = _convert(_raw_coco_maps(root), _lut(mapping), ".png", "_labelTrainIds.png", _num_classes("coco_stuff171"))
+    _report(*written, "*_labelTrainIds.png", ann)
 
 
 def coco_object(root, from_instances=False):
@@ -113,8 +113,9 @@ def coco_object(root, from_instances=False):
         mapping = {c - 1: i + 1 for i, c in enumerate(THING_IDS)}
         mapping.update({c - 1: 0 for c in STUFF_IDS})
         ann = os.path.join(root, "coco_stuff164k", "annotations", "val2017")
-        _report(*_convert(_raw_coco_maps(root), _lut(mapping), ".png", "_instanceTrainIds.png", 81),
-                "*_instanceTrainIds.png", ann)
+        written = _convert(_raw_coco_maps(root), _lut(mapping), ".png", "_instanceTrainIds.png",
+                           _num_classes("coco_object"))
+        _report(*written, "*_instanceTrainIds.png", ann)
         return
     from pycocotools.coco import COCO
 
@@ -198,8 +199,9 @@ def cityscapes(root):
     files = sorted(glob.glob(os.path.join(root, "cityscapes", "gtFine", "val", "*", "*_gtFine_labelIds.png")))
     if not files:
         sys.exit(f"no *_gtFine_labelIds.png under {os.path.join(root, 'cityscapes', 'gtFine', 'val')}")
-    _report(*_convert(files, _lut(CITYSCAPES_TRAIN_IDS), "_labelIds.png", "_labelTrainIds.png", 19),
-            "*_gtFine_labelTrainIds.png", os.path.join(root, "cityscapes", "gtFine", "val"))
+    written = _convert(files, _lut(CITYSCAPES_TRAIN_IDS), "_labelIds.png", "_labelTrainIds.png",
+                       _num_classes("cityscapes19"))
+    _report(*written, "*_gtFine_labelTrainIds.png", os.path.join(root, "cityscapes", "gtFine", "val"))
 
 
 # PASCAL-Context: PASCAL in Detail category ids (1-based, alphabetical over its 459 classes) of

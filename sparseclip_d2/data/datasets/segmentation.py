@@ -36,7 +36,7 @@ sets), ``dataset_root``, ``prepare_command``.
 import glob
 import logging
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
@@ -82,16 +82,25 @@ def _missing(name: str, path: str, prepare_command: str, what: str = "",
     )
 
 
-def _check_not_stale(name: str, gt: str, source_dir: Optional[str], prepare_command: str) -> None:
-    """A converted mask must not be older than its source (same file name in ``source_dir``)."""
-    if source_dir is None:
-        return
-    src = os.path.join(source_dir, os.path.basename(gt))
-    if os.path.isfile(src) and os.stat(src).st_mtime_ns > os.stat(gt).st_mtime_ns:
+def _check_not_stale(name: str, gt: str, source: Optional[str], prepare_command: str) -> None:
+    """A converted mask must not be older than its ``source`` (when that file exists)."""
+    if source is not None and os.path.isfile(source) and os.stat(source).st_mtime_ns > os.stat(gt).st_mtime_ns:
         raise DatasetNotFoundError(
-            f"dataset {name!r}: converted ground truth {gt!r} is older than its source {src!r}; "
+            f"dataset {name!r}: converted ground truth {gt!r} is older than its source {source!r}; "
             f"convert again: {prepare_command}"
         )
+
+
+def _source_of(gt: str, source_dir: Optional[str], source_suffix: Optional[Tuple[str, str]]) -> Optional[str]:
+    """The source of converted mask ``gt``: the same file name in ``source_dir``, or, with
+    ``source_suffix = (converted suffix, source suffix)``, the file next to it whose name ends
+    in the source suffix instead."""
+    if source_suffix is not None:
+        converted, source = source_suffix
+        return gt[: -len(converted)] + source if gt.endswith(converted) else None
+    if source_dir is not None:
+        return os.path.join(source_dir, os.path.basename(gt))
+    return None
 
 
 def load_split_file_dataset(
@@ -127,7 +136,7 @@ def load_split_file_dataset(
         for path in (image, gt):
             if not os.path.isfile(path):
                 raise _missing(name, path, prepare_command, f"file listed in {split_file} as")
-        _check_not_stale(name, gt, source_dir, prepare_command)
+        _check_not_stale(name, gt, _source_of(gt, source_dir, None), prepare_command)
         dicts.append({"file_name": image, "sem_seg_file_name": gt, "image_id": image_id})
     return dicts
 
@@ -135,10 +144,13 @@ def load_split_file_dataset(
 def load_paired_dataset(
     name: str, image_dir: str, gt_dir: str, *, image_suffix: str, gt_suffix: str,
     prepare_command: str, recursive: bool = False, source_dir: Optional[str] = None,
+    source_suffix: Optional[Tuple[str, str]] = None,
 ) -> List[Dict]:
     """Dataset dicts pairing ``<stem><image_suffix>`` images with ``<stem><gt_suffix>`` masks
     (same relative folder), sorted by path. ``source_dir``: as in
-    :func:`load_split_file_dataset` (flat folders only).
+    :func:`load_split_file_dataset` (flat folders only); ``source_suffix`` ``(converted,
+    source)``: converted masks live next to their sources (``x_labelTrainIds.png`` made from
+    ``x.png``: ``("_labelTrainIds.png", ".png")``), and one older than its source is stale.
 
     Raises:
         DatasetNotFoundError: a folder is missing, it holds no images, an image has no mask,
@@ -159,7 +171,7 @@ def load_paired_dataset(
         if not os.path.isfile(gt):
             missing.append(gt)
             continue
-        _check_not_stale(name, gt, source_dir, prepare_command)
+        _check_not_stale(name, gt, _source_of(gt, source_dir, source_suffix), prepare_command)
         dicts.append({"file_name": image, "sem_seg_file_name": gt, "image_id": os.path.basename(rel)})
     if missing:
         raise DatasetNotFoundError(
@@ -279,7 +291,7 @@ def register_coco_stuff(root: str) -> None:
             name,
             lambda name=name, suffix=suffix, prep=prep: load_paired_dataset(
                 name, os.path.join(base, "images", "val2017"), os.path.join(base, "annotations", "val2017"),
-                image_suffix=".jpg", gt_suffix=suffix, prepare_command=prep),
+                image_suffix=".jpg", gt_suffix=suffix, prepare_command=prep, source_suffix=(suffix, ".png")),
             class_names=load_class_names(classes), background_index=bg,
             dataset_root=base, prepare_command=prep, class_names_file=classes,
         )
@@ -295,7 +307,7 @@ def register_cityscapes(root: str) -> None:
         lambda: load_paired_dataset(
             name, os.path.join(base, "leftImg8bit", "val"), os.path.join(base, "gtFine", "val"),
             image_suffix="_leftImg8bit.png", gt_suffix="_gtFine_labelTrainIds.png",
-            prepare_command=prep, recursive=True),
+            prepare_command=prep, recursive=True, source_suffix=("_labelTrainIds.png", "_labelIds.png")),
         class_names=load_class_names("cityscapes19"), background_index=None,
         dataset_root=base, prepare_command=prep, class_names_file="cityscapes19",
     )
