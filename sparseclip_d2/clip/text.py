@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..common.io import atomic_path
 from ..common.synonyms import split_class_name
 from .templates import get_templates
 
@@ -235,10 +236,8 @@ class TextClassifier:
             emb = self.encode(synonyms)
             if path is not None:
                 try:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    tmp = f"{path}.{os.getpid()}.tmp"
-                    torch.save({"embeddings": emb.cpu(), "synonyms": synonyms, "templates": self.templates}, tmp)
-                    os.replace(tmp, path)
+                    with atomic_path(path) as tmp:
+                        torch.save({"embeddings": emb.cpu(), "synonyms": synonyms, "templates": self.templates}, tmp)
                 except OSError as e:
                     logger.warning("could not write the text-embedding cache %s (%s)", path, e)
         self._memory[mkey] = emb

@@ -35,6 +35,7 @@ from detectron2.config import configurable
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import Boxes, pairwise_iou
 
+from ..data.image_io import check_input_format
 from ..common.cache import LRUCache
 from .backbone import build_clip_parts
 from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
@@ -285,8 +286,7 @@ class SparseCLIPFGOVD(nn.Module):
                 f"unknown MODEL.SPARSECLIP.FGOVD.PROPOSAL_MATCHING {proposal_matching!r}; valid: "
                 f"{', '.join(CONVENTION_CHOICES['proposal_matching'])}"
             )
-        if input_format not in ("RGB", "BGR"):
-            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {input_format!r}")
+        check_input_format(input_format)
         if protocol == "crop" and clip_model is None:
             raise ValueError("MODEL.SPARSECLIP.FGOVD.PROTOCOL crop needs clip_model (the unmodified CLIP)")
         if int(crop_batch_size) < 1:

@@ -32,6 +32,7 @@ from detectron2.data import MetadataCatalog
 from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
+from ..data.image_io import check_input_format
 from ..common.cache import LRUCache
 from ..common.synonyms import split_class_name
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
@@ -117,8 +118,7 @@ class SparseCLIP(nn.Module):
         for name in ("patch_size", "embed_dim"):
             if not hasattr(encoder, name):
                 raise ValueError(f"encoder {type(encoder).__name__} lacks the attribute {name!r}")
-        if input_format not in ("RGB", "BGR"):
-            raise ValueError(f"INPUT.FORMAT must be RGB or BGR, got {input_format!r}")
+        check_input_format(input_format)
         if sliding_window and (crop_size <= 0 or stride <= 0 or window_batch_size <= 0):
             raise ValueError(
                 f"TEST.SLIDING_WINDOW needs positive CROP_SIZE/STRIDE/BATCH_SIZE, got "
