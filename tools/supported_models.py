@@ -5,7 +5,7 @@ For every name in ``open_clip.list_models()`` the model is built on the meta dev
 memory, no weights; the text tower replaced by a one-layer stub since only the vision
 tower is inspected) and its vision tower is classified by
 ``sparseclip_d2.clip.towers.check_tower``. Prints a Markdown table per tower type with the
-counts (the README's model table comes from this output)::
+counts (the model table of docs/model_zoo.md comes from this output)::
 
     python tools/supported_models.py [--names]
 """
