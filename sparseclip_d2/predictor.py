@@ -274,6 +274,8 @@ class Predictor:
             except ValueError as e:
                 raise ValueError(f"attention spec {self.method!r}: {e}") from e
         self.model = SparseCLIP(**dict(self._kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE))
+        if _base is not None:
+            self.model.share_text_cache(_base.model)  # one encoding of each vocabulary for all variants
         self.random_weights = bool(self._kwargs["random_weights"])
         self._resize = build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
 

@@ -81,6 +81,7 @@ def test_batch_equals_single_and_text_is_encoded_once(photo):
         batch = predictor([photo, small], VOCAB)
         n = len(calls)
         single = predictor(small, VOCAB)
+        predictor.variant("softmax")(small, VOCAB)  # a variant shares the encoded vocabulary
     finally:
         del clip_model.encode_text
     assert n > 0 and len(calls) == n, "the second call re-encoded the vocabulary"

@@ -171,3 +171,23 @@ def test_bad_templates_and_batch_size(tiny_clip):
         TextClassifier(model, tokenizer, ["a photo"])
     with pytest.raises(ValueError, match="batch_size"):
         TextClassifier(model, tokenizer, "single", batch_size=0)
+
+
+def test_memory_cache_is_bounded(tiny_clip, monkeypatch):
+    """The in-memory cache is an LRU of ``memory_size`` vocabularies; 0 keeps none (the META_ARCHs
+    hold the one cache themselves)."""
+    model, tokenizer, name = tiny_clip
+    calls = _count_calls(monkeypatch, model)
+    clf = TextClassifier(model, tokenizer, "single", model_name=name, memory_size=1)
+    clf(["cat"])
+    clf(["dog"])  # evicts ["cat"]
+    n = len(calls)
+    clf(["cat"])
+    assert len(calls) > n
+    none = TextClassifier(model, tokenizer, "single", model_name=name, memory_size=0)
+    none(["cat"])
+    n = len(calls)
+    none(["cat"])
+    assert len(calls) > n
+    with pytest.raises(ValueError, match="memory_size"):
+        TextClassifier(model, tokenizer, "single", memory_size=-1)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..common.cache import LRUCache
 from ..common.io import atomic_path
 from ..common.synonyms import split_class_name
 from .templates import get_templates
@@ -124,10 +125,13 @@ class TextClassifier:
         model_name: model name used in the cache key.
         cache_dir: disk cache directory, ``"off"`` to disable (see :func:`text_cache_dir`).
         batch_size: prompts per ``encode_text`` call.
+        memory_size: vocabularies kept in memory (a bounded LRU; 0 = none, for callers that
+            cache the results themselves, as the META_ARCHs do).
     """
 
     def __init__(self, model: nn.Module, tokenizer, templates: Union[str, Sequence[str]] = "single", *,
-                 model_name: str = "", cache_dir: Optional[str] = None, batch_size: int = 256):
+                 model_name: str = "", cache_dir: Optional[str] = None, batch_size: int = 256,
+                 memory_size: int = 16):
         self.model = model
         self.tokenizer = tokenizer
         if isinstance(templates, str):
@@ -144,7 +148,9 @@ class TextClassifier:
         self.batch_size = int(batch_size)
         self.model_name = str(model_name)
         self.cache_dir = text_cache_dir(cache_dir)
-        self._memory: Dict[tuple, torch.Tensor] = {}
+        if int(memory_size) < 0:
+            raise ValueError(f"memory_size must be >= 0, got {memory_size}")
+        self._memory: Optional[LRUCache] = LRUCache(int(memory_size)) if int(memory_size) > 0 else None
         self._fingerprint: Optional[str] = None
 
     @property
@@ -219,9 +225,13 @@ class TextClassifier:
         synonyms, index = split_synonyms(class_names)
         device = self.device
         class_index = torch.tensor(index, dtype=torch.long, device=device)
+        if self._memory is None:
+            return self._embeddings(synonyms, device), class_index
         mkey = (tuple(synonyms), tuple(self.templates), str(device))
-        if mkey in self._memory:
-            return self._memory[mkey], class_index
+        return self._memory.get_or_create(mkey, lambda: self._embeddings(synonyms, device)), class_index
+
+    def _embeddings(self, synonyms: List[str], device: torch.device) -> torch.Tensor:
+        """``(S, D)`` embeddings of ``synonyms``, from the disk cache or encoded (and stored)."""
         path = self._disk_path(synonyms)
         emb = None
         if path is not None and os.path.isfile(path):
@@ -240,5 +250,4 @@ class TextClassifier:
                         torch.save({"embeddings": emb.cpu(), "synonyms": synonyms, "templates": self.templates}, tmp)
                 except OSError as e:
                     logger.warning("could not write the text-embedding cache %s (%s)", path, e)
-        self._memory[mkey] = emb
-        return emb, class_index
+        return emb

@@ -184,6 +184,7 @@ def build_clip_parts(cfg) -> CLIPParts:
             model_name=f"{sc.CLIP.NAME}:{sc.CLIP.PRETRAINED}",
             cache_dir=sc.TEXT.CACHE_DIR or None,
             batch_size=sc.TEXT.BATCH_SIZE,
+            memory_size=0,  # the META_ARCHs keep the one in-memory cache (bounded LRUs)
         )
 
     return CLIPParts(clip_model, random_weights, encoder, text_classifier, pixel_mean, pixel_std)

@@ -232,6 +232,11 @@ class SparseCLIP(nn.Module):
 
         return self._text_cache.get_or_create(key, make)
 
+    def share_text_cache(self, other: "SparseCLIP") -> None:
+        """Use ``other``'s vocabulary-embedding cache (models built from one CLIP, e.g. the
+        attention variants of a ``Predictor``, then encode each vocabulary once in all)."""
+        self._text_cache = other._text_cache
+
     def text_classifier(self, templates: Optional[str] = None) -> TextClassifierFn:
         """The text classifier for a template set (None = the model's default): the one the
         model was built with, or a new one from ``text_classifier_factory``. Uncached: use
