@@ -124,6 +124,11 @@ def lock_output_dir(cfg):
     log and overwriting results.json (``sparseclip_d2.common.outputs``)."""
     global _OUTPUT_FOLDER
     if cfg.OUTPUT_DIR and comm.is_main_process():
+        if _OUTPUT_FOLDER is not None:  # an earlier run in this process (main() called again)
+            if _OUTPUT_FOLDER.path == os.path.abspath(cfg.OUTPUT_DIR):
+                return
+            _OUTPUT_FOLDER.release()
+            _OUTPUT_FOLDER = None
         with user_errors("output", (OutputFolderError,)):
             _OUTPUT_FOLDER = OutputFolder(cfg.OUTPUT_DIR, "train_net.py").acquire()
 
