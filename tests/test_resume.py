@@ -109,3 +109,18 @@ def test_skip_bad_lists_skipped_images_and_without_it_the_run_stops(tmp_path):
     assert "cannot read image" in r["skipped"][0]["error"]
     log = (tmp_path / "lenient" / "log.txt").read_text()
     assert "skipped 1 of 3 images (--skip-bad)" in log and str(bad) in log
+
+
+def test_recorded_output_gives_the_evaluator_the_same_labels():
+    """A record keeps sem_seg's argmax exactly (PNG, 8- or 16-bit), the rest as it is."""
+    import torch
+
+    from sparseclip_d2.evaluation import checkpoint as ck
+
+    g = torch.Generator().manual_seed(0)
+    for classes in (3, 300):  # 8-bit and 16-bit label maps
+        scores = torch.randn(classes, 23, 31, generator=g)
+        rec = ck._reduce_output({"sem_seg": scores, "attention": {"w": torch.arange(4)}})
+        out = ck._output_for_evaluator(rec)
+        assert torch.equal(out["sem_seg_labels"], scores.argmax(dim=0))
+        assert torch.equal(out["attention"]["w"], torch.arange(4)) and "sem_seg" not in out
