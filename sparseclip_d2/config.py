@@ -268,6 +268,10 @@ def check_sparseclip_config(cfg) -> None:
     if sc.CLIP.PRECISION not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"MODEL.SPARSECLIP.CLIP.PRECISION = {sc.CLIP.PRECISION!r} is invalid; "
                          "valid: fp32, fp16, bf16")
+    neg = sc.FGOVD.NUM_NEGATIVES
+    if isinstance(neg, bool) or not isinstance(neg, int) or not (neg == -1 or neg >= 1):
+        raise ValueError(f"MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES = {neg!r} is invalid; valid: an integer >= 1, "
+                         "or -1 for the split's default (10; pattern 7; transparency 2)")
     check_device(cfg.MODEL.DEVICE)
     from .clip.builder import check_model_name
     from .clip.weights import parse_hf_pretrained

@@ -47,8 +47,9 @@ def test_second_run_on_a_locked_output_dir_refuses(tmp_path):
 
 
 def test_killed_evaluation_resumes_with_identical_metrics(tmp_path):
-    """The run is killed (SIGKILL) right after its 3rd of 6 per-image records; the rerun
-    replays those 3 and evaluates the other 3: every metric equals the uninterrupted run's."""
+    """The run is killed (SIGKILL) right after its 3rd of 6 per-image records; a --restart
+    run starts over and is killed after its 1st; the rerun replays that one and evaluates
+    the other 5: every metric equals the uninterrupted run's."""
     data = tmp_path / "data"
     make_fake_root(str(data), n=6)
     whole = train_net(tmp_path / "whole", data)
@@ -59,14 +60,17 @@ def test_killed_evaluation_resumes_with_identical_metrics(tmp_path):
     ckpt = out / "inference" / "sparseclip_voc21_val" / "checkpoint"
     assert sorted(p.name for p in ckpt.glob("*.pt")) == [f"{i:08d}.pt" for i in range(3)]
     assert not (out / "results.json").exists()
+    # --restart drops the checkpoint: this run starts at image 0 (killed again after 1 record)
+    restarted = train_net(out, data, "--restart", env={"SPARSECLIP_FAULT_KILL_AFTER": "1"})
+    assert restarted.returncode == -9 and sorted(p.name for p in ckpt.glob("*.pt")) == ["00000000.pt"]
     (ckpt / ".rec.half-written.tmp").write_bytes(b"\x80")  # a temporary file of a killed write is ignored
     resumed = train_net(out, data)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "3 of 6 images already evaluated" in resumed.stderr + resumed.stdout
+    assert "1 of 6 images already evaluated" in resumed.stderr + resumed.stdout
     a = json.loads((tmp_path / "whole" / "results.json").read_text())["sparseclip_voc21_val"]
     b = json.loads((out / "results.json").read_text())["sparseclip_voc21_val"]
     assert {k: a[k] for k in METRICS} == {k: b[k] for k in METRICS}
-    assert b["num_images"] == 6 and b["resumed_images"] == 3 and "resumed_images" not in a
+    assert b["num_images"] == 6 and b["resumed_images"] == 1 and "resumed_images" not in a
     assert not ckpt.exists()  # finished: the checkpoint is gone
 
 
@@ -105,3 +109,18 @@ def test_skip_bad_lists_skipped_images_and_without_it_the_run_stops(tmp_path):
     assert "cannot read image" in r["skipped"][0]["error"]
     log = (tmp_path / "lenient" / "log.txt").read_text()
     assert "skipped 1 of 3 images (--skip-bad)" in log and str(bad) in log
+
+
+def test_recorded_output_gives_the_evaluator_the_same_labels():
+    """A record keeps sem_seg's argmax exactly (PNG, 8- or 16-bit), the rest as it is."""
+    import torch
+
+    from sparseclip_d2.evaluation import checkpoint as ck
+
+    g = torch.Generator().manual_seed(0)
+    for classes in (3, 300):  # 8-bit and 16-bit label maps
+        scores = torch.randn(classes, 23, 31, generator=g)
+        rec = ck._reduce_output({"sem_seg": scores, "attention": {"w": torch.arange(4)}})
+        out = ck._output_for_evaluator(rec)
+        assert torch.equal(out["sem_seg_labels"], scores.argmax(dim=0))
+        assert torch.equal(out["attention"]["w"], torch.arange(4)) and "sem_seg" not in out

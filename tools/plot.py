@@ -18,6 +18,7 @@ earlier version of the sweep, are left out with a note). Runs that differ in any
 are separate series; partial runs (TEST.MAX_IMAGES) are marked.
 """
 import argparse
+import os
 import sys
 
 from sparseclip_d2.analysis import plots
@@ -46,9 +47,11 @@ def main(argv=None):
     where = {}
     for item in args.where:
         if "=" not in item:
-            raise SystemExit(f"--where {item!r}: expected KEY=VALUE")
+            raise ValueError(f"--where {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
         where[k] = v
+    if not os.path.isfile(args.jsonl):
+        raise FileNotFoundError(f"{args.jsonl!r} does not exist (the results.jsonl of a tools/sweep.py run)")
     records = read_jsonl(args.jsonl)
     if args.sweep:
         from sparseclip_d2.analysis.sweep import load_sweep
@@ -66,7 +69,10 @@ def main(argv=None):
     if not rows:
         why = (f" ({stale} record(s) belong to other settings, data, code or versions than the runs of "
                f"{args.sweep}: rerun the sweep)" if args.sweep and stale else "")
-        raise SystemExit(f"no successful run in {args.jsonl} matches {where or 'anything'}{why}")
+        raise ValueError(f"no successful run in {args.jsonl} matches {where or 'anything'}{why}")
+    if args.dataset and not plots.filter_rows(rows, {"dataset": args.dataset}):
+        have = sorted({str(r.get("dataset")) for r in rows})
+        raise ValueError(f"--dataset {args.dataset!r} is not in {args.jsonl}; datasets: {', '.join(have)}")
     if args.command == "heatmap":
         fig = plots.alpha_depth_heatmap(rows, metric=args.metric, dataset=args.dataset,
                                         x=args.x or "num_layers", y=args.y)
@@ -86,4 +92,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (ValueError, KeyError, OSError) as e:  # a typo in --metric / --dataset, a missing file: one line
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"plot.py: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        sys.exit(2)

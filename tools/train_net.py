@@ -126,6 +126,11 @@ def lock_output_dir(cfg):
     log and overwriting results.json (``sparseclip_d2.common.outputs``)."""
     global _OUTPUT_FOLDER
     if cfg.OUTPUT_DIR and comm.is_main_process():
+        if _OUTPUT_FOLDER is not None:  # an earlier run in this process (main() called again)
+            if _OUTPUT_FOLDER.path == os.path.abspath(cfg.OUTPUT_DIR):
+                return
+            _OUTPUT_FOLDER.release()
+            _OUTPUT_FOLDER = None
         with user_errors("output", (OutputFolderError,)):
             _OUTPUT_FOLDER = OutputFolder(cfg.OUTPUT_DIR, "train_net.py").acquire()
 
@@ -305,6 +310,12 @@ if __name__ == "__main__":
     args = build_parser().parse_args()
     if not args.eval_only:
         sys.exit(TRAINING_FREE)
+    if args.num_gpus > 1 and args.num_gpus > torch.cuda.device_count():
+        # detectron2's launch would fail 10-20 s later inside torch.multiprocessing, with a traceback
+        print(f"train_net.py: error: --num-gpus {args.num_gpus} needs {args.num_gpus} GPUs on this machine; it has "
+              f"{torch.cuda.device_count()}{' (CUDA is not available)' if not torch.cuda.is_available() else ''}: "
+              "use --num-gpus 1 (one process, on the CPU when there is no GPU)", file=sys.stderr)
+        sys.exit(2)
     launch(
         run,
         args.num_gpus,

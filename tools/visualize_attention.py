@@ -16,11 +16,11 @@ import argparse
 import os
 import sys
 
-import numpy as np
-from PIL import Image
+from matplotlib.figure import Figure
 
 from sparseclip_d2.analysis.visualize import DEFAULT_SPECS, attention_figure, query_attention
 from sparseclip_d2.clip import build_clip, is_random_weights, parse_attention_spec
+from sparseclip_d2.data.image_io import read_image_rgb
 
 
 def build_parser():
@@ -41,20 +41,36 @@ def build_parser():
     return p
 
 
+def fail(message):
+    """One error line and exit status 2 (a mistake in the arguments, found before any compute)."""
+    print(f"visualize_attention.py: error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    suffix = os.path.splitext(args.output)[1].lower().lstrip(".")
+    formats = Figure().canvas.get_supported_filetypes()
+    if suffix not in formats:
+        fail(f"-o {args.output!r}: unknown figure format {suffix!r}; valid suffixes: {', '.join(sorted(formats))}")
     if args.image:
         path = args.image
     else:
         from sparseclip_d2.data.datasets.demo import build_demo_files, demo_dir
 
         path = build_demo_files(demo_dir())["file_name"]
-    with Image.open(path) as im:
-        image = np.asarray(im.convert("RGB"))
+    try:
+        image = read_image_rgb(path)
+    except OSError as e:
+        fail(e)
+    h, w = image.shape[:2]
+    x, y = args.query
+    if not (0 <= x < w and 0 <= y < h):
+        fail(f"--query {x:g} {y:g} is outside the {w}x{h} image {path!r}; valid: 0 <= X < {w}, 0 <= Y < {h}")
     try:
         specs = [parse_attention_spec(s) for s in args.specs]
     except ValueError as e:
-        raise SystemExit(f"--specs: {e}")
+        fail(f"--specs: {e}")
     model = build_clip(args.backbone, args.pretrained, device=args.device)
     results = query_attention(model.visual, image, tuple(args.query), specs, resolution=args.resolution,
                               device=args.device)

@@ -6,7 +6,7 @@ through two thin wrappers of our own (no library class is changed):
 - the evaluator (:class:`ResumableEvaluator`) passes every ``process`` call on and then
   writes one **record per image** atomically into the checkpoint folder
   (``<folder>/<index>.pt``: the input dict without its image tensor, and what the evaluators
-  read from the output: ``sem_seg`` reduced to its ``argmax`` label map, which is all
+  read from the output: ``sem_seg`` reduced to its ``argmax`` label map (as PNG bytes), which is all
   detectron2's ``SemSegEvaluator`` uses, other entries such as ``attention`` / ``fgovd``
   as they are, on the CPU). On ``reset`` it replays the records of the images already
   done through the real evaluator, in dataset order, so the final metrics equal an
@@ -98,13 +98,41 @@ def _record_path(folder: str, index: int) -> str:
     return os.path.join(folder, f"{index:08d}.pt")
 
 
+def _png_bytes(labels: torch.Tensor) -> bytes:
+    """A ``(H, W)`` label map as PNG bytes (8-bit, or 16-bit up to 65535; lossless)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    arr = labels.numpy()
+    if arr.size and (arr.min() < 0 or arr.max() > 65535):
+        raise ValueError(f"label values {arr.min()}..{arr.max()} do not fit a 16-bit PNG")
+    buf = io.BytesIO()
+    Image.fromarray(arr.astype(np.uint8 if arr.max(initial=0) <= 255 else np.uint16)).save(
+        buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _labels_from_png(data: bytes) -> torch.Tensor:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return torch.from_numpy(np.asarray(im).astype(np.int64))
+
+
 def _reduce_output(output) -> Dict:
-    """What the evaluators read from one output, on the CPU (``sem_seg`` -> its argmax)."""
+    """What the evaluators read from one output, on the CPU: ``sem_seg`` (or
+    ``sem_seg_labels``) as its argmax label map in PNG bytes, the rest as it is."""
     out = {}
     for k, v in output.items():
         if k == "sem_seg":
-            labels = v.argmax(dim=0).cpu()
-            out["sem_seg_labels"] = labels.to(torch.int16 if v.shape[0] <= 32767 else torch.int32)
+            out["sem_seg_labels_png"] = _png_bytes(v.argmax(dim=0).cpu())
+        elif k == "sem_seg_labels":
+            out["sem_seg_labels_png"] = _png_bytes(v.cpu())
         else:
             out[k] = _to_cpu(v)
     return out
@@ -186,7 +214,12 @@ class ResumableEvaluator(DatasetEvaluator):
 
 
 def _output_for_evaluator(out: Dict) -> Dict:
-    return out  # SparseCLIPSemSegEvaluator reads "sem_seg_labels" like "sem_seg"'s argmax
+    """A recorded output as the evaluators take it: the label map as ``sem_seg_labels``,
+    which ``SparseCLIPSemSegEvaluator`` reads as it reads ``sem_seg``'s argmax."""
+    out = dict(out)
+    if "sem_seg_labels_png" in out:
+        out["sem_seg_labels"] = _labels_from_png(out.pop("sem_seg_labels_png"))
+    return out
 
 
 class _TrackingLoader:
