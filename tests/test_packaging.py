@@ -69,6 +69,7 @@ def test_wheel_console_demo_and_train_net(installed, tmp_path):
     _run([sys.executable, str(demo), "--input", str(photo), "--classes", "person, chair, wall",
           "--output", str(tmp_path / "demo_out"), "--opts", *TINY], env, tmp_path)
     assert (tmp_path / "demo_out" / "photo_labels.png").is_file()
-    proc = _run([sys.executable, str(REPO / "tools" / "train_net.py"), "--eval-only", "--config-file", "demo",
+    train_net = target / "bin" / "sparseclip-train-net"
+    proc = _run([sys.executable, str(train_net), "--eval-only", "--config-file", "demo",
                  "OUTPUT_DIR", str(tmp_path / "run"), *TINY], env, tmp_path)
     assert (tmp_path / "run" / "results.json").is_file(), proc.stdout[-2000:]

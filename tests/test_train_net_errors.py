@@ -1,6 +1,5 @@
 """tools/train_net.py: user mistakes (config, data, weights) end with one ``error:`` line and
 exit status 2; anything else keeps its traceback."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,9 +12,8 @@ TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.T
 
 
 def _train_net():
-    spec = importlib.util.spec_from_file_location("train_net_under_test", os.path.join(ROOT, "tools", "train_net.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    import sparseclip_d2.cli.train_net as module
+
     return module
 
 
