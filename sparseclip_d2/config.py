@@ -84,6 +84,20 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.ATTENTION.SUM_MODE = "normalize_then_sum"
     # Seed of the random_matched control's generator.
     _C.MODEL.SPARSECLIP.ATTENTION.SEED = 0
+    # Attention mixed across layers (ITACLIP, ResCLIP's RCS; AttentionSpec.mix_*): the last
+    # block's weights W become SCALE * ((1 - WEIGHT) * W + WEIGHT * mean_l W_l), W_l computed
+    # with SOURCE and NORMALIZER from the input of block l (0-based index) in the same forward.
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX = CN()
+    # 0-based indices of the tapped blocks, each < depth - 1; [] disables the mixing.
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS = []
+    # Score source of the tapped layers (qk = their own attention; ITACLIP: qq+kk).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.SOURCE = "qk"
+    # Normaliser of the tapped layers; "" = ATTENTION.NORMALIZER (one override reaches all).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.NORMALIZER = ""
+    # Share of the tapped layers' mean, in [0, 1] (ResCLIP's lambda, ITACLIP 0.5).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.WEIGHT = 0.5
+    # Factor on the blend, > 0 (ResCLIP's tau; ITACLIP 1).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.SCALE = 1.0
 
     # The last block's structure.
     _C.MODEL.SPARSECLIP.BLOCK = CN()
@@ -91,6 +105,9 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.BLOCK.RESIDUAL = True
     # Keep the last block's FFN (MLP) branch (ClearCLIP/NACLIP: False).
     _C.MODEL.SPARSECLIP.BLOCK.FFN = True
+    # CLS-token residual weight: this times the last block's input CLS token is added to every
+    # output token of the last block (SC-CLIP's res_cls 0.3); 0 disables.
+    _C.MODEL.SPARSECLIP.BLOCK.CLS_WEIGHT = 0.0
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
