@@ -316,3 +316,24 @@ def test_forward_pass_taps_block_inputs_in_one_pass_and_batch_rows_are_independe
     torch.testing.assert_close(tokens, p.tokens) and torch.testing.assert_close(attn, p.attn)
     with pytest.raises(ValueError, match=r"tap_layers \[5\]: 5 is not a block index; valid: 0..4"):
         enc.forward_pass(images, tap_layers=(5,))
+
+
+# ----------------------------------------------------------------------------- the zoo page
+def test_zoo_page_matches_the_presets():
+    """docs/methods.md has one row per preset, and its "last block" cell is describe_spec of it."""
+    import os
+    import re
+
+    from sparseclip_d2.clip import describe_spec
+
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "methods.md")
+    rows = {}
+    for line in open(path, encoding="utf-8"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[1].startswith("`"):
+            rows[cells[1].strip("`")] = cells
+    assert set(rows) == set(PRESETS), sorted(set(rows) ^ set(PRESETS))
+    for name, cells in rows.items():
+        assert cells[2] == describe_spec(PRESETS[name]), name
+        commit = cells[4]
+        assert commit == "-" or re.search(r"@ [0-9a-f]{7}\b", commit), (name, commit)
