@@ -122,6 +122,12 @@ def add_sparseclip_config(cfg):
     # tokenizer for SigLIP / SigLIP 2, which needs `transformers` and its files), or a local
     # directory with that Hugging Face tokenizer's files (offline machines).
     _C.MODEL.SPARSECLIP.TEXT.TOKENIZER = ""
+    # Class definitions mixed into the class embeddings (ITACLIP's text expansion,
+    # sparseclip_d2.clip.definitions): "" = none, or a file with one "name >=definition" line
+    # per class (background excluded), ITACLIP's llama_generated_texts/ format; the project
+    # ships none. Each synonym embedding e becomes (1 - W) e + W d(its class).
+    _C.MODEL.SPARSECLIP.TEXT.DEFINITIONS = ""
+    _C.MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = 0.0
 
     # Class-name set: "" (each dataset's packaged names, with synonyms) or an upstream
     # baseline's published vocabulary for the same dataset: "sclip", "clearclip", "naclip",
@@ -144,6 +150,9 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.PAMR = CN()
     _C.MODEL.SPARSECLIP.PAMR.STEPS = 0
     _C.MODEL.SPARSECLIP.PAMR.DILATIONS = [8, 16]
+    # Morphological closing of the label map (ITACLIP: 3, a 3x3 rectangle on the uint8 labels);
+    # 0 disables. When on, the model returns "sem_seg_labels" instead of "sem_seg" scores.
+    _C.MODEL.SPARSECLIP.LABEL_CLOSING = 0
 
     # Logits = LOGIT_SCALE * cosine(patch, class). Paper: unknown; SCLIP 40, ClearCLIP 50.
     # 0 = the model's own learned scale exp(logit_scale) (SigLIP's sigmoid bias is a shift
@@ -216,6 +225,13 @@ def add_sparseclip_config(cfg):
     _C.TEST.SLIDING_WINDOW.STRIDE = 224
     # Windows encoded together per encoder call.
     _C.TEST.SLIDING_WINDOW.BATCH_SIZE = 8
+
+    # Test-time augmentation of each window's logits (sparseclip_d2.modeling.tta): "" = none,
+    # "itaclip" = ITACLIP's image engineering (original + grayscale + blur features averaged,
+    # mixed with the flipped windows' logits: WEIGHT * L + (1 - WEIGHT) * L_flip).
+    _C.TEST.TTA = CN()
+    _C.TEST.TTA.MODE = ""
+    _C.TEST.TTA.WEIGHT = 0.75
 
     # Attention statistics (same-class / non-class mass, support, perplexity).
     _C.TEST.ATTENTION_STATS = CN()
