@@ -233,3 +233,28 @@ def test_itaclip_configs_select_the_upstream_settings():
                 cfg.INPUT.RESIZE_MODE) == ("itaclip", "openai_imagenet", "clip_mmseg", "scale_factor", "truncate",
                                            "mmseg")
         assert sc.TEXT.DEFINITIONS == ""  # the definitions are the user's file, never shipped
+
+
+def test_itaclip_config_runs_through_train_net(tmp_path):
+    """configs/baselines/itaclip_b16_voc21.yaml end to end (tiny random-weight tower, so the
+    tapped layer is block 0; a definitions file of our own), label maps reach the evaluator."""
+    import json
+
+    from test_datasets import make_fake_root
+    from test_train_net import TINY, run
+
+    make_fake_root(str(tmp_path / "data"), n=2)
+    names = ["aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "table", "dog",
+             "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor"]
+    defs = _write(tmp_path, "".join(f"{n} >=a thing called {n}.\n" for n in names))
+    out = tmp_path / "out"
+    res = run(["--eval-only", "--config-file", "configs/baselines/itaclip_b16_voc21.yaml", *TINY,
+               "MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS", "[0]", "MODEL.SPARSECLIP.TEXT.DEFINITIONS", defs,
+               "TEST.SLIDING_WINDOW.CROP_SIZE", "32", "TEST.SLIDING_WINDOW.STRIDE", "16", "TEST.MAX_IMAGES", "1",
+               "OUTPUT_DIR", str(out)], env={"DETECTRON2_DATASETS": str(tmp_path / "data")})
+    assert res.returncode == 0, res.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    r = results["sparseclip_voc21_val"]
+    assert r["num_images"] == 1 and 0 <= r["mIoU"] <= 100
+    cfg = results["config"]["MODEL"]["SPARSECLIP"]
+    assert cfg["LABEL_CLOSING"] == 3 and cfg["TEXT"]["DEFINITIONS"] == defs
