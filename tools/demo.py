@@ -352,6 +352,11 @@ def segment(model: SparseCLIP, inputs: Dict, *, probs_path: Optional[str] = None
         finally:
             if writer is not None:
                 writer.close()
+        if getattr(model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as the model's forward does
+            from sparseclip_d2.modeling.tta import close_labels
+
+            labels = close_labels(torch.from_numpy(labels.astype(np.int64)), model.label_closing).numpy().astype(
+                labels.dtype)
         return Segmentation(labels, sums / float(height * width), thumbs, maps.rules())
 
 
