@@ -95,6 +95,20 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.ATTENTION.SUM_MODE = "normalize_then_sum"
     # Seed of the random_matched control's generator.
     _C.MODEL.SPARSECLIP.ATTENTION.SEED = 0
+    # Attention mixed across layers (ITACLIP, ResCLIP's RCS; AttentionSpec.mix_*): the last
+    # block's weights W become SCALE * ((1 - WEIGHT) * W + WEIGHT * mean_l W_l), W_l computed
+    # with SOURCE and NORMALIZER from the input of block l (0-based index) in the same forward.
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX = CN()
+    # 0-based indices of the tapped blocks, each < depth - 1; [] disables the mixing.
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS = []
+    # Score source of the tapped layers (qk = their own attention; ITACLIP: qq+kk).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.SOURCE = "qk"
+    # Normaliser of the tapped layers; "" = ATTENTION.NORMALIZER (one override reaches all).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.NORMALIZER = ""
+    # Share of the tapped layers' mean, in [0, 1] (ResCLIP's lambda, ITACLIP 0.5).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.WEIGHT = 0.5
+    # Factor on the blend, > 0 (ResCLIP's tau; ITACLIP 1).
+    _C.MODEL.SPARSECLIP.ATTENTION.MIX.SCALE = 1.0
 
     # The last block's structure.
     _C.MODEL.SPARSECLIP.BLOCK = CN()
@@ -102,6 +116,9 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.BLOCK.RESIDUAL = True
     # Keep the last block's FFN (MLP) branch (ClearCLIP/NACLIP: False).
     _C.MODEL.SPARSECLIP.BLOCK.FFN = True
+    # CLS-token residual weight: this times the last block's input CLS token is added to every
+    # output token of the last block (SC-CLIP's res_cls 0.3); 0 disables.
+    _C.MODEL.SPARSECLIP.BLOCK.CLS_WEIGHT = 0.0
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
@@ -116,6 +133,12 @@ def add_sparseclip_config(cfg):
     # tokenizer for SigLIP / SigLIP 2, which needs `transformers` and its files), or a local
     # directory with that Hugging Face tokenizer's files (offline machines).
     _C.MODEL.SPARSECLIP.TEXT.TOKENIZER = ""
+    # Class definitions mixed into the class embeddings (ITACLIP's text expansion,
+    # sparseclip_d2.clip.definitions): "" = none, or a file with one "name >=definition" line
+    # per class (background excluded), ITACLIP's llama_generated_texts/ format; the project
+    # ships none. Each synonym embedding e becomes (1 - W) e + W d(its class).
+    _C.MODEL.SPARSECLIP.TEXT.DEFINITIONS = ""
+    _C.MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = 0.0
 
     # Class-name set: "" (each dataset's packaged names, with synonyms) or an upstream
     # baseline's published vocabulary for the same dataset: "sclip", "clearclip", "naclip",
@@ -138,6 +161,9 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.PAMR = CN()
     _C.MODEL.SPARSECLIP.PAMR.STEPS = 0
     _C.MODEL.SPARSECLIP.PAMR.DILATIONS = [8, 16]
+    # Morphological closing of the label map (ITACLIP: 3, a 3x3 rectangle on the uint8 labels);
+    # 0 disables. When on, the model returns "sem_seg_labels" instead of "sem_seg" scores.
+    _C.MODEL.SPARSECLIP.LABEL_CLOSING = 0
 
     # Logits = LOGIT_SCALE * cosine(patch, class). Paper: unknown; SCLIP 40, ClearCLIP 50.
     # 0 = the model's own learned scale exp(logit_scale) (SigLIP's sigmoid bias is a shift
@@ -210,6 +236,13 @@ def add_sparseclip_config(cfg):
     _C.TEST.SLIDING_WINDOW.STRIDE = 224
     # Windows encoded together per encoder call.
     _C.TEST.SLIDING_WINDOW.BATCH_SIZE = 8
+
+    # Test-time augmentation of each window's logits (sparseclip_d2.modeling.tta): "" = none,
+    # "itaclip" = ITACLIP's image engineering (original + grayscale + blur features averaged,
+    # mixed with the flipped windows' logits: WEIGHT * L + (1 - WEIGHT) * L_flip).
+    _C.TEST.TTA = CN()
+    _C.TEST.TTA.MODE = ""
+    _C.TEST.TTA.WEIGHT = 0.75
 
     # Attention statistics (same-class / non-class mass, support, perplexity).
     _C.TEST.ATTENTION_STATS = CN()

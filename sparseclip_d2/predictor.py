@@ -40,6 +40,7 @@ from .data.mapper import build_resize  # noqa: E402
 from .model_zoo import resolve_config_file  # noqa: E402
 from .modeling import SparseCLIP, resolve_device  # noqa: E402
 from .modeling.postprocess import ScoreMaps  # noqa: E402
+from .modeling.tta import close_labels  # noqa: E402
 
 __all__ = ["Predictor", "Prediction", "build_config", "resolve_vocabulary", "to_rgb_image"]
 
@@ -350,7 +351,10 @@ class Predictor:
             label = image if isinstance(image, (str, os.PathLike)) else f"image {i}"
             rgb = to_rgb_image(image, str(label))
             maps, record = self.predict_input(self.prepare(rgb, classes, bg), attention=attention)
-            labels = maps.labels().cpu().numpy()
+            labels = maps.labels()
+            if getattr(self.model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as forward does
+                labels = close_labels(labels, self.model.label_closing)
+            labels = labels.cpu().numpy()
             results.append(Prediction(labels=labels, classes=classes, names=names, score_maps=maps, attention=record,
                                       method=self.method, random_weights=self.random_weights))
         return results if batch else results[0]

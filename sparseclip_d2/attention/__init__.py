@@ -1,11 +1,13 @@
 """Layer 1 of sparseclip_d2: configurable attention in pure torch.
 
 Score sources (:mod:`.sources`), row normalisers (:mod:`.normalizers`), additive priors
-(:mod:`.priors`) are fvcore registries; :func:`attention_weights` combines them.
+(:mod:`.priors`) are fvcore registries; :func:`attention_weights` combines them;
+:func:`mix_attention` (:mod:`.mixing`) blends a block's weights with layers tapped earlier.
 No open_clip or detectron2 import here.
 """
 from .entmax import ALPHA_RANGE, alpha_entmax, check_alpha
 from .functional import SUM_MODES, apply_attention, attention_weights
+from .mixing import check_mix_scale, check_mix_weight, mix_attention
 from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
 from .priors import PRIOR_REGISTRY, build_prior, get_prior
 from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, paper_source_name, parse_source
@@ -17,6 +19,9 @@ __all__ = [
     "attention_weights",
     "apply_attention",
     "SUM_MODES",
+    "mix_attention",
+    "check_mix_weight",
+    "check_mix_scale",
     "SCORE_SOURCE_REGISTRY",
     "NORMALIZER_REGISTRY",
     "PRIOR_REGISTRY",

@@ -293,6 +293,12 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
         finally:
             if writer is not None:
                 writer.close()
+        model = predictor.model
+        if getattr(model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as the model's forward does
+            from ..modeling.tta import close_labels
+
+            labels = close_labels(torch.from_numpy(labels.astype(np.int64)), model.label_closing).numpy().astype(
+                labels.dtype)
         return Segmentation(labels, sums / float(height * width), thumbs, maps.rules())
 
 

@@ -3,7 +3,8 @@
 torch + open_clip only (no detectron2 import).
 """
 from .builder import PRECISIONS, VISION_ACTS, build_clip, get_tokenizer, is_random_weights, vision_tower_variant
-from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, interpolate_pos_embed
+from .definitions import load_definitions, mix_definitions
+from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, EncoderPass, interpolate_pos_embed
 from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME, register_local_model_config
 from .spec import PRESETS, SPEC_KEYS, AttentionSpec, describe_spec, parse_attention_spec, parse_attention_specs
 from .templates import MASKCLIP_TEMPLATES, OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
@@ -23,6 +24,9 @@ __all__ = [
     "vision_tower_variant",
     "VISION_ACTS",
     "DenseCLIPEncoder",
+    "EncoderPass",
+    "load_definitions",
+    "mix_definitions",
     "interpolate_pos_embed",
     "POS_EMBED_INTERP_MODES",
     "LOCAL_MODEL_CONFIGS",

@@ -3,7 +3,7 @@ blocks run a configurable attention and which returns dense patch embeddings in 
 space at any resolution."""
 import functools
 import logging
-from typing import Optional, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -11,12 +11,12 @@ from torch import nn
 
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
-from ..attention import apply_attention, attention_weights, build_prior
+from ..attention import apply_attention, attention_weights, build_prior, mix_attention
 from ..common.cache import LRUCache
 from .spec import AttentionSpec
 from .towers import make_tower
 
-__all__ = ["DenseCLIPEncoder", "interpolate_pos_embed", "POS_EMBED_INTERP_MODES"]
+__all__ = ["DenseCLIPEncoder", "EncoderPass", "interpolate_pos_embed", "POS_EMBED_INTERP_MODES"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,28 @@ def check_normalized(images: torch.Tensor) -> None:
                 f"{peak:g}: raw pixels? normalise them with (pixels / 255 - image_mean) / image_std first")
 
 
+class EncoderPass(NamedTuple):
+    """What one forward of :meth:`DenseCLIPEncoder.forward_pass` returns.
+
+    Fields:
+        tokens: ``(B, P + h*w, C)`` final tokens after the tower's final norm.
+        grid: ``(h, w)`` patch grid.
+        attn: ``(B, heads, P + h*w, P + h*w)`` float32 weights of the last block (after
+            mixing, when the spec mixes layers).
+        taps: ``{block index: (B, P + h*w, C)}`` the *input* tokens of each block asked for in
+            ``tap_layers`` (the residual stream before that block; index ``depth`` = the last
+            block's output before the final norm), from the same forward pass.
+        tap_attention: ``{block index: (B, heads, L, L) float32}`` the attention the spec's
+            ``mix_source`` / ``tap_normalizer`` gives at each ``mix_layers`` block.
+    """
+
+    tokens: torch.Tensor
+    grid: Tuple[int, int]
+    attn: torch.Tensor
+    taps: Dict[int, torch.Tensor]
+    tap_attention: Dict[int, torch.Tensor]
+
+
 class DenseCLIPEncoder(nn.Module):
     """Dense open-vocabulary features from a frozen open_clip ViT tower with a modified final attention.
 
@@ -107,8 +129,11 @@ class DenseCLIPEncoder(nn.Module):
     the tower runs them; the last ``num_layers`` blocks compute q, k, v from the block's own
     projections exactly as the tower does (q/k norms, rotary embeddings on q and k), with
     ``spec.normalizer``/``spec.temperature``; the very last block also uses ``spec.source``,
-    ``spec.prior`` and the ``residual``/``ffn`` switches. Attention scores and weights are
-    float32 whatever the model dtype.
+    ``spec.prior`` and the ``residual``/``ffn`` switches. With ``spec.mix_layers`` the last
+    block's weights are mixed with attention computed from the inputs of those earlier blocks
+    in the same forward pass (``attention.mix_attention``); with ``spec.cls_weight`` that much
+    of the last block's input CLS token is added to its output tokens. Attention scores and
+    weights are float32 whatever the model dtype.
 
     Args:
         visual: ``clip_model.visual``.
@@ -146,6 +171,9 @@ class DenseCLIPEncoder(nn.Module):
         self.attn_pool_dense = attn_pool_dense
         self.depth = len(tower.blocks)
         spec.check_depth(self.depth)
+        if spec.cls_weight and tower.num_prefix_tokens < 1:
+            raise ValueError(f"cls_weight={spec.cls_weight:g} needs a CLS token, but this {tower.kind} tower has no "
+                             "prefix tokens; use cls_weight 0")
         ph, pw = tower.patch
         self._patch = (ph, pw)
         self.patch_size: Union[int, Tuple[int, int]] = ph if ph == pw else (ph, pw)
@@ -187,9 +215,20 @@ class DenseCLIPEncoder(nn.Module):
                                 num_prefix_tokens=self.num_prefix_tokens, device=device))
 
     # -- blocks --------------------------------------------------------------------------
+    def _tap_attention(self, blk: nn.Module, x: torch.Tensor, rope, generator: Optional[torch.Generator]
+                       ) -> torch.Tensor:
+        """The spec's ``mix_source`` attention computed from ``x``, the input of ``blk``:
+        ``(B, heads, L, L)`` float32 (the block's own q/k/v, ``tap_normalizer``, no temperature
+        or prior)."""
+        spec = self.spec
+        q, k, v = self._tower.qkv(blk, self._tower.norm1(blk, x), rope)
+        return attention_weights(q, k, v, source=spec.mix_source, normalizer=spec.tap_normalizer,
+                                 alpha=spec.alpha, sum_mode=spec.sum_mode, generator=generator)
+
     def _run_modified(self, blk: nn.Module, x: torch.Tensor, rope, last: bool, grid: Tuple[int, int],
-                      generator: Optional[torch.Generator]):
-        """One block with the spec's attention; returns ((B, L, C), weights (B, heads, L, L) float32)."""
+                      generator: Optional[torch.Generator], mixed: Sequence[torch.Tensor] = ()):
+        """One block with the spec's attention; returns ((B, L, C), weights (B, heads, L, L) float32).
+        ``mixed``: tapped layers' weights blended into the last block's (``mix_attention``)."""
         spec = self.spec
         tower = self._tower
         B, L, _ = x.shape
@@ -205,13 +244,18 @@ class DenseCLIPEncoder(nn.Module):
             sum_mode=spec.sum_mode,
             generator=generator,
         )
+        if last and mixed:
+            weights = mix_attention(weights, mixed, spec.mix_weight, spec.mix_scale)
         out = apply_attention(weights, v).transpose(1, 2).reshape(B, L, -1)
         out = tower.attn_out(blk, y, out)
         residual = spec.residual if last else True
         ffn = spec.ffn if last else True
+        cls = x[:, :1] if last and spec.cls_weight else None
         x = x + out if residual else out
         if ffn:
             x = x + tower.ffn(blk, x)
+        if cls is not None:
+            x = x + spec.cls_weight * cls
         return x, weights
 
     # -- forward -------------------------------------------------------------------------
@@ -224,6 +268,58 @@ class DenseCLIPEncoder(nn.Module):
                 f"{ph}x{pw}; resize or pad the images to multiples of {ph}")
         return height // ph, width // pw
 
+    def forward_pass(self, images: torch.Tensor, tap_layers: Sequence[int] = ()) -> EncoderPass:
+        """One forward through the tower with the spec's attention, recording the input tokens
+        of the blocks named in ``tap_layers`` (no second pass).
+
+        Args:
+            images: ``(B, 3, H, W)`` normalised, H and W multiples of ``patch_size``.
+            tap_layers: 0-based block indices whose input tokens are returned in
+                ``EncoderPass.taps`` (``depth`` = the last block's output).
+        Returns:
+            an :class:`EncoderPass`.
+        Raises:
+            ValueError: bad images, or a tap index outside ``[0, depth]``.
+        """
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
+        check_normalized(images)
+        want = set()
+        for i in tap_layers:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= self.depth:
+                raise ValueError(f"tap_layers {list(tap_layers)}: {i!r} is not a block index; valid: 0..{self.depth} "
+                                 f"(0-based; {self.depth} = the last block's output)")
+            want.add(i)
+        _, _, H, W = images.shape
+        grid = self.grid_for(H, W)
+        tower = self._tower
+        x, rope = tower.embed(images, grid)
+        if x.shape[1] != self.num_prefix_tokens + grid[0] * grid[1]:
+            raise ValueError(f"the patch embedding of a {H}x{W} input gave {x.shape[1]} tokens, expected "
+                             f"{self.num_prefix_tokens} + {grid[0]}x{grid[1]}")
+        generator = None
+        if "random_matched" in (self.spec.normalizer, self.spec.tap_normalizer):
+            generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
+        first_modified = self.depth - self.spec.num_layers
+        mix_layers = set(self.spec.mix_layers)
+        taps: Dict[int, torch.Tensor] = {}
+        tap_attention: Dict[int, torch.Tensor] = {}
+        attn = None
+        for i, blk in enumerate(tower.blocks):
+            if i in want:
+                taps[i] = x
+            if i in mix_layers:
+                tap_attention[i] = self._tap_attention(blk, x, rope, generator)
+            if i < first_modified:
+                x = tower.run_native(blk, x, rope)
+            else:
+                last = i == self.depth - 1
+                mixed: List[torch.Tensor] = [tap_attention[j] for j in self.spec.mix_layers] if last else []
+                x, attn = self._run_modified(blk, x, rope, last, grid, generator, mixed)
+        if self.depth in want:
+            taps[self.depth] = x
+        return EncoderPass(tower.final_norm(x), grid, attn, taps, tap_attention)
+
     def forward_tokens(self, images: torch.Tensor):
         """All final tokens after the tower's final norm (what timm's ``forward_features``
         returns; for open_clip ViTs after ``ln_post``).
@@ -234,27 +330,8 @@ class DenseCLIPEncoder(nn.Module):
             ``(tokens (B, P + h*w, C), (h, w), attn)`` with ``attn`` the last block's
             weights ``(B, heads, P + h*w, P + h*w)`` float32 (prefix tokens first).
         """
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
-        check_normalized(images)
-        _, _, H, W = images.shape
-        grid = self.grid_for(H, W)
-        tower = self._tower
-        x, rope = tower.embed(images, grid)
-        if x.shape[1] != self.num_prefix_tokens + grid[0] * grid[1]:
-            raise ValueError(f"the patch embedding of a {H}x{W} input gave {x.shape[1]} tokens, expected "
-                             f"{self.num_prefix_tokens} + {grid[0]}x{grid[1]}")
-        generator = None
-        if self.spec.normalizer == "random_matched":
-            generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
-        first_modified = self.depth - self.spec.num_layers
-        attn = None
-        for i, blk in enumerate(tower.blocks):
-            if i < first_modified:
-                x = tower.run_native(blk, x, rope)
-            else:
-                x, attn = self._run_modified(blk, x, rope, i == self.depth - 1, grid, generator)
-        return tower.final_norm(x), grid, attn
+        p = self.forward_pass(images)
+        return p.tokens, p.grid, p.attn
 
     def pooled_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
         """The tower's own pooled image embedding ``(B, D)`` from :meth:`forward_tokens`'

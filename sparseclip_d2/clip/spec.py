@@ -3,6 +3,7 @@ its one text grammar (:func:`parse_attention_spec`, used by the demo, the attent
 visualiser and the sweep's error messages)."""
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -11,6 +12,8 @@ from ..attention import (
     SUM_MODES,
     canonical_source,
     check_alpha,
+    check_mix_scale,
+    check_mix_weight,
     get_normalizer,
     get_prior,
     paper_source_name,
@@ -45,6 +48,21 @@ class AttentionSpec:
         prior_std: std of the gaussian prior, in patches.
         sum_mode: ``normalize_then_sum`` (SCLIP) or ``sum_then_normalize``, for sum sources.
         seed: seed of the ``random_matched`` generator (re-seeded at every forward).
+        mix_layers: 0-based indices of earlier blocks whose attention, computed from each
+            block's own input in the same forward pass (no second pass), is mixed into the last
+            block's weights: ``W = mix_scale * ((1 - mix_weight) * W_last + mix_weight *
+            mean_l W_l)`` (:func:`~sparseclip_d2.attention.mix_attention`). Empty = no mixing.
+            Each index must be below ``depth - 1``; upstream papers count layers from 1
+            (ITACLIP's 7, 8, 10 are indices 6, 7, 9).
+        mix_source: score source of the tapped layers' attention (``qk`` = the block's own
+            attention, ``qq+kk`` = ITACLIP's), summed with ``sum_mode``; no temperature or prior.
+        mix_normalizer: normaliser of the tapped layers' attention; ``""`` = ``normalizer``
+            (so one ``normalizer`` override reaches every softmax of the method).
+        mix_weight: share of the tapped layers' mean, in [0, 1] (ResCLIP's lambda).
+        mix_scale: factor on the blend, > 0 (ResCLIP's tau).
+        cls_weight: CLS-token residual weight: ``cls_weight`` times the last block's input
+            CLS token is added to every output token of the last block (SC-CLIP's ``res_cls``,
+            0.3); 0 disables. Needs a tower with a CLS token.
 
     Instances are frozen and hashable; invalid values raise ``ValueError`` naming the value
     and the valid choices. ``num_layers`` is checked against the model depth by
@@ -62,6 +80,12 @@ class AttentionSpec:
     prior_std: float = 5.0
     sum_mode: str = "normalize_then_sum"
     seed: int = 0
+    mix_layers: Tuple[int, ...] = ()
+    mix_source: str = "qk"
+    mix_normalizer: str = ""
+    mix_weight: float = 0.5
+    mix_scale: float = 1.0
+    cls_weight: float = 0.0
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -89,11 +113,40 @@ class AttentionSpec:
         if self.sum_mode not in SUM_MODES:
             raise ValueError(f"unknown sum_mode {self.sum_mode!r}; valid: {', '.join(SUM_MODES)}")
         set_("seed", _integer("seed", self.seed))
+        set_("mix_layers", _layers("mix_layers", self.mix_layers))
+        try:
+            set_("mix_source", canonical_source(self.mix_source))
+        except ValueError as e:
+            raise ValueError(f"mix_source: {e}") from None
+        if not isinstance(self.mix_normalizer, str):
+            raise ValueError(f"mix_normalizer must be a string, got {self.mix_normalizer!r}; valid: '' (= normalizer), "
+                             f"{', '.join(n for n, _ in NORMALIZER_REGISTRY)}")
+        set_("mix_normalizer", self.mix_normalizer.strip().lower())
+        if self.mix_normalizer:
+            try:
+                get_normalizer(self.mix_normalizer)
+            except ValueError as e:
+                raise ValueError(f"mix_normalizer: {e} (or '' = normalizer)") from None
+        set_("mix_weight", check_mix_weight(_number("mix_weight", self.mix_weight)))
+        set_("mix_scale", check_mix_scale(_number("mix_scale", self.mix_scale)))
+        set_("cls_weight", _number("cls_weight", self.cls_weight))
+        if not math.isfinite(self.cls_weight):
+            raise ValueError(f"cls_weight must be a finite number, got {self.cls_weight!r}")
+
+    @property
+    def tap_normalizer(self) -> str:
+        """The normaliser of the tapped layers' attention (``mix_normalizer`` or ``normalizer``)."""
+        return self.mix_normalizer or self.normalizer
 
     def check_depth(self, depth: int) -> None:
-        """Raise ``ValueError`` unless ``1 <= num_layers <= depth``."""
+        """Raise ``ValueError`` unless ``1 <= num_layers <= depth`` and every ``mix_layers``
+        index is an earlier block (``< depth - 1``)."""
         if not 1 <= self.num_layers <= int(depth):
             raise ValueError(f"num_layers={self.num_layers} is outside [1, {int(depth)}] for a tower of depth {depth}")
+        bad = [i for i in self.mix_layers if i >= int(depth) - 1]
+        if bad:
+            raise ValueError(f"mix_layers {list(self.mix_layers)}: {bad} not earlier blocks of a tower of depth {depth}; "
+                             f"valid: 0-based indices 0..{int(depth) - 2}")
 
     def inert_settings(self) -> List[str]:
         """Settings of this spec that cannot change the result, one message each (empty when
@@ -121,8 +174,15 @@ class AttentionSpec:
             out.append(f"sum_mode={self.sum_mode!r} changes nothing: source {self.source!r} is not a sum")
         if self.prior == "none" and self.prior_std != 5.0:
             out.append(f"prior_std={self.prior_std:g} changes nothing without a prior (prior='none')")
-        if self.seed != 0 and self.normalizer != "random_matched":
+        if self.seed != 0 and "random_matched" not in (self.normalizer, self.tap_normalizer if self.mix_layers else ""):
             out.append(f"seed={self.seed} changes nothing: only the random_matched normaliser is random")
+        if not self.mix_layers:
+            d = AttentionSpec()
+            for name in ("mix_source", "mix_normalizer", "mix_weight", "mix_scale"):
+                if getattr(self, name) != getattr(d, name):
+                    out.append(f"{name}={getattr(self, name)!r} changes nothing without mix_layers")
+        elif self.mix_weight == 0.0:
+            out.append(f"mix_layers={list(self.mix_layers)} change nothing with mix_weight=0 (only mix_scale applies)")
         return out
 
     def warn_inert(self, where: str = "attention spec") -> List[str]:
@@ -138,10 +198,15 @@ class AttentionSpec:
         return parse_source(self.source)
 
     @property
-    def rows_sum_to(self) -> int:
+    def rows_sum_to(self) -> float:
         """What the last block's attention rows sum to: the number of source terms with
-        ``normalize_then_sum`` (SCLIP's convention), else 1."""
-        return len(self.terms) if self.sum_mode == "normalize_then_sum" else 1
+        ``normalize_then_sum`` (SCLIP's convention), else 1; with ``mix_layers``,
+        ``mix_scale * ((1 - mix_weight) * that + mix_weight * the same for mix_source)``."""
+        n = len(self.terms) if self.sum_mode == "normalize_then_sum" else 1
+        if not self.mix_layers:
+            return n
+        m = len(parse_source(self.mix_source)) if self.sum_mode == "normalize_then_sum" else 1
+        return self.mix_scale * ((1.0 - self.mix_weight) * n + self.mix_weight * m)
 
     @property
     def paper_source(self) -> str:
@@ -162,7 +227,8 @@ class AttentionSpec:
         """A baseline's spec: ``clip``, ``sclip``, ``clearclip``, ``naclip``, ``maskclip``,
         ``maskclip_reduced`` (see :data:`PRESETS`).
 
-        ``overrides`` change fields of the preset (e.g. ``normalizer="entmax"``).
+        ``overrides`` change fields of the preset (e.g. ``normalizer="entmax"``); also ``itaclip``
+        and ``resclip_rcs`` (attention mixed across layers).
         """
         key = str(name).strip().lower()
         if key not in PRESETS:
@@ -183,6 +249,8 @@ class AttentionSpec:
                 source=a.SOURCE, normalizer=a.NORMALIZER, alpha=a.ALPHA, temperature=a.TEMPERATURE,
                 num_layers=a.NUM_LAYERS, prior=a.PRIOR, prior_std=a.PRIOR_STD, sum_mode=a.SUM_MODE,
                 seed=a.SEED, residual=b.RESIDUAL, ffn=b.FFN,
+                mix_layers=a.MIX.LAYERS, mix_source=a.MIX.SOURCE, mix_normalizer=a.MIX.NORMALIZER,
+                mix_weight=a.MIX.WEIGHT, mix_scale=a.MIX.SCALE, cls_weight=b.CLS_WEIGHT,
             )
         except (AttributeError, KeyError) as e:
             raise ValueError(
@@ -214,6 +282,18 @@ def _integer(name, value) -> int:
     raise ValueError(f"{name} must be an integer, got {value!r}")
 
 
+def _layers(name, value) -> Tuple[int, ...]:
+    """A sorted tuple of distinct non-negative block indices from a list/tuple of integers."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a list of 0-based block indices, got {value!r}")
+    out = [_integer(name, v) for v in value]
+    if any(i < 0 for i in out):
+        raise ValueError(f"{name} must hold 0-based block indices >= 0, got {list(value)!r}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} names a block twice: {list(value)!r}")
+    return tuple(sorted(out))
+
+
 def _boolean(name, value) -> bool:
     if isinstance(value, bool):
         return value
@@ -231,6 +311,20 @@ def _boolean(name, value) -> bool:
 #: - ``maskclip_reduced``: the value path alone, no residual, no FFN: what ClearCLIP calls
 #:   "MaskCLIP" (mc-lan/ClearCLIP ``open_clip/transformer.py``, ``model_type='MaskCLIP'``
 #:   with ``ignore_residual=True``).
+#: - ``itaclip``: ITACLIP's last block (m-arda-aydn/ITACLIP @ 521a33c ``clip/model.py``
+#:   ``VisionTransformer.forward`` with ``attn_self=True``, as every ``configs/cfg_*.py`` sets):
+#:   ``0.5 * (softmax(QQ) + softmax(KK)) + 0.5 * mean`` of the same map computed from the
+#:   inputs of blocks 7, 8 and 10 (``selected_intermediate_layers = [7,8,10]``, counted from 1
+#:   over ``resblocks[:-1]``: indices 6, 7, 9); ``x + use_saved_attn(...)``: residual kept, no
+#:   FFN. Its test-time augmentation, text definitions, PAMR and label closing are not part
+#:   of the spec.
+#: - ``resclip_rcs``: ResCLIP's RCS on its default ``attn_strategy='resclip'`` (yvhangyang/ResCLIP
+#:   @ 0e085f7 ``clip/model.py`` ``custom_attn``: softmax(KK^T s + NACLIP's gaussian prior) with
+#:   ``gaussian_std=5.`` and ``arch='wo_resi'``, the ``resclip_segmentor.py`` defaults), then
+#:   ``tau * ((1 - lambda) A + lambda A_rcs)`` with ``A_rcs`` the per-head mean of the Q-K
+#:   softmax maps of layers 6-9 (``range(5, 9)`` in ``forward``) and ``(tau, lambda) = (2.0,
+#:   0.3)`` (``configs/cfg_voc21.py`` ``attn_rcs_weights``). Without SFR (the second pass of
+#:   ResCLIP, not in this spec).
 PRESETS = {
     "clip": AttentionSpec(),
     "sclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=True),
@@ -239,6 +333,11 @@ PRESETS = {
                             residual=False, ffn=False),
     "maskclip": AttentionSpec(source="identity", normalizer="softmax", residual=True, ffn=True),
     "maskclip_reduced": AttentionSpec(source="identity", normalizer="softmax", residual=False, ffn=False),
+    "itaclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=False,
+                             mix_layers=(6, 7, 9), mix_source="qq+kk", mix_weight=0.5, mix_scale=1.0),
+    "resclip_rcs": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
+                                 residual=False, ffn=False, mix_layers=(5, 6, 7, 8), mix_source="qk",
+                                 mix_weight=0.3, mix_scale=2.0),
 }
 
 
@@ -249,6 +348,8 @@ SPEC_KEYS = {
     "layers": "num_layers", "num_layers": "num_layers", "residual": "residual", "ffn": "ffn",
     "prior": "prior", "prior_std": "prior_std", "std": "prior_std", "sum_mode": "sum_mode",
     "seed": "seed", "source": "source", "normalizer": "normalizer",
+    "mix_layers": "mix_layers", "mix_source": "mix_source", "mix_normalizer": "mix_normalizer",
+    "mix_weight": "mix_weight", "mix_scale": "mix_scale", "cls_weight": "cls_weight",
 }
 _ALPHA_NORMALIZERS = ("entmax", "random_matched")
 _TRUE = ("1", "true", "yes", "on")
@@ -280,7 +381,13 @@ def _value(field: str, raw: str, text: str) -> Any:
         if raw.lower() in _FALSE:
             return False
         raise ValueError(f"spec {text!r}: {field}={raw!r} is not a boolean (use true/false, 1/0, on/off)")
-    if field in ("alpha", "temperature", "prior_std"):
+    if field == "mix_layers":
+        parts = [p.strip() for p in raw.split(",")] if raw.strip() else []
+        if not all(p.lstrip("-").isdigit() for p in parts):
+            raise ValueError(f"spec {text!r}: mix_layers={raw!r} is not a comma-separated list of block indices "
+                             "(e.g. mix_layers=6,7,9)")
+        return tuple(int(p) for p in parts)
+    if field in ("alpha", "temperature", "prior_std", "mix_weight", "mix_scale", "cls_weight"):
         if not _is_number(raw):
             raise ValueError(f"spec {text!r}: {field}={raw!r} is not a number")
         return float(raw)
@@ -298,7 +405,7 @@ def parse_attention_spec(text: str, config_spec: Optional[AttentionSpec] = None)
     Grammar: colon-separated tokens ``[BASE:]TOKEN[:TOKEN...]``, read left to right.
 
     - ``BASE`` (optional, first): a preset (``clip``, ``sclip``, ``clearclip``, ``naclip``,
-      ``maskclip``; :data:`PRESETS`) or ``cfg`` (``config_spec``). Without a base the start is
+      ``maskclip``, ``itaclip``, ``resclip_rcs``; :data:`PRESETS`) or ``cfg`` (``config_spec``). Without a base the start is
       ``clip`` (QK scores, softmax, full block): ``entmax:1.2`` is QK with alpha-entmax 1.2.
     - a normaliser (``softmax``, ``entmax``, ``sparsemax``, ``random_matched``); ``entmax`` and
       ``random_matched`` take an optional number token after them, the alpha (``entmax:1.2``);
@@ -306,7 +413,9 @@ def parse_attention_spec(text: str, config_spec: Optional[AttentionSpec] = None)
       paper's ``qkv``, ``qqv``, ``kkv``, ``vvv``, ``v-only``);
     - ``key=value`` for any field (:data:`SPEC_KEYS`): ``alpha``, ``temperature``/``t``,
       ``layers``/``num_layers``, ``residual``, ``ffn`` (true/false, 1/0, on/off), ``prior``,
-      ``prior_std``/``std``, ``sum_mode``, ``seed``, ``source``, ``normalizer``.
+      ``prior_std``/``std``, ``sum_mode``, ``seed``, ``source``, ``normalizer``, ``mix_layers``
+      (comma-separated 0-based indices, ``mix_layers=6,7,9``), ``mix_source``,
+      ``mix_normalizer``, ``mix_weight``, ``mix_scale``, ``cls_weight``.
 
     ``layers=N`` applies the normaliser and temperature to the last N blocks; the source,
     prior and residual/FFN switches act on the last block only (the paper's depth study).
@@ -369,7 +478,8 @@ def parse_attention_spec(text: str, config_spec: Optional[AttentionSpec] = None)
         out = spec.replace(**changes)
     except (ValueError, TypeError) as e:
         raise ValueError(f"spec {text!r}: {e}") from e
-    if "alpha" in changes and out.normalizer not in _ALPHA_NORMALIZERS:
+    uses_alpha = out.normalizer in _ALPHA_NORMALIZERS or (bool(out.mix_layers) and out.tap_normalizer in _ALPHA_NORMALIZERS)
+    if "alpha" in changes and not uses_alpha:
         raise ValueError(f"spec {text!r}: alpha={changes['alpha']:g} changes nothing with normalizer "
                          f"{out.normalizer!r} (alpha is used by {' and '.join(_ALPHA_NORMALIZERS)})")
     inert = out.inert_settings()
@@ -410,4 +520,10 @@ def describe_spec(spec: AttentionSpec) -> str:
         parts.append("no " + "/".join(dropped))
     if spec.prior != "none":
         parts.append(f"{spec.prior} prior \u03c3={spec.prior_std:g}")
+    if spec.mix_layers:
+        parts.append(f"mixed with {spec.mix_source} ({spec.tap_normalizer}) of blocks "
+                     f"{','.join(str(i) for i in spec.mix_layers)}: {spec.mix_scale:g} x ((1 - {spec.mix_weight:g}) "
+                     f"last + {spec.mix_weight:g} mean)")
+    if spec.cls_weight:
+        parts.append(f"+ {spec.cls_weight:g} x CLS")
     return ", ".join(parts)

@@ -37,10 +37,12 @@ from ..common.cache import LRUCache
 from ..common.synonyms import split_class_name
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
+from ..clip.definitions import load_definitions, mix_definitions
 from .backbone import build_clip_parts
 from .pamr import pamr
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
+from .tta import TTA_MODES, check_method_options, close_labels, tta_logits
 
 __all__ = ["SparseCLIP"]
 
@@ -80,6 +82,11 @@ class SparseCLIP(nn.Module):
         pamr_steps: int = 0,
         pamr_dilations: Sequence[int] = (8, 16),
         class_names: str = "",
+        tta_mode: str = "",
+        tta_weight: float = 0.75,
+        label_closing: int = 0,
+        definitions: Optional[Sequence[Tuple[str, str]]] = None,
+        definition_weight: float = 0.0,
     ):
         """
         Args:
@@ -113,6 +120,12 @@ class SparseCLIP(nn.Module):
             class_names: "" (the dataset's ``stuff_classes``) or an upstream class-name set
                 (``sclip``, ``clearclip``, ``naclip``, ``maskclip``) whose file for the dataset's
                 ``class_names_file`` replaces them.
+            tta_mode, tta_weight: test-time augmentation of each window's logits
+                (``modeling.tta``, ``""`` = none).
+            label_closing: morphological closing of the label map (0 = off); when on, outputs
+                are ``{"sem_seg_labels": (H, W) long}``.
+            definitions, definition_weight: ``[(name, text)]`` class definitions (background
+                excluded) mixed into the synonym embeddings (``clip.definitions``), or None.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -162,6 +175,14 @@ class SparseCLIP(nn.Module):
         if self.class_names and self.class_names not in CLASS_NAME_SETS:
             raise ValueError(f"unknown MODEL.SPARSECLIP.CLASS_NAMES {self.class_names!r}; valid: '' (each "
                              f"dataset's packaged names), {', '.join(CLASS_NAME_SETS)}")
+        if tta_mode not in TTA_MODES:
+            raise ValueError(f"TEST.TTA.MODE must be one of {TTA_MODES}, got {tta_mode!r}")
+        if tta_mode and attention_stats:
+            raise ValueError("TEST.TTA.MODE cannot be combined with TEST.ATTENTION_STATS.ENABLED")
+        self.tta_mode, self.tta_weight = tta_mode, float(tta_weight)
+        self.label_closing = int(label_closing)
+        self.definitions = list(definitions) if definitions else None
+        self.definition_weight = float(definition_weight)
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -169,6 +190,7 @@ class SparseCLIP(nn.Module):
     @classmethod
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
+        check_method_options(cfg)
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
         logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
@@ -199,6 +221,11 @@ class SparseCLIP(nn.Module):
             "pamr_steps": sc.PAMR.STEPS,
             "pamr_dilations": tuple(sc.PAMR.DILATIONS),
             "class_names": sc.CLASS_NAMES,
+            "tta_mode": cfg.TEST.TTA.MODE,
+            "tta_weight": cfg.TEST.TTA.WEIGHT,
+            "label_closing": sc.LABEL_CLOSING,
+            "definitions": load_definitions(sc.TEXT.DEFINITIONS) if sc.TEXT.DEFINITIONS else None,
+            "definition_weight": sc.TEXT.DEFINITION_WEIGHT,
         }
 
     @property
@@ -207,22 +234,30 @@ class SparseCLIP(nn.Module):
 
     # ------------------------------------------------------------------ parts reused by other code
     def text_classifier_for(
-        self, vocabulary: Sequence[str], templates: Optional[str] = None
+        self, vocabulary: Sequence[str], templates: Optional[str] = None, background_index: Optional[int] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Class embeddings of a vocabulary, cached per (vocabulary, templates, device).
 
         Args:
             vocabulary: C class names, each with comma-separated synonyms.
             templates: a template-set name or file; None = the model's default.
+            background_index: the vocabulary's background class, kept out of the class
+                definitions (used only when the model mixes definitions in).
 
         Returns:
             ``(emb (S, D) float32 L2-normalised, class_index (S,) long)`` on ``self.device``.
         """
         templates = self.templates if templates is None else templates
-        key = (tuple(vocabulary), templates, str(self.device))
+        key = (tuple(vocabulary), templates, str(self.device), background_index if self.definitions else None)
 
         def make() -> Tuple[torch.Tensor, torch.Tensor]:
-            emb, class_index = self.text_classifier(templates)(list(vocabulary))
+            classifier = self.text_classifier(templates)
+            emb, class_index = classifier(list(vocabulary))
+            if self.definitions:
+                texts = [text for _, text in self.definitions]
+                emb = mix_definitions(emb, class_index, classifier.encode(texts).to(emb.device),
+                                      self.definition_weight, background_index,
+                                      what="MODEL.SPARSECLIP.TEXT.DEFINITIONS")
             if emb.dim() != 2 or class_index.shape != (emb.shape[0],):
                 raise ValueError(
                     f"text classifier returned emb {tuple(emb.shape)} and class_index "
@@ -276,6 +311,8 @@ class SparseCLIP(nn.Module):
         ``(heads, T + h*w, T + h*w)`` float32 (``T`` = the encoder's prefix tokens), is
         appended to it."""
         # the encoder casts the images to its own weights' dtype
+        if attention_sink is None and self.tta_mode:
+            return tta_logits(self.tta_mode, self.encoder, images, text_emb, self.logit_scale, self.tta_weight)
         if attention_sink is None:
             feats = self.encoder(images)
         else:
@@ -320,7 +357,9 @@ class SparseCLIP(nn.Module):
                 sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
                 maps = self.score_maps(x, sink)
                 num_classes, out_h, out_w = maps.shape
-                if num_classes * out_h * out_w * 4 <= self.max_scores_bytes:
+                if self.label_closing:
+                    out = {"sem_seg_labels": close_labels(maps.labels(), self.label_closing)}
+                elif num_classes * out_h * out_w * 4 <= self.max_scores_bytes:
                     out = {"sem_seg": maps.scores()}
                 else:
                     # The (C, H, W) scores would exceed TEST.SEM_SEG_SCORES_MAX_MB: only the
@@ -346,7 +385,7 @@ class SparseCLIP(nn.Module):
         output rows (no full-size ``(C, H, W)`` tensor unless asked for).
         ``attention_sink``: see :meth:`encode_logits`."""
         vocabulary, background_index = self._vocabulary(x)
-        emb, class_index = self.text_classifier_for(vocabulary)
+        emb, class_index = self.text_classifier_for(vocabulary, background_index=background_index)
         image = self.normalize_image(x["image"])
         logits = self.synonym_logits(image, emb, attention_sink)
         out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
