@@ -28,6 +28,9 @@ setup(
         "tqdm",
         "matplotlib",
         "imgviz>=1.7",
+        # TensorBoard event files of sweep runs (detectron2's TensorboardXWriter uses
+        # torch.utils.tensorboard, which needs the tensorboard package)
+        "tensorboard",
         # detectron2 (>=0.6) is required but not declared here: it is not on PyPI under
         # its own name and has two valid distributions - the patched `pb1-detectron2==0.6`
         # sdist that scripts/setup.sh installs, or upstream from its repository
@@ -41,5 +44,7 @@ setup(
         "bench": ["entmax>=1.3"],
         # SigLIP / SigLIP 2 tokenizers (open_clip's HFTokenizer loads them with transformers)
         "hf": ["transformers"],
+        # tools/sweep.py --launcher submitit (Slurm, local and debug executors)
+        "cluster": ["submitit>=1.5"],
     },
 )

@@ -99,7 +99,7 @@ if [[ "$D2_OK" == 0 ]]; then
 fi
 
 log "installing sparseclip_d2 (editable, with the test extra)"
-"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test]"
+"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test,cluster]"
 
 log "pip check"
 "${PIP[@]}" check

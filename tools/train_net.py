@@ -50,6 +50,7 @@ from sparseclip_d2.data.datasets.fgovd import FGOVDFormatError
 from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, finalize_summaries, write_results
 from sparseclip_d2.evaluation.results import RecordFailures, begin_results
 from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
+from sparseclip_d2.evaluation.progress import RunProgress
 from sparseclip_d2.modeling import resolve_device
 
 logger = logging.getLogger("sparseclip_d2.train_net")
@@ -174,6 +175,9 @@ def do_test(cfg, model, datasets):
         ``(results, summaries)``: the evaluators' dicts and the results.json entries.
     """
     results, summaries = OrderedDict(), OrderedDict()
+    # OUTPUT_DIR/progress.json: images done and ETA, read by tools/sweep.py
+    progress = RunProgress(cfg.OUTPUT_DIR, {name: len(d) for name, d in datasets.items()},
+                           world_size=comm.get_world_size(), is_main=comm.is_main_process())
     for name, dicts in datasets.items():
         if cfg.TEST.MAX_IMAGES > 0:
             logger.warning("PARTIAL RUN: %s evaluated on its first %d images only (TEST.MAX_IMAGES)", name, len(dicts))
@@ -181,8 +185,8 @@ def do_test(cfg, model, datasets):
         evaluator = build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", name))
         extras = evaluator.results_extras() if hasattr(evaluator, "results_extras") else {}
         attention_evaluator = build_attention_stats_evaluator(cfg, name)  # None unless enabled
-        if attention_evaluator is not None:
-            evaluator = DatasetEvaluators([evaluator, attention_evaluator])
+        evaluator = DatasetEvaluators([e for e in (evaluator, attention_evaluator) if e is not None]
+                                      + [progress.evaluator(name)])
         start = time.perf_counter()
         res = inference_on_dataset(model, loader, evaluator)
         seconds = time.perf_counter() - start
