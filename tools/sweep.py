@@ -120,6 +120,26 @@ def build_launcher(sweep, args, out):
                             sweep_name=sweep.name, wait=not args.no_wait)
 
 
+def print_dry_run(sweep, jsonl, launcher):
+    """List every run (done / todo / INVALID, its errors and warnings); exit status 2 when a
+    run is invalid."""
+    done = {r.get("run_key") for r in read_jsonl(jsonl) if r.get("status") == "ok"}
+    for run in sweep.runs:
+        state = "INVALID" if run.errors else "done" if run.key in done else "todo"
+        opts = " ".join(f"{k} {v}" for k, v in run.opts)
+        print(f"{state:7s}  {run.key}  {run.name}  ::  {opts}")
+        for e in run.errors:
+            print(f"         error: {e}")
+        for w in run.warnings:
+            print(f"         warning: {w}")
+    invalid = len(sweep.invalid_runs)
+    print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished, {invalid} invalid; "
+          f"base {sweep.base}")
+    if isinstance(launcher, SubmititLauncher):
+        print(f"launcher: {launcher.name} {launcher.parameters}")
+    return 2 if invalid else 0
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
@@ -139,21 +159,7 @@ def main(argv=None):
                             run_keys=run_keys)
 
     if args.dry_run:
-        done = {r.get("run_key") for r in read_jsonl(jsonl) if r.get("status") == "ok"}
-        for run in sweep.runs:
-            state = "INVALID" if run.errors else "done" if run.key in done else "todo"
-            opts = " ".join(f"{k} {v}" for k, v in run.opts)
-            print(f"{state:7s}  {run.key}  {run.name}  ::  {opts}")
-            for e in run.errors:
-                print(f"         error: {e}")
-            for w in run.warnings:
-                print(f"         warning: {w}")
-        invalid = len(sweep.invalid_runs)
-        print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished, {invalid} invalid; "
-              f"base {sweep.base}")
-        if isinstance(launcher, SubmititLauncher):
-            print(f"launcher: {launcher.name} {launcher.parameters}")
-        return 2 if invalid else 0
+        return print_dry_run(sweep, jsonl, launcher)
     counts = None
     if not args.tables_only:
         try:
