@@ -21,9 +21,12 @@ DEMO = os.path.join(REPO, "configs", "demo.yaml")
 
 # ------------------------------------------------------------------ the store, concurrently
 WRITER = r"""
-import os, sys, time
-sys.path.insert(0, {repo!r})
-from sparseclip_d2.sweeps.store import append_jsonl
+import importlib.util, os, sys, time
+# store.py needs only the standard library: load it alone (fast), not the whole package
+spec = importlib.util.spec_from_file_location("store", {store!r})
+store = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(store)
+append_jsonl = store.append_jsonl
 path, go, writer, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 while not os.path.exists(go):
     time.sleep(0.001)
@@ -38,7 +41,7 @@ def test_concurrent_writer_processes_lose_and_mix_no_record(tmp_path):
 
     path, go = str(tmp_path / "results.jsonl"), str(tmp_path / "go")
     script = tmp_path / "writer.py"
-    script.write_text(WRITER.format(repo=REPO))
+    script.write_text(WRITER.format(store=os.path.join(REPO, "sparseclip_d2", "sweeps", "store.py")))
     writers, n = 6, 40
     procs = [subprocess.Popen([PY, str(script), path, go, str(w), str(n)]) for w in range(writers)]
     time.sleep(0.5)  # not a correctness condition: the writers only have to be waiting for GO, or not yet
@@ -315,3 +318,43 @@ def test_regenerated_mask_under_the_same_name_reruns_and_rerun_flag(tmp_path):
     assert os.path.isfile(out / "data_hashes.json")
     assert "runs: 1 total, 0 already finished, 1 ok, 0 failed" in sweep("--rerun")
     assert len(read_jsonl(str(out / "results.jsonl"))) == 3
+
+
+# ------------------------------------------------------------------ progress.json from inside the evaluation
+def test_run_progress_counts_images_over_datasets_and_ranks(tmp_path, monkeypatch):
+    from sparseclip_d2.evaluation import progress as prog
+
+    monkeypatch.setattr(prog, "WRITE_INTERVAL_S", 0.0)  # write on every count
+    import itertools
+
+    clock = itertools.count(100.0)  # time.time() ticks 1 s per call
+    monkeypatch.setattr(prog.time, "time", lambda: float(next(clock)))
+    rp = prog.RunProgress(str(tmp_path), {"a": 5, "b": 3}, world_size=2, is_main=True)
+    first = prog.read_progress(str(tmp_path))
+    assert (first["state"], first["images_done"], first["images_total"], first["eta_s"]) == ("running", 0, 8, None)
+    ev_a = rp.evaluator("a")
+    ev_a.reset()
+    ev_a.process([{}], [{}])  # rank 0 did 1 image: 2 over both ranks
+    p = prog.read_progress(str(tmp_path))
+    assert (p["dataset"], p["images_done"]) == ("a", 2)
+    ev_a.process([{}, {}], [{}, {}])  # 3 on rank 0: 6 over both ranks, capped at the dataset's 5
+    p = prog.read_progress(str(tmp_path))
+    assert p["images_done"] == 5
+    # elapsed since the first count (the clock ticks 1 s per call); eta = elapsed / done * left
+    assert p["eta_s"] == pytest.approx(p["elapsed_s"] / 5 * 3)
+    assert ev_a.evaluate() == {}  # adds no metric
+    ev_b = rp.evaluator("b")
+    ev_b.reset()
+    ev_b.process([{}], [{}])
+    assert prog.read_progress(str(tmp_path))["images_done"] == 5 + 2
+    ev_b.evaluate()
+    p = prog.read_progress(str(tmp_path))
+    assert (p["state"], p["images_done"], p["datasets_done"], p["datasets_total"]) == ("evaluated", 8, 2, 2)
+    prog.finish_progress(str(tmp_path), "ok", returncode=0)
+    p = prog.read_progress(str(tmp_path))
+    assert (p["state"], p["returncode"], p["images_done"]) == ("ok", 0, 8)
+    # a non-main rank writes nothing
+    other = tmp_path / "rank1"
+    other.mkdir()
+    prog.RunProgress(str(other), {"a": 5}, world_size=2, is_main=False).evaluator("a").reset()
+    assert prog.read_progress(str(other)) is None

@@ -116,6 +116,9 @@ def build_launcher(sweep, args, out):
         if args.no_wait:
             raise ValueError("--no-wait needs --launcher submitit (Slurm)")
         return LocalLauncher(args.num_gpus, settings.gpus_per_run)
+    if args.num_gpus:
+        raise ValueError("--num-gpus is for --launcher local; with submitit, --gpus-per-run sets the GPUs of a run "
+                         "and --array-parallelism the runs at a time")
     return SubmititLauncher(args.submitit_executor, os.path.join(out, "submitit"), settings,
                             sweep_name=sweep.name, wait=not args.no_wait)
 

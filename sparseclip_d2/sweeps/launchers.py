@@ -173,13 +173,16 @@ class LocalLauncher:
                 for g in mine:
                     gpus.put(g)
 
-        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.parallel)
+        try:
             futures = [pool.submit(work, t) for t in tasks]
             while not all(f.done() for f in futures):
                 board.report()
                 time.sleep(min(1.0, board.interval))
             for f in futures:
                 f.result()  # a bug in the runner surfaces here
+        finally:  # on Ctrl-C no queued run starts (the running one gets the terminal's SIGINT)
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class SubmititLauncher:
