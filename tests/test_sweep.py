@@ -429,12 +429,13 @@ def test_sweep_relays_the_progress_file_of_a_run(tmp_path, caplog):
     # the child writes the progress file, then waits until the test lets it finish
     proc, run, go = _child(tmp_path, f"json.dump({progress!r}, open(os.path.join(RUN, 'progress.json'), 'w'))\n"
                                      "while not os.path.exists(GO):\n    time.sleep(0.05)\n")
-    board = ProgressBoard(total=3, parallel=1, interval=0.05)
+    start = time.time()
+    board = ProgressBoard(total=3, parallel=1, interval=0.05, clock=lambda: start)  # the board's clock stands still
     board.start("alpha=1.5", str(run))
     with caplog.at_level("INFO", logger="sparseclip_d2.sweeps.progress"):
         deadline = time.time() + 300  # generous: only a broken relay takes this long
         while "11/50 images, ETA 0:00:51" not in caplog.text and time.time() < deadline:
-            board.report()
+            board.report(force=True)
             time.sleep(0.05)
         for _ in range(5):
             board.report(force=True)  # an unchanged line is not repeated
@@ -456,6 +457,9 @@ def test_sweep_eta_and_progress_lines():
     assert progress_line({"state": "evaluated", "images_done": 8, "images_total": 8, "eta_s": 0.0}) == \
         "8/8 images, evaluated"
     assert progress_line({"state": "failed", "images_done": 0, "images_total": None}) == "failed"
+    assert progress_line({"state": "ok", "images_done": 8, "images_total": 8, "eta_s": 0.0}) == "8/8 images, ok"
+    assert progress_line({"state": "failed", "images_done": 3, "images_total": 8, "eta_s": 1.0, "returncode": -9}) \
+        == "3/8 images, failed (exit code -9)"
     # finished runs took 100 and 200 s: 2 waiting runs of 150 s + 30 s left, 2 at a time
     running = [{"images_done": 5, "images_total": 10, "elapsed_s": 30.0, "eta_s": 30.0}, None]
     assert sweep_eta(running, 2, [100.0, 200.0], 2) == (30.0 + 2 * 150.0) / 2

@@ -3,8 +3,9 @@ inside the evaluation, :mod:`sparseclip_d2.evaluation.progress`), when it change
 overall sweep ETA.
 
 The sweep ETA is (the ETAs of the running runs + the waiting runs x the mean duration of a
-run) / the runs in parallel; the mean duration is that of the runs finished in this
-invocation, else (elapsed + ETA) of the running ones. It is None until one of those is known.
+run) / the runs in parallel; the mean duration is the wall time (from start or submission to
+record, startup included) of the runs finished in this invocation, else (elapsed + ETA) of the
+running ones. It is None until one of those is known.
 """
 import logging
 import threading
@@ -32,12 +33,14 @@ def progress_line(progress: Optional[Dict[str, Any]]) -> Optional[str]:
     count, ``"evaluated"`` when all images are done), or None without one."""
     if not progress:
         return None
-    done, total = progress.get("images_done"), progress.get("images_total")
+    done, total, state = progress.get("images_done"), progress.get("images_total"), progress.get("state")
     if total is None:
-        return progress.get("state")
+        return state
     text = f"{done}/{total} images"
-    if progress.get("state") == "evaluated":
-        return text + ", evaluated"
+    if state in ("evaluated", "ok"):
+        return f"{text}, {state}"
+    if state == "failed":
+        return f"{text}, failed (exit code {progress.get('returncode')})"
     eta = progress.get("eta_s")
     return text + (f", ETA {hms(eta)}" if eta is not None else ", starting")
 
@@ -64,25 +67,26 @@ class ProgressBoard:
             between two progress reports.
     """
 
-    def __init__(self, total: int, parallel: int, interval: float = PROGRESS_INTERVAL_S):
-        self.total, self.parallel, self.interval = total, max(1, parallel), interval
+    def __init__(self, total: int, parallel: int, interval: float = PROGRESS_INTERVAL_S, clock=time.time):
+        self.total, self.parallel, self.interval, self.clock = total, max(1, parallel), interval, clock
         self.active: Dict[str, Tuple[str, float]] = {}  # run name -> (run folder, start time)
         self.last_line: Dict[str, str] = {}
         self.finished_seconds: List[float] = []
         self.started = 0
-        self._last_report = time.time()
+        self._last_report = clock()
         self._lock = threading.Lock()  # the local launcher starts runs from its worker threads
 
     def start(self, name: str, folder: str) -> None:
         with self._lock:
             self.started += 1
-            self.active[name] = (folder, time.time())
+            self.active[name] = (folder, self.clock())
             i = self.started
         logger.info("[%d/%d] starting %s -> %s", i, self.total, name, folder)
 
     def finish(self, record: Dict[str, Any], summary: str) -> None:
-        self.active.pop(record["run_name"], None)
-        self.finished_seconds.append(float(record.get("seconds") or 0.0))
+        _, start = self.active.pop(record["run_name"], (None, None))
+        wall = self.clock() - start if start is not None else float(record.get("seconds") or 0.0)
+        self.finished_seconds.append(wall)
         n = len(self.finished_seconds)
         eta = self.eta()
         tail = f", sweep ETA {hms(eta)}" if eta is not None and n < self.total else ""
@@ -91,13 +95,18 @@ class ProgressBoard:
 
     def eta(self) -> Optional[float]:
         waiting = self.total - len(self.finished_seconds) - len(self.active)
-        return sweep_eta((read_progress(f) for f, _ in self.active.values()), waiting, self.finished_seconds,
-                         self.parallel)
+        now, running = self.clock(), []
+        for folder, start in self.active.values():
+            p = read_progress(folder)
+            if p and p.get("eta_s") is not None:  # elapsed: since the run started here (startup included)
+                p = dict(p, elapsed_s=max(float(p.get("elapsed_s") or 0.0), now - start))
+            running.append(p)
+        return sweep_eta(running, waiting, self.finished_seconds, self.parallel)
 
     def report(self, force: bool = False) -> None:
         """Log the changed progress line of every active run and the sweep ETA, at most every
         ``interval`` s (``force``: now)."""
-        now = time.time()
+        now = self.clock()
         if not force and now - self._last_report < self.interval:
             return
         self._last_report = now
