@@ -143,7 +143,7 @@ if [[ "$D2_OK" == 0 ]]; then
 fi
 
 log "installing sparseclip_d2 (editable, with the test extra)"
-"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test]"
+"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test,cluster]"
 env -u PYTHONPATH "$VENV/bin/python" "$REPO/scripts/check_venv_binding.py" "$REPO" >/dev/null \
   || fail "after the editable install, $VENV still does not import this checkout's sparseclip_d2 (another .pth or site path comes first?)"
 

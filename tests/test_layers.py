@@ -32,7 +32,8 @@ LAYERS = {
     "modeling": 4,
     "evaluation": 5,
     "model_zoo": 0,   # standard library only: finds the packaged configs
-    "analysis": 6,    # tools' helpers: sweeps, tables, plots, figures
+    "analysis": 6,    # tools' helpers: tables, plots, figures
+    "sweeps": 6,      # the sweep package (spec, validation, identity, launchers, store)
     "utils": 6,
     "predictor": 6,   # the Python API: modeling + data + figures' helpers
     "cli": 7,         # the command-line programs

@@ -53,7 +53,7 @@ def tiny_sweep_dir(tmp_path_factory):
 
 
 def test_expand_aliases(tmp_path):
-    from sparseclip_d2.analysis.sweep import expand_params, load_base_config
+    from sparseclip_d2.sweeps import expand_params, load_base_config
 
     cfg = load_base_config(os.path.join(REPO, "configs", "demo.yaml"))
     opts = dict(expand_params({"alpha": 1, "num_layers": 3, "backbone": "L/14", "block": "drop_both"}, cfg))
@@ -75,7 +75,7 @@ def test_expand_aliases(tmp_path):
 
 
 def test_load_sweep_product_and_keys(tmp_path):
-    from sparseclip_d2.analysis.sweep import load_base_config, load_sweep, merge_run_config, run_key
+    from sparseclip_d2.sweeps import load_base_config, load_sweep, merge_run_config, run_key
 
     f = tmp_path / "s.yaml"
     f.write_text(f"base: {os.path.join(REPO, 'configs', 'demo.yaml')}\n"
@@ -98,7 +98,7 @@ def test_load_sweep_product_and_keys(tmp_path):
 
 
 def test_tiny_sweep_runs_resumes_and_tables(tmp_path_factory):
-    from sparseclip_d2.analysis.sweep import read_jsonl
+    from sparseclip_d2.sweeps import read_jsonl
 
     base = str(tmp_path_factory.getbasetemp() / "tiny_sweep")
     out = tiny_sweep_dir(tmp_path_factory)
@@ -138,7 +138,7 @@ def test_tiny_sweep_runs_resumes_and_tables(tmp_path_factory):
 
 def test_killed_sweep_resumes_partially(tmp_path):
     """A truncated last line (a killed writer) is skipped; only runs without an ok line re-run."""
-    from sparseclip_d2.analysis.sweep import append_jsonl, finished_keys, read_jsonl
+    from sparseclip_d2.sweeps import append_jsonl, finished_keys, read_jsonl
 
     p = str(tmp_path / "r.jsonl")
     append_jsonl(p, {"run_key": "a", "status": "ok"})
@@ -184,7 +184,7 @@ def test_paper_join():
 @pytest.mark.parametrize("name", ["main_table", "block_variants", "controls", "resolution"])
 def test_shipped_sweeps_match_paper_rows(name):
     """Every (run, dataset) of the paper-reproduction sweeps has a paper number to compare with."""
-    from sparseclip_d2.analysis.sweep import load_sweep, planned_config
+    from sparseclip_d2.sweeps import load_sweep, planned_config
     from sparseclip_d2.analysis.tables import compare_with_paper, describe, short_dataset
 
     sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", f"{name}.yaml"), identify_data=False)
@@ -200,7 +200,7 @@ def test_shipped_sweeps_match_paper_rows(name):
 
 
 def test_alpha_depth_sweep_grid():
-    from sparseclip_d2.analysis.sweep import load_sweep
+    from sparseclip_d2.sweeps import load_sweep
 
     sweep = load_sweep(os.path.join(REPO, "configs", "sweeps", "alpha_depth.yaml"), identify_data=False)
     assert len(sweep.runs) == 13 * 5 and not sweep.invalid_runs
@@ -272,7 +272,7 @@ def test_failed_run_error_config_change_stale_records_and_killed_run(tmp_path):
     4. a run killed mid-way (--timeout) leaves no results.json, is recorded as killed and
        reruns when the sweep is resumed.
     """
-    from sparseclip_d2.analysis.sweep import read_jsonl
+    from sparseclip_d2.sweeps import read_jsonl
 
     _write_base(tmp_path)
     f = tmp_path / "s.yaml"
@@ -398,7 +398,7 @@ def test_tables_one_row_per_run_of_the_current_sweep(tmp_path):
 
 
 def test_code_fingerprint_ignores_comments_and_docstrings(tmp_path):
-    from sparseclip_d2.analysis.sweep import _python_code
+    from sparseclip_d2.sweeps.identity import python_code as _python_code
 
     a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
     a.write_text('def f(x):\n    """Doc."""\n    return x + 1\n')
@@ -409,43 +409,66 @@ def test_code_fingerprint_ignores_comments_and_docstrings(tmp_path):
 
 # ---------------------------------------------------------------- progress while a run runs
 def _child(tmp_path, body):
-    """A real subprocess running ``body`` (Python source) with LOG and GO paths defined."""
-    log, go = tmp_path / "log.txt", tmp_path / "go"
-    src = f"import os, time\nLOG, GO = {str(log)!r}, {str(go)!r}\n" + body
-    return subprocess.Popen([sys.executable, "-c", src]), log, go
+    """A real subprocess running ``body`` (Python source) with RUN (a run folder) and GO paths defined."""
+    run, go = tmp_path / "run", tmp_path / "go"
+    run.mkdir(exist_ok=True)
+    src = f"import json, os, time\nRUN, GO = {str(run)!r}, {str(go)!r}\n" + body
+    return subprocess.Popen([sys.executable, "-c", src]), run, go
 
 
-def test_sweep_relays_detectron2_inference_progress(tmp_path, caplog):
+def test_sweep_relays_the_progress_file_of_a_run(tmp_path, caplog):
+    """The board reads a running process's progress.json (not its log), logs a changed line
+    once, and gives a sweep ETA."""
     import threading
     import time
-    from sparseclip_d2.analysis.sweep import _latest_progress, _wait_reporting_progress
 
-    line = ("[11/30 23:47:25 d2.evaluation.evaluator]: Inference done 11/50. Dataloading: 0.0010 s/iter. "
-            "Inference: 1.2 s/iter. Eval: 0.1 s/iter. Total: 1.3 s/iter. ETA=0:00:51\n")
-    # the child writes detectron2's progress line, then waits until the test lets it finish
-    proc, log, go = _child(tmp_path, f"open(LOG, 'w').write({line!r})\n"
+    from sparseclip_d2.sweeps.progress import ProgressBoard
+
+    progress = {"state": "running", "images_done": 11, "images_total": 50, "dataset": "d", "datasets_done": 0,
+                "datasets_total": 1, "elapsed_s": 10.0, "eta_s": 51.0, "updated": 0.0, "pid": 0}
+    # the child writes the progress file, then waits until the test lets it finish
+    proc, run, go = _child(tmp_path, f"json.dump({progress!r}, open(os.path.join(RUN, 'progress.json'), 'w'))\n"
                                      "while not os.path.exists(GO):\n    time.sleep(0.05)\n")
-    result = {}
-    with caplog.at_level("INFO", logger="sparseclip_d2.analysis.sweep"):
-        waiter = threading.Thread(target=lambda: result.update(rc=_wait_reporting_progress(
-            proc, "alpha=1.5", str(log), timeout=None, interval=0.05)))
-        waiter.start()
+    start = time.time()
+    board = ProgressBoard(total=3, parallel=1, interval=0.05, clock=lambda: start)  # the board's clock stands still
+    board.start("alpha=1.5", str(run))
+    with caplog.at_level("INFO", logger="sparseclip_d2.sweeps.progress"):
         deadline = time.time() + 300  # generous: only a broken relay takes this long
         while "11/50 images, ETA 0:00:51" not in caplog.text and time.time() < deadline:
+            board.report(force=True)
             time.sleep(0.05)
-        go.write_text("")
-        waiter.join(300)
-    assert result == {"rc": 0}
+        for _ in range(5):
+            board.report(force=True)  # an unchanged line is not repeated
+    go.write_text("")
+    assert proc.wait(300) == 0
     assert "run alpha=1.5: 11/50 images, ETA 0:00:51" in caplog.text
-    assert caplog.text.count("11/50 images") == 1  # an unchanged line is not repeated
-    assert _latest_progress(str(tmp_path / "missing.txt")) is None
-    log.write_text("no progress yet\n")
-    assert _latest_progress(str(log)) is None
+    assert caplog.text.count("11/50 images") == 1
+    # sweep ETA: 51 s left of this run + 2 waiting runs of 10 + 51 s each, one at a time: 173 s
+    assert "sweep: 1 running, 2 waiting, 0 finished; sweep ETA 0:02:53" in caplog.text
+    assert board.eta() == 51.0 + 2 * 61.0
+
+
+def test_sweep_eta_and_progress_lines():
+    from sparseclip_d2.sweeps.progress import progress_line, sweep_eta
+
+    assert progress_line(None) is None
+    assert progress_line({"state": "running", "images_done": 0, "images_total": 8, "eta_s": None}) == \
+        "0/8 images, starting"
+    assert progress_line({"state": "evaluated", "images_done": 8, "images_total": 8, "eta_s": 0.0}) == \
+        "8/8 images, evaluated"
+    assert progress_line({"state": "failed", "images_done": 0, "images_total": None}) == "failed"
+    assert progress_line({"state": "ok", "images_done": 8, "images_total": 8, "eta_s": 0.0}) == "8/8 images, ok"
+    assert progress_line({"state": "failed", "images_done": 3, "images_total": 8, "eta_s": 1.0, "returncode": -9}) \
+        == "3/8 images, failed (exit code -9)"
+    # finished runs took 100 and 200 s: 2 waiting runs of 150 s + 30 s left, 2 at a time
+    running = [{"images_done": 5, "images_total": 10, "elapsed_s": 30.0, "eta_s": 30.0}, None]
+    assert sweep_eta(running, 2, [100.0, 200.0], 2) == (30.0 + 2 * 150.0) / 2
+    assert sweep_eta([None], 3, [], 1) is None
 
 
 def test_sweep_run_past_its_timeout_is_killed(tmp_path):
-    from sparseclip_d2.analysis.sweep import _wait_reporting_progress
+    from sparseclip_d2.sweeps.runner import wait_with_timeout
 
-    proc, log, _ = _child(tmp_path, "time.sleep(600)\n")
-    assert _wait_reporting_progress(proc, "r", str(log), timeout=1.0, interval=0.2) is None
+    proc, _, _ = _child(tmp_path, "time.sleep(600)\n")
+    assert wait_with_timeout(proc, timeout=1.0) is None
     assert proc.poll() is not None  # killed and reaped

@@ -5,6 +5,8 @@
     python tools/sweep.py configs/sweeps/main_table.yaml --num-gpus 4 --compare-paper
     python tools/sweep.py configs/sweeps/alpha_depth.yaml --tables-only --compare-paper
     python tools/sweep.py configs/sweeps/alpha_depth.yaml --set pretrained=none --set max_images=2
+    python tools/sweep.py configs/sweeps/main_table.yaml --launcher submitit --partition gpu --time 120
+    python tools/sweep.py configs/sweeps/smoke.yaml --launcher submitit --submitit-executor local
 
 Every run is validated first, as the run itself would check it (merged config,
 AttentionSpec, depth, templates, datasets found); invalid runs are listed with their errors
@@ -16,8 +18,16 @@ re-started sweep skips runs whose key already has an ok line), ``<out>/results.c
 ``<out>/results.md`` (the current sweep file's runs only, failed runs with their error), and
 with ``--compare-paper`` ``<out>/compare_paper.{csv,md}`` (ours, the paper's number and row,
 the difference, or why there is no paper row). ``<out>`` defaults to
-``output/sweeps/<sweep name>``. The sweep file format is documented in
-``sparseclip_d2/analysis/sweep.py``.
+``output/sweeps/<sweep name>``. Each run writes ``progress.json`` in its folder (images
+done, ETA, exit state): the sweep prints one progress line per run and a sweep ETA from
+those files. ``--rerun`` runs finished combinations again. TensorBoard:
+``tensorboard --logdir <out>/runs``.
+
+Launchers: ``--launcher local`` (default; ``--num-gpus N`` runs N at a time) or
+``--launcher submitit --submitit-executor {slurm,local,debug}`` (default slurm), with the
+cluster settings from the sweep file's ``launcher:`` mapping or the flags below. The sweep
+file format is documented in ``sparseclip_d2/sweeps/spec.py``, running on a cluster in
+``docs/sweeps.md``.
 """
 import argparse
 import logging
@@ -26,18 +36,20 @@ import sys
 
 import yaml
 
-from sparseclip_d2.analysis.sweep import SweepValidationError, load_sweep, read_jsonl, run_sweep
+from sparseclip_d2.sweeps import (LaunchSettings, LocalLauncher, SubmititLauncher, SweepValidationError,
+                                  default_hash_cache, load_sweep, read_jsonl, run_sweep, sweep_name)
+from sparseclip_d2.sweeps.launchers import SUBMITIT_EXECUTORS
 from sparseclip_d2.analysis.tables import write_tables
 
 logger = logging.getLogger("sparseclip_d2.sweep")
 
 
-def parse_set(items):
+def parse_set(items, flag="--set"):
     """``["alpha=1.2", "datasets=[a, b]"]`` -> ``{"alpha": 1.2, "datasets": ["a", "b"]}`` (YAML values)."""
     out = {}
     for item in items or []:
         if "=" not in item:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE (e.g. --set pretrained=none)")
+            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE (e.g. --set pretrained=none)")
         k, v = item.split("=", 1)
         out[k.strip()] = yaml.safe_load(v)
     return out
@@ -60,15 +72,88 @@ def build_parser():
     p.add_argument("--no-retry-failed", action="store_true", help="skip combinations that failed before")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run before it is killed")
     p.add_argument("--train-net", default=None, help="evaluation script (default: tools/train_net.py)")
+    p.add_argument("--rerun", action="store_true",
+                   help="run every combination again, also the finished ones (their new records are added)")
+    p.add_argument("--progress-interval", type=float, default=30.0, metavar="S",
+                   help="seconds between two progress reports (default 30)")
+    g = p.add_argument_group("launching (flags override the sweep file's launcher: mapping)")
+    g.add_argument("--launcher", choices=("local", "submitit"), default="local",
+                   help="local: this machine (default); submitit: submitit's executor (--submitit-executor)")
+    g.add_argument("--submitit-executor", choices=SUBMITIT_EXECUTORS, default="slurm",
+                   help="slurm (default): one Slurm job array; local: local submitit jobs; debug: in this process")
+    g.add_argument("--partition", default=None, help="Slurm partition")
+    g.add_argument("--time", default=None, help="time limit per run: minutes or [D-]H:MM:SS (required on Slurm)")
+    g.add_argument("--gpus-per-run", type=int, default=None, help="GPUs per node of a run (default 1; >1 uses "
+                   "detectron2's launch inside the job)")
+    g.add_argument("--nodes", type=int, default=None, help="nodes per run (multi-node detectron2 launch)")
+    g.add_argument("--cpus-per-run", type=int, default=None, help="CPUs per node of a run")
+    g.add_argument("--mem-gb", type=float, default=None, help="memory per node of a run, GB")
+    g.add_argument("--array-parallelism", type=int, default=None,
+                   help="runs at a time (Slurm: the job array's %%N; local executor: jobs at a time, default 1)")
+    g.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra #SBATCH option, e.g. --slurm-option account=myproj --slurm-option qos=high")
+    g.add_argument("--no-wait", action="store_true",
+                   help="Slurm: submit and exit; the jobs write their records, a later call resumes")
     return p
+
+
+def launch_settings(sweep, args):
+    """The sweep file's launcher settings, overridden by the command line."""
+    settings = LaunchSettings.from_mapping(sweep.launcher, f"sweep file {sweep.path!r} launcher")
+    flags = {"partition": args.partition, "time": args.time, "gpus_per_run": args.gpus_per_run,
+             "nodes": args.nodes, "cpus_per_run": args.cpus_per_run, "mem_gb": args.mem_gb,
+             "array_parallelism": args.array_parallelism}
+    for key, value in flags.items():
+        settings.set(key, value, f"--{key.replace('_', '-')}")
+    if args.slurm_option:
+        settings.set("slurm_options", parse_set(args.slurm_option, "--slurm-option"), "--slurm-option")
+    return settings
+
+
+def build_launcher(sweep, args, out):
+    settings = launch_settings(sweep, args)
+    if args.launcher == "local":
+        if args.no_wait:
+            raise ValueError("--no-wait needs --launcher submitit (Slurm)")
+        return LocalLauncher(args.num_gpus, settings.gpus_per_run)
+    if args.num_gpus:
+        raise ValueError("--num-gpus is for --launcher local; with submitit, --gpus-per-run sets the GPUs of a run "
+                         "and --array-parallelism the runs at a time")
+    return SubmititLauncher(args.submitit_executor, os.path.join(out, "submitit"), settings,
+                            sweep_name=sweep.name, wait=not args.no_wait)
+
+
+def print_dry_run(sweep, jsonl, launcher):
+    """List every run (done / todo / INVALID, its errors and warnings); exit status 2 when a
+    run is invalid."""
+    done = {r.get("run_key") for r in read_jsonl(jsonl) if r.get("status") == "ok"}
+    for run in sweep.runs:
+        state = "INVALID" if run.errors else "done" if run.key in done else "todo"
+        opts = " ".join(f"{k} {v}" for k, v in run.opts)
+        print(f"{state:7s}  {run.key}  {run.name}  ::  {opts}")
+        for e in run.errors:
+            print(f"         error: {e}")
+        for w in run.warnings:
+            print(f"         warning: {w}")
+    invalid = len(sweep.invalid_runs)
+    print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished, {invalid} invalid; "
+          f"base {sweep.base}")
+    if isinstance(launcher, SubmititLauncher):
+        print(f"launcher: {launcher.name} {launcher.parameters}")
+    return 2 if invalid else 0
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    sweep = load_sweep(args.sweep_file, extra=parse_set(args.set))
-    out = args.output or os.path.join("output", "sweeps", sweep.name)
+    out = args.output or os.path.join("output", "sweeps", sweep_name(args.sweep_file))
+    sweep = load_sweep(args.sweep_file, extra=parse_set(args.set), hash_cache=default_hash_cache(out))
     jsonl = os.path.join(out, "results.jsonl")
+    try:
+        launcher = build_launcher(sweep, args, out)
+    except ValueError as e:
+        print(f"sweep.py: error: {e}", file=sys.stderr)
+        return 2
 
     run_keys = [r.key for r in sweep.runs]
 
@@ -77,24 +162,13 @@ def main(argv=None):
                             run_keys=run_keys)
 
     if args.dry_run:
-        done = {r.get("run_key") for r in read_jsonl(jsonl) if r.get("status") == "ok"}
-        for run in sweep.runs:
-            state = "INVALID" if run.errors else "done" if run.key in done else "todo"
-            opts = " ".join(f"{k} {v}" for k, v in run.opts)
-            print(f"{state:7s}  {run.key}  {run.name}  ::  {opts}")
-            for e in run.errors:
-                print(f"         error: {e}")
-            for w in run.warnings:
-                print(f"         warning: {w}")
-        invalid = len(sweep.invalid_runs)
-        print(f"{len(sweep.runs)} runs, {sum(r.key in done for r in sweep.runs)} finished, {invalid} invalid; "
-              f"base {sweep.base}")
-        return 2 if invalid else 0
+        return print_dry_run(sweep, jsonl, launcher)
     counts = None
     if not args.tables_only:
         try:
-            counts = run_sweep(sweep, out, num_gpus=args.num_gpus, train_net=args.train_net,
-                               retry_failed=not args.no_retry_failed, timeout=args.timeout, on_record=tables)
+            counts = run_sweep(sweep, out, launcher=launcher, train_net=args.train_net,
+                               retry_failed=not args.no_retry_failed, timeout=args.timeout, on_record=tables,
+                               rerun=args.rerun, progress_interval=args.progress_interval)
         except SweepValidationError as e:
             print(str(e), file=sys.stderr)
             print("nothing was run; fix the sweep file (python tools/sweep.py --dry-run lists every run)",
@@ -108,6 +182,11 @@ def main(argv=None):
     if stale:
         print(f"stale: {stale} record(s) of {jsonl} are not runs of the current sweep file (other settings, "
               "data, code or versions); left out of the tables")
+    if counts is not None and "submitted" in counts:
+        print(f"runs: {counts['total']} total, {counts['skipped']} already finished, {counts['submitted']} submitted "
+              f"({launcher.name} jobs {', '.join(launcher.job_ids)}); when they have finished, --tables-only writes "
+              "the tables (the same command again would resubmit every run without an ok record)")
+        return 0
     if counts is not None:
         print(f"runs: {counts['total']} total, {counts['skipped']} already finished, {counts['ok']} ok, "
               f"{counts['failed']} failed")

@@ -53,6 +53,7 @@ from sparseclip_d2.data.ground_truth import check_ground_truth
 from sparseclip_d2.evaluation import build_evaluator, build_results, dataset_summary, finalize_summaries, write_results
 from sparseclip_d2.evaluation.results import RecordFailures, begin_results
 from sparseclip_d2.evaluation.attention_stats import build_attention_stats_evaluator
+from sparseclip_d2.evaluation.progress import RunProgress
 from sparseclip_d2.evaluation.checkpoint import evaluate_resumable, remove_checkpoint
 from sparseclip_d2.common.outputs import OutputFolder, OutputFolderError
 from sparseclip_d2.data.image_io import BadInputFile
@@ -213,6 +214,9 @@ def do_test(cfg, model, datasets, *, skip_bad=False, resume=True, pre_skipped=No
         ``(results, summaries)``: the evaluators' dicts and the results.json entries.
     """
     results, summaries = OrderedDict(), OrderedDict()
+    # OUTPUT_DIR/progress.json: images done and ETA, read by tools/sweep.py
+    progress = RunProgress(cfg.OUTPUT_DIR, {name: len(d) for name, d in datasets.items()},
+                           world_size=comm.get_world_size(), is_main=comm.is_main_process())
     single = comm.get_world_size() == 1
     if not single:
         logger.info("per-image checkpoints are off with %d processes (a rerun starts from image 0)",
@@ -223,8 +227,8 @@ def do_test(cfg, model, datasets, *, skip_bad=False, resume=True, pre_skipped=No
         evaluator = build_evaluator(cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", name))
         extras = evaluator.results_extras() if hasattr(evaluator, "results_extras") else {}
         attention_evaluator = build_attention_stats_evaluator(cfg, name)  # None unless enabled
-        if attention_evaluator is not None:
-            evaluator = DatasetEvaluators([evaluator, attention_evaluator])
+        evaluator = DatasetEvaluators([e for e in (evaluator, attention_evaluator) if e is not None]
+                                      + [progress.evaluator(name)])
         folder = checkpoint_folder(cfg, name) if single else None
         if folder is not None and not resume:
             remove_checkpoint(folder)
