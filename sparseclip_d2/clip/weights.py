@@ -167,26 +167,20 @@ def _encoder_layers(sd: Dict[str, torch.Tensor], prefix: str) -> int:
     return len({k[len(prefix):].split(".")[0] for k in sd if k.startswith(prefix)})
 
 
-def _open_clip_text_block(sd, src: str, dst: str, out: Dict[str, torch.Tensor]) -> None:
-    """One transformers encoder layer -> one open_clip ``ResidualAttentionBlock``."""
-    for kind in ("weight", "bias"):
-        out[f"{dst}.attn.in_proj_{kind}"] = _qkv(sd, f"{src}.self_attn", kind)
-        out[f"{dst}.attn.out_proj.{kind}"] = sd[f"{src}.self_attn.out_proj.{kind}"]
-        out[f"{dst}.ln_1.{kind}"] = sd[f"{src}.layer_norm1.{kind}"]
-        out[f"{dst}.ln_2.{kind}"] = sd[f"{src}.layer_norm2.{kind}"]
-        out[f"{dst}.mlp.c_fc.{kind}"] = sd[f"{src}.mlp.fc1.{kind}"]
-        out[f"{dst}.mlp.c_proj.{kind}"] = sd[f"{src}.mlp.fc2.{kind}"]
+# The tensors of one transformers encoder layer (its names) and where they go in an open_clip
+# ResidualAttentionBlock (open_clip/transformer.py) and a timm ViT Block
+# (timm/models/vision_transformer.py); "{}" is weight or bias, "qkv" the fused q/k/v projection.
+_LAYER_TENSORS = ("qkv", "self_attn.out_proj", "layer_norm1", "layer_norm2", "mlp.fc1", "mlp.fc2")
+_OPEN_CLIP_BLOCK = ("attn.in_proj_{}", "attn.out_proj.{}", "ln_1.{}", "ln_2.{}", "mlp.c_fc.{}", "mlp.c_proj.{}")
+_TIMM_BLOCK = ("attn.qkv.{}", "attn.proj.{}", "norm1.{}", "norm2.{}", "mlp.fc1.{}", "mlp.fc2.{}")
 
 
-def _timm_block(sd, src: str, dst: str, out: Dict[str, torch.Tensor]) -> None:
-    """One transformers encoder layer -> one timm ViT ``Block`` (fused qkv)."""
+def _block(sd, src: str, dst: str, names, out: Dict[str, torch.Tensor]) -> None:
+    """One transformers encoder layer ``src`` -> the block ``dst`` whose tensor names are ``names``."""
     for kind in ("weight", "bias"):
-        out[f"{dst}.attn.qkv.{kind}"] = _qkv(sd, f"{src}.self_attn", kind)
-        out[f"{dst}.attn.proj.{kind}"] = sd[f"{src}.self_attn.out_proj.{kind}"]
-        out[f"{dst}.norm1.{kind}"] = sd[f"{src}.layer_norm1.{kind}"]
-        out[f"{dst}.norm2.{kind}"] = sd[f"{src}.layer_norm2.{kind}"]
-        out[f"{dst}.mlp.fc1.{kind}"] = sd[f"{src}.mlp.fc1.{kind}"]
-        out[f"{dst}.mlp.fc2.{kind}"] = sd[f"{src}.mlp.fc2.{kind}"]
+        for hf, name in zip(_LAYER_TENSORS, names):
+            value = _qkv(sd, f"{src}.self_attn", kind) if hf == "qkv" else sd[f"{src}.{hf}.{kind}"]
+            out[f"{dst}.{name.format(kind)}"] = value
 
 
 def _pair(out, dst: str, sd, src: str) -> None:
@@ -202,13 +196,13 @@ def _convert_clip(sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     out["visual.positional_embedding"] = sd[f"{v}.embeddings.position_embedding.weight"]
     _pair(out, "visual.ln_pre", sd, f"{v}.pre_layrnorm")  # sic: transformers' CLIP spelling
     for i in range(_encoder_layers(sd, f"{v}.encoder.layers.")):
-        _open_clip_text_block(sd, f"{v}.encoder.layers.{i}", f"visual.transformer.resblocks.{i}", out)
+        _block(sd, f"{v}.encoder.layers.{i}", f"visual.transformer.resblocks.{i}", _OPEN_CLIP_BLOCK, out)
     _pair(out, "visual.ln_post", sd, f"{v}.post_layernorm")
     out["visual.proj"] = sd["visual_projection.weight"].t().contiguous()
     out["token_embedding.weight"] = sd[f"{t}.embeddings.token_embedding.weight"]
     out["positional_embedding"] = sd[f"{t}.embeddings.position_embedding.weight"]
     for i in range(_encoder_layers(sd, f"{t}.encoder.layers.")):
-        _open_clip_text_block(sd, f"{t}.encoder.layers.{i}", f"transformer.resblocks.{i}", out)
+        _block(sd, f"{t}.encoder.layers.{i}", f"transformer.resblocks.{i}", _OPEN_CLIP_BLOCK, out)
     _pair(out, "ln_final", sd, f"{t}.final_layer_norm")
     out["text_projection"] = sd["text_projection.weight"].t().contiguous()
     out["logit_scale"] = sd["logit_scale"].reshape(())
@@ -224,7 +218,7 @@ def _convert_siglip(sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     _pair(out, f"{tr}.patch_embed.proj", sd, f"{v}.embeddings.patch_embedding")
     out[f"{tr}.pos_embed"] = sd[f"{v}.embeddings.position_embedding.weight"].unsqueeze(0)
     for i in range(_encoder_layers(sd, f"{v}.encoder.layers.")):
-        _timm_block(sd, f"{v}.encoder.layers.{i}", f"{tr}.blocks.{i}", out)
+        _block(sd, f"{v}.encoder.layers.{i}", f"{tr}.blocks.{i}", _TIMM_BLOCK, out)
     _pair(out, f"{tr}.norm", sd, f"{v}.post_layernorm")
     head = f"{v}.head"
     if f"{head}.probe" in sd:
@@ -240,7 +234,7 @@ def _convert_siglip(sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     out["text.token_embedding.weight"] = sd[f"{t}.embeddings.token_embedding.weight"]
     out["text.positional_embedding"] = sd[f"{t}.embeddings.position_embedding.weight"]
     for i in range(_encoder_layers(sd, f"{t}.encoder.layers.")):
-        _open_clip_text_block(sd, f"{t}.encoder.layers.{i}", f"text.transformer.resblocks.{i}", out)
+        _block(sd, f"{t}.encoder.layers.{i}", f"text.transformer.resblocks.{i}", _OPEN_CLIP_BLOCK, out)
     _pair(out, "text.ln_final", sd, f"{t}.final_layer_norm")
     _pair(out, "text.text_projection", sd, f"{t}.head")
     out["logit_scale"] = sd["logit_scale"].reshape(())

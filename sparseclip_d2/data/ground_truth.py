@@ -56,6 +56,14 @@ def load_sem_seg_gt(path: str, *, num_classes: int, reduce_zero_label: bool = Fa
         gt = np.asarray(im, dtype=np.int64).copy()
     if gt.ndim != 2:
         raise ValueError(f"ground truth {path!r} has shape {gt.shape}; expected a single-channel label PNG")
+    return _shifted_and_checked(gt, path, num_classes, reduce_zero_label, ignore_label, "holds")
+
+
+def _shifted_and_checked(gt: np.ndarray, path: str, num_classes: int, reduce_zero_label: bool,
+                         ignore_label: int, verb: str) -> np.ndarray:
+    """``gt`` with MMSeg's ``reduce_zero_label`` applied (0 -> ignore, the rest shifted down by
+    one), checked to hold only ``[0, num_classes)`` and ``ignore_label`` (ValueError naming
+    ``path``)."""
     if reduce_zero_label:
         ignore = (gt == ignore_label) | (gt == 0)
         gt = gt - 1
@@ -63,7 +71,7 @@ def load_sem_seg_gt(path: str, *, num_classes: int, reduce_zero_label: bool = Fa
     bad = (gt != ignore_label) & ((gt < 0) | (gt >= num_classes))
     if bad.any():
         raise ValueError(
-            f"ground truth {path!r} holds labels {sorted(np.unique(gt[bad]).tolist())[:10]} outside "
+            f"ground truth {path!r} {verb} labels {sorted(np.unique(gt[bad]).tolist())[:10]} outside "
             f"[0, {num_classes}) and != ignore {ignore_label} (after reduce_zero_label={reduce_zero_label})"
         )
     return gt
@@ -92,15 +100,8 @@ def convert_sem_seg_gt(src: str, dst: str, *, num_classes: int, reduce_zero_labe
             if im.mode not in ("L", "P"):
                 raise ValueError(f"ground truth {src!r} has PIL mode {im.mode!r}; expected an 8-bit label PNG")
             raw = np.asarray(im)
-        gt = lut[raw].astype(np.int64)
-        if reduce_zero_label:
-            ignore = (gt == ignore_label) | (gt == 0)
-            gt = gt - 1
-            gt[ignore] = ignore_label
-        bad = (gt != ignore_label) & ((gt < 0) | (gt >= num_classes))
-        if bad.any():
-            raise ValueError(f"ground truth {src!r} maps to labels {sorted(np.unique(gt[bad]).tolist())[:10]} "
-                             f"outside [0, {num_classes})")
+        gt = _shifted_and_checked(lut[raw].astype(np.int64), src, num_classes, reduce_zero_label, ignore_label,
+                                  "maps to")
     else:
         gt = load_sem_seg_gt(src, num_classes=num_classes, reduce_zero_label=reduce_zero_label,
                              ignore_label=ignore_label)
