@@ -377,7 +377,7 @@ class AppEngine:
             classes = parse_vocabulary(text or "")
             resolve_vocabulary(classes, background)
         except ValueError as e:
-            raise AppError(str(e)) from None
+            raise AppError(str(e).replace("--classes ", "classes like ").replace("like classes like", "like")) from None
         return classes, background
 
     # ------------------------------------------------------------------ a run
@@ -561,16 +561,17 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
             with gr.Column(scale=1):
                 upload = gr.File(label="photo (upload)", file_types=["image"], type="filepath", elem_id="upload")
                 sample = gr.Dropdown(choices=[("(none)", "")] + [(v, k) for k, v in SAMPLE_PHOTOS.items()],
-                                     value="voc", label="or a sample photo (used when nothing is uploaded)",
+                                     value="voc", label="or a sample photo (used when nothing is uploaded)", allow_custom_value=True,
                                      elem_id="sample")
                 classes = gr.Textbox(label="classes (commas between classes, semicolons between synonyms)",
                                      value="person, chair, dining table; table, bottle, wall", elem_id="classes")
-                class_set = gr.Dropdown(choices=class_sets, value="", label="or a dataset's class set (wins when set)",
+                class_set = gr.Dropdown(choices=class_sets, value="", label="or a dataset's class set (wins when set)", allow_custom_value=True,
                                         elem_id="class_set")
                 background = gr.Textbox(label="background class (optional, with typed classes)", value="",
                                         elem_id="background")
                 methods = gr.Dropdown(choices=method_choices(), value=["cfg", "clip"], multiselect=True,
-                                      label="methods", elem_id="methods")
+                                      allow_custom_value=True, elem_id="methods",
+                                      label="methods (or type a spec such as kk:entmax:1.5 and press Enter)")
                 with gr.Accordion("custom spec (source / normaliser / alpha / layers)", open=True):
                     with gr.Row():
                         source = gr.Dropdown(choices=list(SOURCES), value="qq", label="source", allow_custom_value=True)
@@ -597,9 +598,11 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
                                      format="png", interactive=False, elem_id="attention")
                 att_table = gr.Dataframe(headers=STATS_HEADERS, label="statistics of the row (means over heads)",
                                          interactive=False, elem_id="att_table")
+                att_file = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
+                                           "window_K)", elem_id="att_file")
                 probs = gr.Gallery(label="class probability maps (0 to 1, top classes per method)", columns=4,
                                    format="png", elem_id="probs")
-                files = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method, attention rows",
+                files = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method",
                                 file_count="multiple", elem_id="files")
                 run_id = gr.Textbox(visible=False, elem_id="run_id")
 
@@ -637,16 +640,14 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
         run_button.click(do_run, [upload, sample, classes, class_set, background, methods, use_custom, custom],
                          [status, photo, overlays, probs, files, run_id], api_name="run")
 
-        def do_attention(rid, x, y, current_files):
+        def do_attention(rid, x, y):
             try:
                 out = engine.attention(rid, x, y)
             except Exception as e:
                 if not isinstance(e, (AppError, ValueError, OSError)):
                     logger.exception("attention failed")
-                return _message(e), None, None, gr.update()
-            kept = [f for f in (current_files or []) if not os.path.basename(str(f)).startswith("attention_")]
-            return (f"patch at x={float(x):g}, y={float(y):g}", out["figure"], out["table"],
-                    kept + [out["npz"]])
+                return _message(e), None, None, None
+            return f"patch at x={float(x):g}, y={float(y):g}", out["figure"], out["table"], out["npz"]
 
         def on_click(rid, evt: gr.SelectData):
             try:
@@ -658,8 +659,8 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
             W, H = run.image.shape[1], run.image.shape[0]
             return (min(int((xd + 0.5) / s), W - 1), min(int((yd + 0.5) / s), H - 1))
 
-        att_inputs = [run_id, qx, qy, files]
-        att_outputs = [att_status, att_image, att_table, files]
+        att_inputs = [run_id, qx, qy]
+        att_outputs = [att_status, att_image, att_table, att_file]
         att_button.click(do_attention, att_inputs, att_outputs, api_name="attention")
         photo.select(on_click, [run_id], [qx, qy], api_visibility="private").then(
             do_attention, att_inputs, att_outputs, api_visibility="private")
