@@ -242,8 +242,13 @@ def _with_banner(image: np.ndarray, text: str) -> np.ndarray:
     """``image`` with ``text`` on a red band on top (the overlays' banner, for heat maps)."""
     canvas = Image.fromarray(np.ascontiguousarray(image))
     draw = ImageDraw.Draw(canvas)
-    font = _font(max(9, canvas.width // 24), bold=True)
+    size = max(8, canvas.width // 12)
+    font = _font(size, bold=True)
     x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
+    while x1 - x0 > canvas.width - 4 and size > 8:  # the whole text on the band
+        size -= 1
+        font = _font(size, bold=True)
+        x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
     draw.rectangle((0, 0, canvas.width, (y1 - y0) + 6), fill=_BANNER_COLOR)
     draw.text(((canvas.width - (x1 - x0)) / 2 - x0, 3 - y0), text, font=font, fill="white")
     return np.asarray(canvas)
@@ -505,12 +510,13 @@ class AppEngine:
         fig = attention_figure(run.display, results, ((x + 0.5) * s - 0.5, (y + 0.5) * s - 0.5),
                                title=f"attention row of the patch at x={x:g}, y={y:g} (last block)",
                                random_weights=any(m.random_weights for m in run.methods))
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        import io
 
-        canvas = FigureCanvasAgg(fig)
-        canvas.draw()
-        image = np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
         import matplotlib.pyplot as plt
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight", pad_inches=0.1)  # keeps the colour bar's label
+        image = np.asarray(Image.open(buf).convert("RGB"))
 
         plt.close(fig)
         folder = os.path.join(self.output_dir, str(run_id))
@@ -588,20 +594,21 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
                                      elem_id="status")
                 photo = gr.Image(label="photo: click a patch to see its attention", type="numpy", format="png",
                                  interactive=False, elem_id="photo")
-                overlays = gr.Gallery(label="overlays (one per method)", columns=3, format="png", elem_id="overlays")
+                overlays = gr.Gallery(label="overlays (one per method)", columns=3, format="png", object_fit="contain",
+                                      height="auto", elem_id="overlays")
                 with gr.Row():
                     qx = gr.Number(label="x (photo pixels)", value=None, elem_id="qx")
                     qy = gr.Number(label="y (photo pixels)", value=None, elem_id="qy")
                     att_button = gr.Button("Show attention", elem_id="show_attention")
                 att_status = gr.Markdown("", elem_id="att_status")
                 att_image = gr.Image(label="attention row of the selected patch (one colour scale)", type="numpy",
-                                     format="png", interactive=False, elem_id="attention")
+                                     format="png", interactive=False, show_label=False, elem_id="attention")
                 att_table = gr.Dataframe(headers=STATS_HEADERS, label="statistics of the row (means over heads)",
                                          interactive=False, elem_id="att_table")
                 att_file = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
                                            "window_K)", elem_id="att_file")
                 probs = gr.Gallery(label="class probability maps (0 to 1, top classes per method)", columns=4,
-                                   format="png", elem_id="probs")
+                                   format="png", object_fit="contain", height="auto", elem_id="probs")
                 files = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method",
                                 file_count="multiple", elem_id="files")
                 run_id = gr.Textbox(visible=False, elem_id="run_id")
