@@ -45,7 +45,8 @@ from .evaluation.attention_stats import ROW_STAT_KEYS, resize_labels, row_statis
 from .model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
 from .modeling.sliding_window import symmetric_pad  # noqa: E402
 from .predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
-from .utils.visualize import RANDOM_WEIGHTS_BANNER, _BANNER_COLOR, _font, class_colors, draw_overlay, save_label_map  # noqa: E402
+from .utils.visualize import (  # noqa: E402
+    RANDOM_WEIGHTS_BANNER, _BANNER_COLOR, _font, class_colors, draw_overlay, save_label_map)
 
 __all__ = ["AppEngine", "AppError", "build_app", "config_methods", "main", "method_choices", "query_token",
            "sample_photo", "spec_from_controls", "SAMPLE_PHOTOS"]
@@ -254,6 +255,12 @@ def _with_banner(image: np.ndarray, text: str) -> np.ndarray:
     return np.asarray(canvas)
 
 
+def _png(array: np.ndarray, path: str) -> str:
+    """Write an image for the page (fast zlib level: the page, not the archive, reads it)."""
+    Image.fromarray(np.ascontiguousarray(array)).save(path, format="PNG", compress_level=1)
+    return path
+
+
 def _colormap(values: np.ndarray, vmax: float = 1.0) -> np.ndarray:
     import matplotlib
 
@@ -400,9 +407,9 @@ class AppEngine:
         """Predict ``image`` with every method.
 
         Returns:
-            ``{"run_id", "result": RunResult, "overlays": [(image, caption)], "probabilities":
-            [(image, caption)], "files": [paths], "seconds": {method: Predictor call seconds},
-            "random_weights": bool}``.
+            ``{"run_id", "result": RunResult, "overlays": [(png path, caption)], "probabilities":
+            [(png path, caption)], "display_file": the shown photo's png, "files": [downloads],
+            "seconds": {method: Predictor call seconds}, "random_weights": bool}``.
         """
         methods = [str(m).strip() for m in methods if str(m).strip()]
         if not methods:
@@ -458,13 +465,15 @@ class AppEngine:
             colors = class_colors(num_classes)
             overlay = draw_overlay(display, _nearest(pred.labels, display.shape[:2]), pred.names, colors=colors,
                                    banner=banner, title=method)
-            out["overlays"].append((overlay, title))
+            out["overlays"].append((_png(overlay, os.path.join(folder, f"overlay_{slug}.png")), title))
             means = sums / float(H * W)
             for c in np.argsort(-means, kind="stable")[:TOP_PROB_CLASSES]:
                 heat = _colormap(thumbs[c])
                 if banner:
                     heat = _with_banner(heat, banner)
-                out["probabilities"].append((heat, f"{method}: {pred.names[c]} (mean p {means[c]:.2f})"))
+                out["probabilities"].append((_png(heat, os.path.join(folder, f"prob_{slug}_{c}.png")),
+                                             f"{method}: {pred.names[c]} (mean p {means[c]:.2f})"))
+        out["display_file"] = _png(display, os.path.join(folder, "photo.png"))
         self._runs.get_or_create(run_id, lambda: result)
         out["result"] = result
         out["random_weights"] = random_weights
@@ -474,10 +483,11 @@ class AppEngine:
 
     def get_run(self, run_id: str) -> RunResult:
         key = str(run_id or "").strip()
-        if not key or key not in self._runs:
+        run = self._runs.get_or_create(key, lambda: None) if key and key in self._runs else None
+        if run is None:
             raise AppError("no result to look at: run the methods first (results of old runs are dropped after "
                            f"{self.max_runs} newer runs)")
-        return self._runs.get_or_create(key, lambda: None)
+        return run
 
     def attention(self, run_id: str, x: float, y: float) -> Dict:
         """The attention of pixel ``(x, y)`` (original photo pixels) under each method of a run.
@@ -552,7 +562,11 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
     ``/attention`` (run id, x, y in original photo pixels) -> (status, figure, stats table,
     rows ``.npz``). The engine is ``app.engine``.
     """
-    import gradio as gr
+    try:
+        import gradio as gr
+    except ImportError as e:
+        raise ImportError(f"the app needs Gradio ({e}): pip install 'sparseclip_d2[app]' "
+                          "(or pip install -e '.[app]' in a checkout)") from None
 
     engine = engine or AppEngine(config_file, opts, device=device, max_models=max_models,
                                  max_image_pixels=max_image_pixels)
@@ -567,11 +581,13 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
             with gr.Column(scale=1):
                 upload = gr.File(label="photo (upload)", file_types=["image"], type="filepath", elem_id="upload")
                 sample = gr.Dropdown(choices=[("(none)", "")] + [(v, k) for k, v in SAMPLE_PHOTOS.items()],
-                                     value="voc", label="or a sample photo (used when nothing is uploaded)", allow_custom_value=True,
+                                     value="voc", allow_custom_value=True,
+                                     label="or a sample photo (used when nothing is uploaded)",
                                      elem_id="sample")
                 classes = gr.Textbox(label="classes (commas between classes, semicolons between synonyms)",
                                      value="person, chair, dining table; table, bottle, wall", elem_id="classes")
-                class_set = gr.Dropdown(choices=class_sets, value="", label="or a dataset's class set (wins when set)", allow_custom_value=True,
+                class_set = gr.Dropdown(choices=class_sets, value="", allow_custom_value=True,
+                                        label="or a dataset's class set (wins when set)",
                                         elem_id="class_set")
                 background = gr.Textbox(label="background class (optional, with typed classes)", value="",
                                         elem_id="background")
@@ -592,7 +608,7 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
             with gr.Column(scale=2):
                 status = gr.Markdown("Choose a photo, type classes, pick methods and press **Run**.",
                                      elem_id="status")
-                photo = gr.Image(label="photo: click a patch to see its attention", type="numpy", format="png",
+                photo = gr.Image(label="photo: click a patch to see its attention", type="filepath",
                                  interactive=False, elem_id="photo")
                 overlays = gr.Gallery(label="overlays (one per method)", columns=3, format="png", object_fit="contain",
                                       height="auto", elem_id="overlays")
@@ -641,7 +657,7 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
                     if out["random_weights"] else "")
             text_out = (f"{head}**{name}** ({image.shape[1]}x{image.shape[0]}), {len(out['result'].names)} classes; "
                         f"Predictor: {seconds}. Click the photo to see a patch's attention.")
-            return (text_out, out["result"].display, out["overlays"], out["probabilities"], out["files"],
+            return (text_out, out["display_file"], out["overlays"], out["probabilities"], out["files"],
                     out["run_id"])
 
         run_button.click(do_run, [upload, sample, classes, class_set, background, methods, use_custom, custom],
@@ -711,7 +727,7 @@ def cli_main() -> None:
     """The ``sparseclip-app`` console entry point: a bad option or config gives one error line."""
     try:
         main()
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:
         sys.exit(f"sparseclip-app: error: {e}")
 
 
