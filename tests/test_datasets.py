@@ -183,7 +183,7 @@ def test_conversions_equal_the_label_maps_and_missing_or_stale_ones_name_the_com
 
     shutil.rmtree(tmp_path / pairs[0][1])
     code = (
-        "import sparseclip_d2\n"
+        "import sparseclip_d2; sparseclip_d2.register_detectron2_parts()\n"
         "from detectron2.data import DatasetCatalog\n"
         "for n in ('sparseclip_voc20_val', 'sparseclip_ade20k_val', 'sparseclip_voc21_val',"
         " 'sparseclip_coco_stuff_val', 'sparseclip_coco_object_val', 'sparseclip_cityscapes_val'):\n"

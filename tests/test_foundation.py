@@ -68,7 +68,7 @@ def test_import_has_no_network_or_gpu_side_effects():
         "def _no(*a, **k):\n    raise RuntimeError('network touched on import')\n"
         "socket.socket.connect = _no\n"
         "socket.create_connection = _no\n"
-        "import sparseclip_d2\n"
+        "import sparseclip_d2\nsparseclip_d2.register_detectron2_parts()\n"
         "import torch\n"
         "assert not torch.cuda.is_initialized()\n"
     )

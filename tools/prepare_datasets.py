@@ -360,7 +360,9 @@ def check(root, names=None, sample=None):
 
     already = "sparseclip_d2.data" in sys.modules
     os.environ["DETECTRON2_DATASETS"] = root  # read by sparseclip_d2.data.datasets.root.datasets_root
-    import sparseclip_d2  # noqa: F401  (registers with this root)
+    import sparseclip_d2
+
+    sparseclip_d2.register_detectron2_parts()  # registers the datasets with this root
     from detectron2.data import DatasetCatalog, MetadataCatalog
 
     registered_root = os.path.dirname(MetadataCatalog.get("sparseclip_ade20k_val").dataset_root)
