@@ -37,6 +37,7 @@ LAYERS = {
     "utils": 6,
     "predictor": 6,   # the Python API: modeling + data + figures' helpers
     "cli": 7,         # the command-line programs
+    "app": 7,         # the interactive Gradio app (on the Predictor)
 }
 # Third-party packages a layer must not import.
 FORBIDDEN = {0: ("torch", "detectron2", "open_clip"), 1: ("detectron2", "open_clip"), 2: ("detectron2",)}
