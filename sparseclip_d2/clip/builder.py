@@ -372,13 +372,8 @@ def _load_weights(model: torch.nn.Module, name: str, source: str) -> None:
     transformers directory into ``model`` (built as ``name``), strictly."""
     if os.path.isdir(source):
         hf_cfg = read_transformers_config(source)
-        sd = convert_transformers_state_dict(source, model, name)
-        msg = check_transformers_activation(hf_cfg, model, name)
-        if msg and "quick_gelu" in msg:
-            raise ValueError(f"{msg}; use the open_clip name with{'' if 'uses quick_gelu' in msg else 'out'} "
-                             "'-quickgelu'")
-        if msg:
-            logger.warning("%s", msg)
+        sd = convert_transformers_state_dict(source, model, name, hf_cfg)
+        check_transformers_activation(hf_cfg, model, name)
         model.load_state_dict(sd, strict=True)
         logger.info("loaded CLIP %s from the transformers %s checkpoint %s", name, hf_cfg["model_type"], source)
         return

@@ -270,16 +270,17 @@ def transformers_activation(cfg: dict, tower: str) -> str:
     return _HF_ACTS.get(act, act)
 
 
-def convert_transformers_state_dict(path: str, model: torch.nn.Module, model_name: str) -> Dict[str, torch.Tensor]:
+def convert_transformers_state_dict(path: str, model: torch.nn.Module, model_name: str,
+                                    cfg: Optional[dict] = None) -> Dict[str, torch.Tensor]:
     """The open_clip state dict of ``model`` (named ``model_name``) filled from the
-    transformers checkpoint directory ``path``.
+    transformers checkpoint directory ``path`` (``cfg``: its config.json when already read).
 
     Raises:
         ValueError: the checkpoint is of another architecture than ``model`` (a missing
             tensor or a shape mismatch; the message names both models), or an unsupported
             ``model_type``.
     """
-    cfg = read_transformers_config(path)
+    cfg = read_transformers_config(path) if cfg is None else cfg
     model_type = cfg["model_type"]
     sd = load_transformers_state_dict(path)
     target = model.state_dict()
@@ -304,13 +305,17 @@ def convert_transformers_state_dict(path: str, model: torch.nn.Module, model_nam
     return converted
 
 
-def check_transformers_activation(cfg: dict, model: torch.nn.Module, model_name: str) -> Optional[str]:
-    """A warning text when ``model``'s vision tower runs another activation than the
-    checkpoint was defined with (``None`` when they agree)."""
+def check_transformers_activation(cfg: dict, model: torch.nn.Module, model_name: str) -> None:
+    """Compare the activation of ``model``'s vision tower with the one the checkpoint was
+    defined with. QuickGELU against GELU would give other features: a ValueError naming
+    the name to use. GELU against its tanh approximation (SigLIP: open_clip's own port of
+    these weights runs exact GELU too) differs slightly: a warning."""
     want = transformers_activation(cfg, "vision")
     have = _act_of(getattr(model, "visual", model))
     if want == have:
-        return None
-    return (f"the transformers checkpoint's vision tower uses {want} but open_clip's {model_name} runs {have}: "
-            "features differ slightly from transformers' own forward (open_clip's own port of these weights runs "
-            f"{have} too)")
+        return
+    msg = f"the transformers checkpoint's vision tower uses {want} but open_clip's {model_name} runs {have}"
+    if "quick_gelu" in (want, have):
+        raise ValueError(f"{msg}; use the open_clip name with{'' if want == 'quick_gelu' else 'out'} '-quickgelu'")
+    logger.warning("%s: features differ slightly from transformers' own forward (open_clip's own port of these "
+                   "weights runs %s too)", msg, have)
