@@ -97,6 +97,22 @@ def test_load_sweep_product_and_keys(tmp_path):
         load_sweep(str(f))
 
 
+def test_base_config_with_an_integer_for_a_float_key_loads_as_train_net_reads_it(tmp_path):
+    """``ALPHA: 2`` in a base config: train_net accepts it (merge_config), so the sweep does
+    too (it used yacs' merge_from_file, which refuses "Type mismatch (float vs int)")."""
+    from sparseclip_d2.sweeps import load_base_config, load_sweep
+
+    base = tmp_path / "base.yaml"
+    base.write_text(f"_BASE_: {os.path.join(REPO, 'configs', 'demo.yaml')}\n"
+                    "MODEL:\n  SPARSECLIP:\n    ATTENTION:\n      ALPHA: 2\n")
+    cfg = load_base_config(str(base))
+    assert cfg.MODEL.SPARSECLIP.ATTENTION.ALPHA == 2.0 and isinstance(cfg.MODEL.SPARSECLIP.ATTENTION.ALPHA, float)
+    f = tmp_path / "s.yaml"
+    f.write_text(f"base: {base}\nvariants: [{{name: a, source: qq}}]\n")
+    sweep = load_sweep(str(f), identify_data=False)
+    assert len(sweep.runs) == 1 and not sweep.invalid_runs
+
+
 def test_tiny_sweep_runs_resumes_and_tables(tmp_path_factory):
     from sparseclip_d2.sweeps import read_jsonl
 

@@ -219,12 +219,14 @@ def merge_run_config(base_cfg, opts: Sequence[Tuple[str, Any]]):
 
 
 def load_base_config(path: str):
-    """The merged detectron2 config of a base config file (defaults + sparseclip keys)."""
+    """The merged detectron2 config of a base config file (defaults + sparseclip keys), read
+    as ``train_net`` reads ``--config-file`` (:func:`sparseclip_d2.config.merge_config`: an
+    integer for a float key, ``ALPHA: 2``, is accepted there, so it is here)."""
     from detectron2.config import get_cfg
 
-    from sparseclip_d2.config import add_sparseclip_config
+    from sparseclip_d2.config import add_sparseclip_config, merge_config
 
     cfg = get_cfg()
     add_sparseclip_config(cfg)
-    cfg.merge_from_file(path)
+    merge_config(cfg, path)
     return cfg
