@@ -109,7 +109,7 @@ def test_prepare_datasets_id_tables():
 
 
 def test_demo_stride_above_crop_under_python_O(tmp_path):
-    """Under ``python -O`` (asserts off) the bad stride still fails with a clear error, rc 1,
+    """Under ``python -O`` (asserts off) the bad stride still fails with a clear error, rc 2,
     and writes nothing (it used to exit 0 with NaN probabilities labelled class 0)."""
     image = tmp_path / "in.png"
     Image.fromarray(np.zeros((64, 96, 3), dtype=np.uint8)).save(image)
@@ -120,7 +120,7 @@ def test_demo_stride_above_crop_under_python_O(tmp_path):
          "sky, grass", "--output", str(out), "--opts", *TINY, "TEST.SLIDING_WINDOW.ENABLED", "True",
          "TEST.SLIDING_WINDOW.CROP_SIZE", "112", "TEST.SLIDING_WINDOW.STRIDE", "200"],
         capture_output=True, text=True, env=env, timeout=3600)
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stderr[-2000:]
     assert "TEST.SLIDING_WINDOW.STRIDE = 200 is invalid; valid: an integer in [1, 112]" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()

@@ -446,11 +446,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, List[str]]:
 
 
 def cli_main() -> None:
-    """The console entry point: bad input, vocabulary, spec or config give one error line (exit 1)."""
+    """The console entry point: bad input, vocabulary, spec or config give one error line and
+    exit status 2, as train_net's user mistakes and argparse's usage errors do."""
     try:
         main()
     except (ValueError, OSError) as e:
-        sys.exit(f"demo.py: error: {e}")
+        print(f"demo.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
