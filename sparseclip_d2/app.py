@@ -37,9 +37,8 @@ from detectron2.utils.logger import setup_logger  # noqa: E402
 
 from .analysis.visualize import attention_figure  # noqa: E402
 from .cli.demo import DEFAULT_CONFIG, ProbabilityWriter, write_probability_metadata  # noqa: E402
-from .clip import describe_spec  # noqa: E402
 from .clip.spec import PRESETS, NORMALIZER_REGISTRY, parse_attention_spec  # noqa: E402
-from .data import available_class_name_files, display_name  # noqa: E402
+from .data import available_class_name_files  # noqa: E402
 from .data.image_io import read_image_rgb, parse_vocabulary  # noqa: E402
 from .evaluation.attention_stats import ROW_STAT_KEYS, resize_labels, row_statistics, window_patch_labels  # noqa: E402
 from .model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
