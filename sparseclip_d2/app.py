@@ -37,19 +37,19 @@ from detectron2.utils.logger import setup_logger  # noqa: E402
 
 from .analysis.visualize import attention_figure  # noqa: E402
 from .cli.demo import DEFAULT_CONFIG, ProbabilityWriter, write_probability_metadata  # noqa: E402
-from .clip import describe_spec  # noqa: E402
 from .clip.spec import PRESETS, NORMALIZER_REGISTRY, parse_attention_spec  # noqa: E402
-from .data import available_class_name_files, display_name  # noqa: E402
+from .data import available_class_name_files  # noqa: E402
 from .data.image_io import read_image_rgb, parse_vocabulary  # noqa: E402
 from .evaluation.attention_stats import ROW_STAT_KEYS, resize_labels, row_statistics, window_patch_labels  # noqa: E402
 from .model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
+from .modeling.postprocess import ScoreMaps  # noqa: E402
 from .modeling.sliding_window import symmetric_pad  # noqa: E402
 from .predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
 from .utils.visualize import (  # noqa: E402
-    RANDOM_WEIGHTS_BANNER, _BANNER_COLOR, _font, class_colors, draw_overlay, save_label_map)
+    BANNER_COLOR, RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay, font_path_for, load_font, save_label_map)
 
-__all__ = ["AppEngine", "AppError", "build_app", "config_methods", "main", "method_choices", "query_token",
-           "sample_photo", "spec_from_controls", "SAMPLE_PHOTOS"]
+__all__ = ["AppEngine", "AppError", "build_app", "config_methods", "main", "method_choices", "probability_panel",
+           "query_token", "sample_photo", "spec_from_controls", "SAMPLE_PHOTOS"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ DISPLAY_SIDE = 1024  # long side of the photo, overlays and heat maps shown in t
 MIN_SIDE = 16  # a photo side below this is refused
 MAX_METHODS = 8
 TOP_PROB_CLASSES = 8  # probability maps shown per method
-PROB_THUMB_SIDE = 256
+PROB_THUMB_SIDE = 256  # long side of each probability map in the page
+PROB_COLUMNS = 4  # probability maps per row of a method's panel
 
 
 class AppError(ValueError):
@@ -208,6 +209,9 @@ class MethodResult:
     labels: np.ndarray
     attention: Optional[Dict]
     random_weights: bool
+    classes: List[str] = field(default_factory=list)
+    score_maps: Optional[ScoreMaps] = field(default=None, repr=False)  # for the downloads, written when asked
+    slug: str = ""
 
 
 @dataclass
@@ -218,6 +222,8 @@ class RunResult:
     display: np.ndarray
     names: List[str]
     methods: List[MethodResult] = field(default_factory=list)
+    downloads: List[str] = field(default_factory=list)  # written by AppEngine.downloads on the first ask
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def display_scale(self) -> float:
@@ -239,34 +245,96 @@ def _nearest(labels: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
     return labels[(np.arange(shape[0]) * h // shape[0])][:, (np.arange(shape[1]) * w // shape[1])]
 
 
-def _with_banner(image: np.ndarray, text: str) -> np.ndarray:
-    """``image`` with ``text`` on a red band on top (the overlays' banner, for heat maps)."""
-    canvas = Image.fromarray(np.ascontiguousarray(image))
-    draw = ImageDraw.Draw(canvas)
-    size = max(8, canvas.width // 12)
-    font = _font(size, bold=True)
-    x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
-    while x1 - x0 > canvas.width - 4 and size > 8:  # the whole text on the band
-        size -= 1
-        font = _font(size, bold=True)
-        x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
-    draw.rectangle((0, 0, canvas.width, (y1 - y0) + 6), fill=_BANNER_COLOR)
-    draw.text(((canvas.width - (x1 - x0)) / 2 - x0, 3 - y0), text, font=font, fill="white")
-    return np.asarray(canvas)
-
-
 def _png(array: np.ndarray, path: str) -> str:
     """Write an image for the page (fast zlib level: the page, not the archive, reads it)."""
     Image.fromarray(np.ascontiguousarray(array)).save(path, format="PNG", compress_level=1)
     return path
 
 
-def _colormap(values: np.ndarray, vmax: float = 1.0) -> np.ndarray:
-    import matplotlib
+_VIRIDIS: List[np.ndarray] = []
 
-    lut = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).astype(np.uint8)
-    idx = np.clip(np.round(np.asarray(values, dtype=np.float64) / vmax * 255), 0, 255).astype(np.int64)
-    return lut[idx]
+
+def _colormap(values: np.ndarray, vmax: float = 1.0) -> np.ndarray:
+    """``values / vmax`` in viridis (256 levels, level ``floor(255 v / vmax + 0.5)`` clipped to
+    0..255), ``(..., 3)`` uint8."""
+    if not _VIRIDIS:
+        import matplotlib
+
+        _VIRIDIS.append((matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).astype(np.uint8))
+    idx = np.clip(np.asarray(values, dtype=np.float32) * np.float32(255.0 / vmax) + np.float32(0.5), 0, 255)
+    return _VIRIDIS[0][idx.astype(np.uint8)]
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, font, width: float) -> str:
+    """``text``, cut with an ellipsis to at most ``width`` px in ``font``."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "...", font=font) > width:
+        text = text[:-1]
+    return text + "..."
+
+
+def probability_panel(score_maps: ScoreMaps, names: Sequence[str], title: str, *, banner: Optional[str] = None,
+                      top: int = TOP_PROB_CLASSES, side: int = PROB_THUMB_SIDE, columns: int = PROB_COLUMNS
+                      ) -> Dict:
+    """One image with the probability maps of the ``top`` classes of highest mean probability.
+
+    The maps are the class probabilities (max over synonyms of the softmax over synonyms,
+    before the background rules, as :meth:`Prediction.probabilities
+    <sparseclip_d2.predictor.Prediction.probabilities>`) computed from the same
+    working-resolution logits at the map's size (long side ``side``, never above the
+    photo's): the logits resized bilinearly to that size, not to the photo's. The means are
+    over those pixels. Maps are drawn in viridis on the fixed scale 0 to 1 (colour bar at the
+    bottom), ``columns`` per row, each under its class name and mean; ``title`` on top, and
+    ``banner`` (random weights) on a red band above it.
+
+    Returns:
+        ``{"image": (h, w, 3) uint8, "shown": [(class index, mean probability)] in the order
+        shown, "maps": (C, h', w') float32 probabilities of every class at the map's size}``.
+    """
+    C, H, W = score_maps.shape
+    scale = min(1.0, side / max(H, W))
+    th, tw = max(1, round(H * scale)), max(1, round(W * scale))
+    small = ScoreMaps(score_maps.logits, score_maps.class_index, score_maps.num_classes, out_size=(th, tw))
+    probs = torch.cat([p for _, _, p, _ in small.bands()], dim=1).cpu().numpy()  # (C, th, tw)
+    means = probs.reshape(C, -1).astype(np.float64).mean(1)
+    shown = [(int(c), float(means[c])) for c in np.argsort(-means, kind="stable")[:top]]
+    cols = max(1, min(columns, len(shown)))
+    rows = -(-len(shown) // cols)
+    gap = 6
+    text_px = 13
+    font_path = font_path_for(" ".join([title] + [names[c] for c, _ in shown]))
+    font = load_font(text_px, path=font_path)
+    line = text_px + 6
+    width = cols * tw + (cols + 1) * gap
+    band = line + 4 if banner else 0
+    top_h = band + line + gap
+    bar_h = 12
+    height = top_h + rows * (line + th + gap) + bar_h + line + gap
+    canvas = Image.new("RGB", (max(width, 200), height), "white")
+    draw = ImageDraw.Draw(canvas)
+    if banner:
+        bold = load_font(text_px + 1, bold=True, path=font_path_for(banner, bold=True))
+        draw.rectangle((0, 0, canvas.width, band - 1), fill=BANNER_COLOR)
+        bw = draw.textlength(banner, font=bold)
+        draw.text(((canvas.width - bw) / 2, 2), banner, font=bold, fill="white")
+    draw.text((gap, band + 3), _fit(draw, title, font, canvas.width - 2 * gap), font=font, fill="black")
+    for k, (c, mean) in enumerate(shown):
+        r, q = divmod(k, cols)
+        x0, y0 = gap + q * (tw + gap), top_h + r * (line + th + gap)
+        suffix = f" (mean p {mean:.2f})"
+        name = _fit(draw, str(names[c]), font, max(tw - draw.textlength(suffix, font=font), 0))
+        draw.text((x0, y0 + 2), name + suffix, font=font, fill="black")
+        canvas.paste(Image.fromarray(_colormap(probs[c])), (x0, y0 + line))
+    y = top_h + rows * (line + th + gap)
+    bar_w = min(canvas.width - 2 * gap, 256)
+    strip = np.repeat(_colormap(np.linspace(0.0, 1.0, bar_w))[None], bar_h, axis=0)
+    canvas.paste(Image.fromarray(strip), (gap, y))
+    draw.rectangle((gap - 1, y - 1, gap + bar_w, y + bar_h), outline="black")
+    draw.text((gap, y + bar_h + 2), "0", font=font, fill="black")
+    draw.text((gap + bar_w - draw.textlength("1", font=font), y + bar_h + 2), "1", font=font, fill="black")
+    draw.text((gap + bar_w + gap, y), "probability", font=font, fill="black")
+    return {"image": np.asarray(canvas), "shown": shown, "maps": probs}
 
 
 class AppEngine:
@@ -349,7 +417,8 @@ class AppEngine:
                 with Image.open(upload) as im:  # the size, before decoding any pixel
                     w, h = im.size
             except Exception as e:
-                raise AppError(f"cannot read the uploaded file {name!r} as an image ({type(e).__name__}: {e})") from None
+                raise AppError(f"cannot read the uploaded file {name!r} as an image "
+                               f"({type(e).__name__}: {e})") from None
             self._check_size(w, h, name)
             try:
                 rgb = read_image_rgb(str(upload))
@@ -393,23 +462,32 @@ class AppEngine:
         return classes, background
 
     # ------------------------------------------------------------------ a run
-    def _run_dir(self) -> str:
+    def _new_run_id(self) -> str:
         with self._lock:
-            run_id = uuid.uuid4().hex[:12]
-            path = os.path.join(self.output_dir, run_id)
-            os.makedirs(path)
-            self._run_dirs.append(path)
-            while len(self._run_dirs) > self.max_runs:
-                shutil.rmtree(self._run_dirs.pop(0), ignore_errors=True)
+            return uuid.uuid4().hex[:12]
+
+    def _folder(self, run_id: str) -> str:
+        """The run's downloads folder (made when missing); folders of runs no longer kept
+        are removed."""
+        path = os.path.join(self.output_dir, run_id)
+        with self._lock:
+            os.makedirs(path, exist_ok=True)
+            if path not in self._run_dirs:
+                self._run_dirs.append(path)
+            for old in [d for d in self._run_dirs if d != path and os.path.basename(d) not in self._runs]:
+                shutil.rmtree(old, ignore_errors=True)
+                self._run_dirs.remove(old)
         return path
 
     def run(self, image: np.ndarray, vocabulary, background, methods: Sequence[str], progress=None) -> Dict:
-        """Predict ``image`` with every method.
+        """Predict ``image`` with every method and draw what the page shows: one overlay and
+        one :func:`probability_panel` per method (the downloads are written by
+        :meth:`downloads` when asked for).
 
         Returns:
             ``{"run_id", "result": RunResult, "overlays": [(png path, caption)], "probabilities":
-            [(png path, caption)], "display_file": the shown photo's png, "files": [downloads],
-            "seconds": {method: Predictor call seconds}, "random_weights": bool}``.
+            [(png path, caption)], "display_file": the shown photo's png, "seconds": {method:
+            Predictor call seconds}, "random_weights": bool}``.
         """
         methods = [str(m).strip() for m in methods if str(m).strip()]
         if not methods:
@@ -418,10 +496,10 @@ class AppEngine:
             raise AppError(f"{len(methods)} methods selected; at most {MAX_METHODS} at once")
         if len(set(methods)) != len(methods):
             raise AppError(f"a method is selected twice: {', '.join(methods)}")
-        folder = self._run_dir()
-        run_id = os.path.basename(folder)
+        run_id = self._new_run_id()
         display = _downscale_photo(image)
-        out = {"run_id": run_id, "overlays": [], "probabilities": [], "files": [], "seconds": {}}
+        out = {"run_id": run_id, "overlays": [], "probabilities": [], "seconds": {}}
+        pictures = []  # (kind, array, name, caption), written once every method has run
         result = None
         random_weights = False
         for k, method in enumerate(methods):
@@ -437,49 +515,55 @@ class AppEngine:
             elif pred.names != result.names:  # pragma: no cover - one vocabulary per run
                 raise AppError("the methods disagree on the vocabulary")
             title = f"{method} = {predictor.describe()}"
-            result.methods.append(MethodResult(method, title, pred.labels, pred.attention, pred.random_weights))
             slug = f"{k}_" + "".join(c if c.isalnum() else "_" for c in method)
-            num_classes = len(pred.classes)
-            out["files"].append(save_label_map(pred.labels, num_classes, os.path.join(folder, f"labels_{slug}.png")))
-            probs_path = os.path.join(folder, f"probs_{slug}.npy")
-            C, H, W = pred.score_maps.shape
-            step = max(1, -(-max(H, W) // PROB_THUMB_SIDE))
-            thumbs = np.zeros((C, -(-H // step), -(-W // step)), dtype=np.float32)
-            sums = np.zeros(C, dtype=np.float64)
-            writer = ProbabilityWriter(probs_path, (C, H, W))
-            try:
-                for r0, r1, probs, _ in pred.score_maps.bands():
-                    p = probs.cpu().numpy()
-                    writer.write(r0, p)
-                    sums += p.sum(axis=(1, 2), dtype=np.float64)
-                    first = (-r0) % step
-                    if first < r1 - r0:
-                        rows = p[:, first::step, ::step]
-                        thumbs[:, (r0 + first) // step:(r0 + first) // step + rows.shape[1]] = rows
-            finally:
-                writer.close()
-            out["files"].append(probs_path)
-            out["files"].append(write_probability_metadata(os.path.join(folder, f"probs_{slug}.json"), probs_path,
-                                                           pred.classes, (C, H, W), pred.rules()))
+            result.methods.append(MethodResult(method, title, pred.labels, pred.attention, pred.random_weights,
+                                               classes=list(pred.classes), score_maps=pred.score_maps, slug=slug))
             banner = RANDOM_WEIGHTS_BANNER if pred.random_weights else None
-            colors = class_colors(num_classes)
-            overlay = draw_overlay(display, _nearest(pred.labels, display.shape[:2]), pred.names, colors=colors,
-                                   banner=banner, title=method)
-            out["overlays"].append((_png(overlay, os.path.join(folder, f"overlay_{slug}.png")), title))
-            means = sums / float(H * W)
-            for c in np.argsort(-means, kind="stable")[:TOP_PROB_CLASSES]:
-                heat = _colormap(thumbs[c])
-                if banner:
-                    heat = _with_banner(heat, banner)
-                out["probabilities"].append((_png(heat, os.path.join(folder, f"prob_{slug}_{c}.png")),
-                                             f"{method}: {pred.names[c]} (mean p {means[c]:.2f})"))
-        out["display_file"] = _png(display, os.path.join(folder, "photo.png"))
+            overlay = draw_overlay(display, _nearest(pred.labels, display.shape[:2]), pred.names,
+                                   colors=class_colors(len(pred.classes)), banner=banner, title=method)
+            pictures.append(("overlays", overlay, f"overlay_{slug}.png", title))
+            panel = probability_panel(pred.score_maps, pred.names, f"{method}: class probabilities", banner=banner)
+            caption = f"{method}: " + ", ".join(f"{pred.names[c]} {m:.3f}" for c, m in panel["shown"])
+            pictures.append(("probabilities", panel["image"], f"probs_{slug}.png", caption))
         self._runs.get_or_create(run_id, lambda: result)
+        folder = self._folder(run_id)
+        for kind, array, name, caption in pictures:
+            out[kind].append((_png(array, os.path.join(folder, name)), caption))
+        out["display_file"] = _png(display, os.path.join(folder, "photo.png"))
         out["result"] = result
         out["random_weights"] = random_weights
         if progress is not None:
             progress((len(methods), len(methods)), desc="done")
         return out
+
+    def downloads(self, run_id: str) -> List[str]:
+        """The downloads of a run, written on the first call (later calls return the same
+        files): per method ``labels_K_METHOD.png`` (pixel value i = class i, at the photo's
+        size), ``probs_K_METHOD.npy`` (``(C, H, W)`` float16 probabilities before the
+        background rules, written band by band) and ``probs_K_METHOD.json`` (the classes and
+        the post-processing the label map applied)."""
+        run = self.get_run(run_id)
+        with run.lock:
+            if run.downloads and all(os.path.isfile(f) for f in run.downloads):
+                return list(run.downloads)
+            folder = self._folder(str(run_id).strip())
+            files = []
+            for m in run.methods:
+                num_classes = len(m.classes)
+                files.append(save_label_map(m.labels, num_classes, os.path.join(folder, f"labels_{m.slug}.png")))
+                probs_path = os.path.join(folder, f"probs_{m.slug}.npy")
+                shape = m.score_maps.shape
+                writer = ProbabilityWriter(probs_path, shape)
+                try:
+                    for r0, _, probs, _ in m.score_maps.bands():
+                        writer.write(r0, probs.cpu().numpy())
+                finally:
+                    writer.close()
+                files.append(probs_path)
+                files.append(write_probability_metadata(os.path.join(folder, f"probs_{m.slug}.json"), probs_path,
+                                                        m.classes, shape, m.score_maps.rules()))
+            run.downloads = files
+        return list(files)
 
     def get_run(self, run_id: str) -> RunResult:
         key = str(run_id or "").strip()
@@ -493,7 +577,7 @@ class AppEngine:
         """The attention of pixel ``(x, y)`` (original photo pixels) under each method of a run.
 
         Returns:
-            ``{"figure": (h, w, 3) uint8, "rows": [(method, stats dict)], "npz": path}``.
+            ``{"figure": png path, "table": [one row of STATS_HEADERS per method], "npz": path}``.
         """
         run = self.get_run(run_id)
         if x is None or y is None:
@@ -520,19 +604,16 @@ class AppEngine:
         fig = attention_figure(run.display, results, ((x + 0.5) * s - 0.5, (y + 0.5) * s - 0.5),
                                title=f"attention row of the patch at x={x:g}, y={y:g} (last block)",
                                random_weights=any(m.random_weights for m in run.methods))
-        import io
-
         import matplotlib.pyplot as plt
 
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight", pad_inches=0.1)  # keeps the colour bar's label
-        image = np.asarray(Image.open(buf).convert("RGB"))
-
-        plt.close(fig)
-        folder = os.path.join(self.output_dir, str(run_id))
-        npz = os.path.join(folder, f"attention_x{int(x)}_y{int(y)}.npz")
-        np.savez(npz, **arrays)
-        return {"figure": image, "table": table, "npz": npz}
+        folder = self._folder(str(run_id).strip())
+        stem = os.path.join(folder, f"attention_x{x:g}_y{y:g}")
+        try:  # written as it is drawn: the page shows this file (no decode and re-encode)
+            fig.savefig(stem + ".png", format="png", bbox_inches="tight", pad_inches=0.1)  # keeps the bar's label
+        finally:
+            plt.close(fig)
+        np.savez(stem + ".npz", **arrays)
+        return {"figure": stem + ".png", "table": table, "npz": stem + ".npz"}
 
     def close(self) -> None:
         """Drop the models and runs; remove the downloads folder when the engine made it."""
@@ -558,9 +639,9 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
 
     API endpoints (``gradio_client``): ``/run`` (upload file or None, sample name or None,
     classes text, class-set name or "", background or "", methods list, add-custom flag,
-    custom spec) -> (status, photo, overlays, probability maps, downloads, run id);
-    ``/attention`` (run id, x, y in original photo pixels) -> (status, figure, stats table,
-    rows ``.npz``). The engine is ``app.engine``.
+    custom spec) -> (status, photo, overlays, probability panels, run id); ``/downloads``
+    (run id) -> (status, files); ``/attention`` (run id, x, y in original photo pixels) ->
+    (status, figure, stats table, rows ``.npz``). The engine is ``app.engine``.
     """
     try:
         import gradio as gr
@@ -617,14 +698,17 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
                     qy = gr.Number(label="y (photo pixels)", value=None, elem_id="qy")
                     att_button = gr.Button("Show attention", elem_id="show_attention")
                 att_status = gr.Markdown("", elem_id="att_status")
-                att_image = gr.Image(label="attention row of the selected patch (one colour scale)", type="numpy",
-                                     format="png", interactive=False, show_label=False, elem_id="attention")
+                att_image = gr.Image(label="attention row of the selected patch (one colour scale)",
+                                     type="filepath", interactive=False, show_label=False, elem_id="attention")
                 att_table = gr.Dataframe(headers=STATS_HEADERS, label="statistics of the row (means over heads)",
                                          interactive=False, elem_id="att_table")
                 att_file = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
                                            "window_K)", elem_id="att_file")
-                probs = gr.Gallery(label="class probability maps (0 to 1, top classes per method)", columns=4,
-                                   format="png", object_fit="contain", height="auto", elem_id="probs")
+                probs = gr.Gallery(label="class probability maps (0 to 1, top classes per method; click to enlarge)",
+                                   columns=2, format="png", object_fit="contain", height="auto", elem_id="probs")
+                with gr.Row():
+                    dl_button = gr.Button("Prepare downloads", elem_id="prepare_downloads", scale=0)
+                    dl_status = gr.Markdown("", elem_id="dl_status")
                 files = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method",
                                 file_count="multiple", elem_id="files")
                 run_id = gr.Textbox(visible=False, elem_id="run_id")
@@ -650,18 +734,29 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
             except Exception as e:  # never a traceback in the page; the server keeps serving
                 if not isinstance(e, (AppError, ValueError, OSError)):
                     logger.exception("run failed")
-                return _message(e), None, None, None, None, ""
+                return _message(e), None, None, None, ""
             seconds = ", ".join(f"{m} {s:.2f} s" for m, s in out["seconds"].items())
-            head = (f"<span style='color:{_BANNER_COLOR};font-weight:bold'>{RANDOM_WEIGHTS_BANNER}</span> "
+            head = (f"<span style='color:{BANNER_COLOR};font-weight:bold'>{RANDOM_WEIGHTS_BANNER}</span> "
                     f"(PRETRAINED none: random CLIP weights; the maps show a random model)\n\n"
                     if out["random_weights"] else "")
             text_out = (f"{head}**{name}** ({image.shape[1]}x{image.shape[0]}), {len(out['result'].names)} classes; "
                         f"Predictor: {seconds}. Click the photo to see a patch's attention.")
-            return (text_out, out["display_file"], out["overlays"], out["probabilities"], out["files"],
-                    out["run_id"])
+            return text_out, out["display_file"], out["overlays"], out["probabilities"], out["run_id"]
 
         run_button.click(do_run, [upload, sample, classes, class_set, background, methods, use_custom, custom],
-                         [status, photo, overlays, probs, files, run_id], api_name="run")
+                         [status, photo, overlays, probs, run_id], api_name="run").then(
+            lambda: (None, ""), None, [files, dl_status], api_visibility="private")  # the old run's downloads go
+
+        def do_downloads(rid):
+            try:
+                paths = engine.downloads(rid)
+            except Exception as e:
+                if not isinstance(e, (AppError, ValueError, OSError)):
+                    logger.exception("downloads failed")
+                return _message(e), None
+            return f"{len(paths)} files: label PNG, probabilities .npy and .json of each method", paths
+
+        dl_button.click(do_downloads, [run_id], [dl_status, files], api_name="downloads")
 
         def do_attention(rid, x, y):
             try:

@@ -74,6 +74,16 @@ def attention(client, run_id, x, y):
     return client.submit(run_id, x, y, api_name="/attention").result(timeout=TIMEOUT)
 
 
+def downloads(client, run_id):
+    return client.submit(run_id, api_name="/downloads").result(timeout=TIMEOUT)
+
+
+def caption_means(caption):
+    """``[(class name, mean)]`` of a probability panel's caption ``"method: name 0.123, ..."``."""
+    items = caption.split(": ", 1)[1].split(", ")
+    return [(item.rsplit(" ", 1)[0], float(item.rsplit(" ", 1)[1])) for item in items]
+
+
 def hand_stats(row, labels_patch, q, prefix=1):
     """Support size, perplexity and same-class mass of one query (means over heads), by hand:
     ``row`` (heads, L) raw weights, ``labels_patch`` (P,) patch labels, ``q`` the query's patch index."""
@@ -99,18 +109,36 @@ def majority_patch_labels(labels, patch):
 
 
 def test_outputs_equal_the_predictor(app, photo):
-    _, client = app
-    status, shown, overlays, probs, files, run_id = run(client)
+    demo, client = app
+    status, shown, overlays, probs, run_id = run(client)
     assert "RANDOM WEIGHTS - not meaningful" in status, status
-    assert run_id and len(overlays) == 2 and probs
+    assert run_id and len(overlays) == 2 and len(probs) == 2  # one overlay and one probability panel per method
     assert np.array_equal(np.asarray(Image.open(shown).convert("RGB")), photo)  # 500 px: shown as it is
-    by_name = {os.path.basename(f): f for f in files}
     base = Predictor.from_config("demo", opts=TINY)  # the same weights: torch seed cfg.SEED
     vocabulary = parse_vocabulary(CLASSES)
     expected = {"cfg": base(photo, vocabulary, attention=True),
                 "sclip": base.variant("sclip")(photo, vocabulary, attention=True)}
     assert len(np.unique(expected["cfg"].labels)) > 1
     assert not np.array_equal(expected["cfg"].labels, expected["sclip"].labels)  # the methods differ
+    for item, method in zip(probs, ("cfg", "sclip")):
+        caption = item["caption"]
+        # The panel's class means (at the 256 px maps) agree with the Predictor's full-size
+        # probabilities, and every class is shown (5 < 8), highest mean first.
+        full = expected[method].probabilities().numpy().reshape(5, -1).astype(np.float64).mean(1)
+        shown_means = caption_means(caption)
+        assert caption.startswith(f"{method}: ") and len(shown_means) == 5, caption
+        names = expected[method].names
+        for name, mean in shown_means:
+            assert mean == pytest.approx(full[names.index(name)], abs=2e-3), (method, name)
+        assert [m for _, m in shown_means] == sorted((m for _, m in shown_means), reverse=True)
+    # The downloads are written when asked for (not by /run), and once.
+    dl_status, files = downloads(client, run_id)
+    assert len(files) == 6 and dl_status.startswith("6 files"), dl_status
+    written = demo.engine.downloads(run_id)
+    stamps = [os.stat(f).st_mtime_ns for f in written]
+    assert demo.engine.downloads(run_id) == written and [os.stat(f).st_mtime_ns for f in written] == stamps
+    assert sorted(os.path.basename(f) for f in written) == sorted(os.path.basename(f) for f in files)
+    by_name = {os.path.basename(f): f for f in files}
     for k, method in enumerate(("cfg", "sclip")):
         pred = expected[method]
         labels = np.asarray(Image.open(by_name[f"labels_{k}_{method}.png"]))
@@ -151,12 +179,12 @@ def test_uploaded_photo_and_custom_spec(app, tmp_path):
     image = rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)
     path = str(tmp_path / "mine.png")
     Image.fromarray(image).save(path)
-    status, _, overlays, _, files, run_id = run(client, upload=path, methods=["clip"], use_custom=True,
-                                                custom="qq:entmax:1.5:layers=1")
+    status, _, overlays, _, run_id = run(client, upload=path, methods=["clip"], use_custom=True,
+                                         custom="qq:entmax:1.5:layers=1")
     assert "mine.png" in status and len(overlays) == 2, status
     base = Predictor.from_config("demo", opts=TINY)
     pred = base.variant("qq:entmax:1.5:layers=1")(image, parse_vocabulary(CLASSES))
-    labels = [f for f in files if os.path.basename(f).startswith("labels_1_")]
+    labels = [f for f in downloads(client, run_id)[1] if os.path.basename(f).startswith("labels_1_")]
     assert np.array_equal(np.asarray(Image.open(labels[0])), pred.labels)
     # 96x128 is processed as it is: pixel (40, 70) is patch (4, 2) -> token 1 + 4 * 8 + 2 = 35.
     _, _, table, npz = attention(client, run_id, 40, 70)
@@ -182,11 +210,13 @@ def test_bad_input_gets_a_message_and_the_server_keeps_serving(app, tmp_path):
         (dict(background="sofa"), "background 'sofa' is none of the classes"),
     ]
     for kwargs, message in cases:
-        status, shown, overlays, probs, files, run_id = run(client, **kwargs)
+        status, shown, overlays, probs, run_id = run(client, **kwargs)
         assert status.startswith("**Error:**") and message in status, (kwargs, status)
         assert "Traceback" not in status and shown is None and not run_id
     status, *_ = attention(client, "no-such-run", 1, 1)
     assert status.startswith("**Error:** no result to look at"), status
+    status, files = downloads(client, "no-such-run")
+    assert status.startswith("**Error:** no result to look at") and files is None, status
     good = run(client, methods=["cfg"])
     assert not good[0].startswith("**Error:**") and good[-1]
     status, *_ = attention(client, good[-1], 500, 10)
@@ -218,3 +248,51 @@ def test_launch_options(tmp_path):
     assert {"cfg", "sclip", "clearclip", "naclip", "maskclip", "config:baselines/sclip_b16",
             "config:paper/l14_qqv_entmax1.2"} <= set(choices)
     assert not any(c.startswith("config:fgovd/") or "Base-" in c for c in choices)
+
+
+def test_probability_panel_by_hand(photo):
+    """The panel's maps are the class probabilities at the panel's size, computed here with
+    torch's bilinear resize of the logits; the shown classes are the top ones by mean."""
+    import torch
+    import torch.nn.functional as F
+
+    from sparseclip_d2.app import probability_panel
+
+    classes = CLASSES + ", sofa, plant; tree, floor, window, door, sky"  # 11 classes: the top 8 are shown
+    pred = Predictor.from_config("demo", opts=TINY)(photo, parse_vocabulary(classes))
+    maps = pred.score_maps
+    panel = probability_panel(maps, pred.names, "cfg: class probabilities", banner="RANDOM WEIGHTS - not meaningful")
+    resized = F.interpolate(maps.logits[None].double(), size=(192, 256), mode="bilinear", align_corners=False)[0]
+    soft = resized.softmax(0)
+    index = maps.class_index.tolist()
+    want = torch.stack([soft[[j for j, c in enumerate(index) if c == k]].max(0).values for k in range(11)]).numpy()
+    assert panel["maps"].shape == (11, 192, 256)
+    np.testing.assert_allclose(panel["maps"], want, atol=1e-5)
+    means = want.reshape(11, -1).mean(1)
+    order = sorted(range(11), key=lambda c: -means[c])[:8]
+    assert [c for c, _ in panel["shown"]] == order
+    np.testing.assert_allclose([m for _, m in panel["shown"]], means[order], atol=1e-6)
+    full = pred.probabilities().numpy().reshape(11, -1).astype(np.float64).mean(1)
+    np.testing.assert_allclose(means, full, atol=2e-3)  # the 256 px maps' means are the photo's, closely
+    image = panel["image"]
+    assert image.dtype == np.uint8 and image.shape[1] == 4 * 256 + 5 * 6 and image.shape[0] > 2 * 192
+    assert (image[2, :, 0] == 0xc0).all() and (image[2, :, 1:] == 0).mean() > 0.8  # the red banner on top
+
+
+def test_run_folders_follow_the_kept_runs(photo):
+    from sparseclip_d2.app import AppEngine
+
+    engine = AppEngine("demo", TINY, max_runs=2)
+    try:
+        vocab, bg = engine.vocabulary("cat, dog", "", "")
+        small = photo[:96, :128]
+        ids = [engine.run(small, vocab, bg, ["cfg"])["run_id"] for _ in range(2)]
+        engine.get_run(ids[0])  # the first run is looked at again: the second is now the oldest in use
+        ids.append(engine.run(small, vocab, bg, ["cfg"])["run_id"])
+        kept = sorted(os.listdir(engine.output_dir))
+        assert kept == sorted([ids[0], ids[-1]]), (kept, ids)  # older runs' folders are gone with the runs
+        files = engine.downloads(ids[0])
+        assert all(os.path.isfile(f) for f in files) and len(files) == 3
+    finally:
+        engine.close()
+    assert not os.path.exists(engine.output_dir)

@@ -1,7 +1,8 @@
 """The Gradio app in a real browser: Debian's headless ``chromium`` driven by Playwright.
 
 Upload a photo, type classes, run, click a patch; the overlays and the attention panel
-must appear, and the attention panel (figure, table) must change with the click. Every
+must appear, and the attention panel (figure, table) must change with the click; the
+probability panels are there, and "Prepare downloads" lists the label PNGs and probabilities. Every
 wait is on a page condition with a generous timeout, never a sleep. Screenshots go to
 ``$SPARSECLIP_APP_SCREENSHOTS`` (default: the test's tmp folder); ``docs/app.png`` is
 the last one of this test (copied by hand when the page changes).
@@ -85,6 +86,21 @@ def test_upload_run_click_in_chromium(server, tmp_path):
             second = click(0.1, 0.15, first[0])
             page.screenshot(path=os.path.join(shots, "app_click2.png"), full_page=True)
             page.locator("#attention").screenshot(path=os.path.join(shots, "app_attention.png"))
+
+            # One probability panel per method; the downloads are written when asked for.
+            assert page.locator("#probs img").count() == 2
+
+            def files_text():  # the page breaks a name before its extension
+                return re.sub(r"\s", "", page.locator("#files").inner_text())
+
+            assert "labels_0_cfg" not in files_text()
+            page.locator("#prepare_downloads").click()
+            page.wait_for_function("() => document.querySelector('#files').innerText.replace(/\\s/g, '')"
+                                   ".includes('labels_0_cfg.png') || document.querySelector('#dl_status')"
+                                   ".innerText.includes('Error')")
+            listed = files_text()
+            page.locator("#probs").scroll_into_view_if_needed()
+            page.screenshot(path=os.path.join(shots, "app_downloads.png"), full_page=True)
         finally:
             browser.close()
     # The clicked pixel is mapped to the photo's pixels (500x375, shown at the size of the box).
@@ -93,6 +109,8 @@ def test_upload_run_click_in_chromium(server, tmp_path):
     assert abs(x1 - 250) <= 3 and abs(y1 - 187) <= 3, first[0]
     assert abs(x2 - 50) <= 3 and abs(y2 - 56) <= 3, second[0]
     assert first[1] != second[1] and first[2] != second[2]  # the panel changed with the click
-    for name in ("app_run.png", "app_click1.png", "app_click2.png"):
+    for name in ("labels_0_cfg.png", "probs_0_cfg.npy", "probs_0_cfg.json", "labels_1_clip.png", "probs_1_clip.npy"):
+        assert name in listed, listed
+    for name in ("app_run.png", "app_click1.png", "app_click2.png", "app_downloads.png"):
         shot = np.asarray(Image.open(os.path.join(shots, name)).convert("RGB"))
         assert shot.shape[0] > 600 and shot.std() > 10  # a rendered page, not a blank one

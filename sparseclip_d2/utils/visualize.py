@@ -30,6 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 from detectron2.utils.colormap import colormap
 
 __all__ = [
+    "BANNER_COLOR",
     "RANDOM_WEIGHTS_BANNER",
     "class_colors",
     "draw_overlay",
@@ -38,13 +39,15 @@ __all__ = [
     "save_png",
     "save_label_map",
     "label_map_dtype",
+    "load_font",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Text put on every figure made with random CLIP weights.
 RANDOM_WEIGHTS_BANNER = "RANDOM WEIGHTS - not meaningful"
-_BANNER_COLOR = "#c00000"
+#: Colour of the band (and text) that carries :data:`RANDOM_WEIGHTS_BANNER`.
+BANNER_COLOR = "#c00000"
 
 
 def class_colors(num_classes: int) -> np.ndarray:
@@ -151,9 +154,14 @@ def font_path_for(text: str, bold: bool = False) -> str:
     return base
 
 
-def _font(size: float, bold: bool = False, path: Optional[str] = None) -> ImageFont.FreeTypeFont:
-    """The font at ``path`` (default DejaVu Sans, shipped with matplotlib) at ``size`` px."""
+def load_font(size: float, bold: bool = False, path: Optional[str] = None) -> ImageFont.FreeTypeFont:
+    """The PIL font at ``path`` (default DejaVu Sans, shipped with matplotlib; bold when
+    ``bold``) at ``size`` px (at least 6); :func:`font_path_for` picks ``path`` for text
+    DejaVu Sans cannot draw."""
     return ImageFont.truetype(path or _dejavu(bold), size=max(6, int(round(size))))
+
+
+_font = load_font  # the old private name (tests/test_overlay_text.py uses it)
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -272,14 +280,15 @@ def draw_overlay(
     texts = " ".join([banner or "", title or ""] + [str(n) for n in class_names])
     path = font_path_for(texts)
     bold_path = font_path_for(banner or "", bold=True)
-    font, small, bold = _font(size, path=path), _font(0.85 * size, path=path), _font(1.2 * size, True, bold_path)
+    font, small = load_font(size, path=path), load_font(0.85 * size, path=path)
+    bold = load_font(1.2 * size, True, bold_path)
     pad = max(2, size // 5)
     reserved = []
     y = 0
     if banner:
         x0, y0, x1, y1 = draw.textbbox((0, 0), banner, font=bold)
         band_h = (y1 - y0) + 2 * pad
-        draw.rectangle((0, 0, w, band_h), fill=_BANNER_COLOR)
+        draw.rectangle((0, 0, w, band_h), fill=BANNER_COLOR)
         draw.text(((w - (x1 - x0)) / 2 - x0, pad - y0), banner, font=bold, fill="white")
         reserved.append((0, 0, w, band_h))
         y = band_h + pad
@@ -417,7 +426,7 @@ def compare_figure(
         ax.set_title(title, fontsize=9, family="sans-serif", pad=3)
     y = 1.0 - 0.05 / fig_h
     if banner:
-        fig.text(0.5, y, banner, ha="center", va="top", fontsize=13, fontweight="bold", color=_BANNER_COLOR)
+        fig.text(0.5, y, banner, ha="center", va="top", fontsize=13, fontweight="bold", color=BANNER_COLOR)
         y -= 0.35 / fig_h
     if suptitle:
         fig.text(0.5, y, suptitle, ha="center", va="top", fontsize=10)
@@ -486,7 +495,7 @@ def probability_figure(
     cbar.set_label("class probability (softmax over synonyms, max per class)", fontsize=7)
     y = 1.0 - 0.05 / fig_h
     for text in lines:
-        style = dict(fontsize=12, fontweight="bold", color=_BANNER_COLOR) if text == banner else dict(fontsize=9)
+        style = dict(fontsize=12, fontweight="bold", color=BANNER_COLOR) if text == banner else dict(fontsize=9)
         fig.text(0.5, y, text, ha="center", va="top", **style)
         y -= 0.3 / fig_h
     return _render(fig)
