@@ -13,6 +13,7 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
 from ..attention import apply_attention, attention_weights, build_prior, mix_attention
 from ..common.cache import LRUCache
+from .parallel import check_parallel, run_parallel
 from .spec import AttentionSpec
 from .towers import make_tower
 
@@ -174,6 +175,7 @@ class DenseCLIPEncoder(nn.Module):
         if spec.cls_weight and tower.num_prefix_tokens < 1:
             raise ValueError(f"cls_weight={spec.cls_weight:g} needs a CLS token, but this {tower.kind} tower has no "
                              "prefix tokens; use cls_weight 0")
+        check_parallel(spec, tower.kind, tower.num_prefix_tokens, self.depth)
         ph, pw = tower.patch
         self._patch = (ph, pw)
         self.patch_size: Union[int, Tuple[int, int]] = ph if ph == pw else (ph, pw)
@@ -300,6 +302,10 @@ class DenseCLIPEncoder(nn.Module):
         generator = None
         if "random_matched" in (self.spec.normalizer, self.spec.tap_normalizer):
             generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
+        if self.spec.parallel_layers:  # the parallel-path block mode (GEM, CLIP Surgery): clip/parallel.py
+            x, attn, taps = run_parallel(tower, self.spec, tower.blocks, x, rope,
+                                         self.attention_prior(grid, x.device), generator, want)
+            return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
         first_modified = self.depth - self.spec.num_layers
         mix_layers = set(self.spec.mix_layers)
         taps: Dict[int, torch.Tensor] = {}
