@@ -54,6 +54,8 @@ def add_sparseclip_config(cfg):
     # (F.interpolate(size=(h, w)), as MMSeg/MaskCLIP) or "scale_factor"
     # (F.interpolate(scale_factor=((h + 0.1) / side, (w + 0.1) / side)), as SCLIP/ClearCLIP/
     # NACLIP's interpolate_pos_encoding). Equal at the native grid (224 px crops).
+    # Also "size_antialias" (bicubic by size, antialias=True: GEM's resample_abs_pos_embed) and
+    # "bilinear" (CLIP Surgery's VisionTransformer.forward).
     _C.MODEL.SPARSECLIP.CLIP.POS_EMBED_INTERP = "size"
     # Activation of the vision tower's MLPs: "" (as built from NAME/PRETRAINED), "gelu" or
     # "quick_gelu". MaskCLIP's official ViT-B/16 runs the OpenAI weights with GELU

@@ -287,3 +287,50 @@ def test_config_keys_reach_the_spec_and_are_validated():
     bad = tiny_cfg(**{"MODEL.SPARSECLIP.PARALLEL.LAYERS": 2, "MODEL.SPARSECLIP.PARALLEL.CLS": "cls"})
     with pytest.raises(ValueError, match=r"ATTENTION/BLOCK: unknown parallel_cls \(PARALLEL.CLS\) 'cls'; valid: parallel, main"):
         AttentionSpec.from_config(bad)
+
+
+# ------------------------------------------------------------- GEM's / CLIP Surgery's position-embedding resizes
+def _pe(gh, gw, C=3, seed=0):
+    return torch.randn(1 + gh * gw, C, generator=torch.Generator().manual_seed(seed))
+
+
+def test_size_antialias_is_pil_bicubic():
+    """GEM resizes with antialias=True bicubic, which is PIL's bicubic (a = -0.5) resize."""
+    import numpy as np
+    from PIL import Image
+
+    from sparseclip_d2.clip import interpolate_pos_embed
+
+    pe = _pe(3, 4)
+    out = interpolate_pos_embed(pe, (3, 4), (5, 7), mode="size_antialias")
+    grid = pe[1:].reshape(3, 4, -1).numpy()
+    ref = np.stack([np.asarray(Image.fromarray(grid[..., c], mode="F").resize((7, 5), Image.BICUBIC))
+                    for c in range(grid.shape[-1])], -1)
+    torch.testing.assert_close(out[1:], torch.from_numpy(ref).reshape(35, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[:1], pe[:1])
+    assert (out - interpolate_pos_embed(pe, (3, 4), (5, 7), mode="size")).abs().max() > 1e-3
+
+
+def test_bilinear_by_hand():
+    """CLIP Surgery's bilinear resize (align_corners=False): source coordinate (i + 0.5) * g / n - 0.5."""
+    from sparseclip_d2.clip import interpolate_pos_embed
+
+    gh, gw, h, w = 2, 3, 3, 5
+    pe = _pe(gh, gw, C=2, seed=1).double()
+    out = interpolate_pos_embed(pe, (gh, gw), (h, w), mode="bilinear")
+    grid = pe[1:].reshape(gh, gw, -1)
+
+    def src(i, n, g):
+        c = min(max((i + 0.5) * g / n - 0.5, 0.0), g - 1)
+        lo = int(math.floor(c))
+        hi = min(lo + 1, g - 1)
+        return lo, hi, c - lo
+
+    ref = torch.zeros(h, w, grid.shape[-1], dtype=torch.float64)
+    for i in range(h):
+        y0, y1, fy = src(i, h, gh)
+        for j in range(w):
+            x0, x1, fx = src(j, w, gw)
+            ref[i, j] = ((1 - fy) * ((1 - fx) * grid[y0, x0] + fx * grid[y0, x1])
+                         + fy * ((1 - fx) * grid[y1, x0] + fx * grid[y1, x1]))
+    torch.testing.assert_close(out[1:].double(), ref.reshape(h * w, -1), rtol=1e-6, atol=1e-6)

@@ -25,7 +25,7 @@ _CACHE_SIZE = 32
 
 
 #: How the position-embedding grid is resized (``interpolate_pos_embed(mode=...)``).
-POS_EMBED_INTERP_MODES = ("size", "scale_factor")
+POS_EMBED_INTERP_MODES = ("size", "scale_factor", "size_antialias", "bilinear")
 
 
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
@@ -45,6 +45,11 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
       grid at slightly different points. Equal grids are returned unchanged in both modes
       (upstream also resizes a native-size grid when the input's pixel height and width
       differ, e.g. 224 x 230; that corner case is not reproduced).
+    - ``"size_antialias"``: bicubic by size with ``antialias=True`` (GEM's
+      ``resample_abs_pos_embed``, WalBouss/GEM @ 5fa677c ``gem/gem_utils.py``; PyTorch's
+      antialiased bicubic uses the kernel a = -0.5, not -0.75, so it differs even upsampling).
+    - ``"bilinear"``: ``F.interpolate(size=(h, w), mode="bilinear")`` (CLIP Surgery's
+      ``VisionTransformer.forward``, xmed-lab/CLIP_Surgery @ d4696d4 ``clip/clip_surgery_model.py``).
 
     Args:
         pos_embed: ``(1 + gh*gw, C)``.
@@ -68,6 +73,10 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
     grid = pe[1:].reshape(1, gh, gw, C).permute(0, 3, 1, 2)
     if mode == "size":
         grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
+    elif mode == "size_antialias":
+        grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False, antialias=True)
+    elif mode == "bilinear":
+        grid = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False)
     else:
         grid = F.interpolate(grid, scale_factor=((h + 0.1) / gh, (w + 0.1) / gw), mode="bicubic",
                              align_corners=False)
