@@ -334,3 +334,52 @@ def test_bilinear_by_hand():
             ref[i, j] = ((1 - fy) * ((1 - fx) * grid[y0, x0] + fx * grid[y0, x1])
                          + fy * ((1 - fx) * grid[y1, x0] + fx * grid[y1, x1]))
     torch.testing.assert_close(out[1:].double(), ref.reshape(h * w, -1), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------- CLIP Surgery's feature surgery
+def _surgery_elementwise(feats, text, t=2.0):
+    """CLIP Surgery's clip_feature_surgery as it is written (element-wise products, the mean over
+    the texts removed, summed over channels), batch 1: feats (1 + N, C) normalised, text (S, C)."""
+    prob = torch.softmax((feats[:1] @ text.T) * t, -1)
+    w = prob / prob.mean(-1, keepdim=True)
+    prods = feats[:, None, :] * text[None, :, :] * w.reshape(1, -1, 1)
+    return (prods - prods.mean(1, keepdim=True)).sum(-1)  # (1 + N, S)
+
+
+def test_feature_surgery_matches_the_elementwise_form():
+    from sparseclip_d2.clip.surgery import feature_surgery
+
+    g = torch.Generator().manual_seed(0)
+    feats = F.normalize(torch.randn(1 + 6, 8, generator=g, dtype=torch.float64), dim=-1)
+    text = F.normalize(torch.randn(5, 8, generator=g, dtype=torch.float64), dim=-1)
+    ref = _surgery_elementwise(feats, text)[1:]  # (6, S)
+    patch_cos = (feats[1:] @ text.T).T.reshape(1, 5, 2, 3)
+    out = feature_surgery(patch_cos, feats[:1] @ text.T, 2.0)
+    torch.testing.assert_close(out.double(), ref.T.reshape(1, 5, 2, 3), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"CLS_SCALE = 0 is invalid; valid: a number > 0"):
+        feature_surgery(patch_cos, feats[:1] @ text.T, 0)
+
+
+def test_feature_surgery_in_the_meta_arch():
+    from detectron2.modeling import build_model
+
+    from sparseclip_d2.clip.surgery import check_surgery_options
+
+    model = build_model(tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": True,
+                                    "MODEL.SPARSECLIP.ATTENTION.SOURCE": "vv", "MODEL.SPARSECLIP.PARALLEL.LAYERS": 2,
+                                    "MODEL.SPARSECLIP.PARALLEL.CLS": "main", "MODEL.SPARSECLIP.BLOCK.FFN": False}))
+    assert model.feature_surgery and model.encoder.spec.parallel_cls == "main"
+    images = _images(B=1, dtype=torch.float32)
+    text = F.normalize(torch.randn(4, model.encoder.embed_dim, generator=torch.Generator().manual_seed(1)), dim=-1)
+    with torch.no_grad():
+        logits = model.encode_logits(images, text)
+        tokens, grid, _ = model.encoder.forward_tokens(images)
+        patches = F.normalize(model.encoder(images).float(), dim=1)[0].flatten(1).T  # (h*w, D)
+        cls = F.normalize(model.encoder.pooled_embedding(tokens).float(), dim=-1)
+    ref = _surgery_elementwise(torch.cat([cls, patches]).double(), text.double())[1:]  # (h*w, S)
+    torch.testing.assert_close(logits[0].double(), model.logit_scale * ref.T.reshape(4, *grid), rtol=1e-4, atol=1e-4)
+    bad = tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": True, "TEST.TTA.MODE": "itaclip"})
+    with pytest.raises(ValueError, match="FEATURE_SURGERY.ENABLED cannot be combined with TEST.TTA.MODE"):
+        check_surgery_options(bad)
+    with pytest.raises(ValueError, match=r"FEATURE_SURGERY.CLS_SCALE = -1.0 is invalid"):
+        build_model(tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.CLS_SCALE": -1.0}))

@@ -353,6 +353,13 @@ class DenseCLIPEncoder(nn.Module):
         tokens (with the unmodified spec this is ``visual(images)``)."""
         return self._tower.pooled(tokens)
 
+    def dense_embedding(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """Per-patch embeddings ``(B, D, h, w)`` from :meth:`forward_tokens`' tokens and grid
+        (what :meth:`forward` returns; with :meth:`pooled_embedding` both from one pass)."""
+        h, w = grid
+        feats = self._tower.dense(tokens)
+        return feats.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+
     def forward(self, images: torch.Tensor, return_attention: bool = False):
         """Dense patch embeddings.
 
