@@ -163,13 +163,14 @@ def test_clipsurgery_entmax_by_hand(tiny64):
 
 
 def test_main_stream_is_unchanged(tiny64):
-    """The taps of a parallel run are the unmodified tower's residual stream."""
+    """The taps of a parallel run are the unmodified tower's residual stream (tower.run_native)."""
     x = _images(seed=4)
     plain = DenseCLIPEncoder(tiny64.visual).forward_pass(x, tap_layers=[0, 1, 2])
     par = DenseCLIPEncoder(tiny64.visual, AttentionSpec.preset("gem", parallel_layers=2)).forward_pass(
         x, tap_layers=[0, 1, 2])
-    for i in (0, 1):
-        torch.testing.assert_close(par.taps[i], plain.taps[i], rtol=0, atol=0)
+    torch.testing.assert_close(par.taps[0], plain.taps[0], rtol=0, atol=0)
+    # block 0 recomposed from its q, k, v with the attention in float32 (the house rule)
+    torch.testing.assert_close(par.taps[1], plain.taps[1], rtol=1e-5, atol=1e-5)
     assert (par.taps[2] - plain.taps[2]).abs().max() > 1e-3  # the output is the branch
     torch.testing.assert_close(par.attn.sum(-1), torch.ones_like(par.attn.sum(-1)), rtol=0, atol=1e-5)
 

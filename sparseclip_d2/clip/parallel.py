@@ -11,6 +11,9 @@ k blocks ``i`` it reads that block's normed *main-stream* input ``y_i = norm1(x_
     b       = b + ffn_i(b)     (only with spec.ffn)
     x_{i+1} = block_i(x_i)                                    # the main stream, unchanged
 
+(the main stream's block is recomposed from the same ``q_i, k_i, v_i`` with softmax, as the
+encoder's in-sequence blocks are, so the projections are computed once).
+
 The output tokens are ``b`` with its prefix (CLS) tokens replaced by the main stream's when
 ``spec.parallel_cls == "main"`` (CLIP Surgery), then the tower's final norm. ``A_spec`` is
 :func:`~sparseclip_d2.attention.attention_weights` (``qkv_norm='none'``) or
@@ -107,7 +110,11 @@ def run_parallel(tower, spec, blocks: Sequence, x: torch.Tensor, rope, prior: Op
         branch = branch + out if spec.residual else out
         if spec.ffn:
             branch = branch + tower.ffn(blk, branch)
-        x = tower.run_native(blk, x, rope)  # the main stream, unchanged
+        # the main stream, unchanged: the block's own softmax(q k^T / sqrt(d)) from the same q, k, v
+        # (the projections are not computed twice), as the in-sequence blocks recompose it
+        main = attention_weights(q, k, v, source="qk", normalizer="softmax")
+        x = x + tower.attn_out(blk, y, apply_attention(main, v).transpose(1, 2).reshape(B, L, -1))
+        x = x + tower.ffn(blk, x)
     if spec.parallel_cls == "main" and P:
         branch = torch.cat([x[:, :P], branch[:, P:]], dim=1)
     if depth in want:
