@@ -271,6 +271,7 @@ def test_depth_and_inert():
         AttentionSpec(parallel_layers=13).check_depth(12)
     inert = AttentionSpec(parallel_cls="main", cosine_scale=2.0, self_iterations=1).inert_settings()
     assert len(inert) == 3 and "without a parallel path" in inert[0]
+    assert "a branch with the plain block" in AttentionSpec(parallel_layers=2).inert_settings()[0]
     with pytest.raises(ValueError, match="self_iterations=1 changes nothing without qkv_norm='l2'"):
         AttentionSpec.parse("clip:self_iterations=1")
     assert AttentionSpec.parse("gem:entmax:1.2:parallel=2") == AttentionSpec.preset(

@@ -376,6 +376,10 @@ def _validate_parallel(spec: "AttentionSpec", set_) -> None:
 def _parallel_inert(spec: "AttentionSpec") -> List[str]:
     """The :meth:`AttentionSpec.inert_settings` messages of the parallel / cosine fields."""
     out = []
+    if (spec.parallel_layers and spec.source == "qk" and spec.normalizer == "softmax" and spec.temperature == 1.0
+            and spec.prior == "none" and spec.qkv_norm == "none" and spec.residual and spec.ffn):
+        out.append(f"parallel_layers={spec.parallel_layers} changes nothing: a branch with the plain block (qk, softmax, "
+                   "residual and FFN) is the main stream itself")
     if not spec.parallel_layers and spec.parallel_cls != "parallel":
         out.append(f"parallel_cls={spec.parallel_cls!r} changes nothing without a parallel path (parallel_layers=0)")
     if spec.qkv_norm != "l2":
