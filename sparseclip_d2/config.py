@@ -54,6 +54,8 @@ def add_sparseclip_config(cfg):
     # (F.interpolate(size=(h, w)), as MMSeg/MaskCLIP) or "scale_factor"
     # (F.interpolate(scale_factor=((h + 0.1) / side, (w + 0.1) / side)), as SCLIP/ClearCLIP/
     # NACLIP's interpolate_pos_encoding). Equal at the native grid (224 px crops).
+    # Also "size_antialias" (bicubic by size, antialias=True: GEM's resample_abs_pos_embed) and
+    # "bilinear" (CLIP Surgery's VisionTransformer.forward).
     _C.MODEL.SPARSECLIP.CLIP.POS_EMBED_INTERP = "size"
     # Activation of the vision tower's MLPs: "" (as built from NAME/PRETRAINED), "gelu" or
     # "quick_gelu". MaskCLIP's official ViT-B/16 runs the OpenAI weights with GELU
@@ -119,6 +121,30 @@ def add_sparseclip_config(cfg):
     # CLS-token residual weight: this times the last block's input CLS token is added to every
     # output token of the last block (SC-CLIP's res_cls 0.3); 0 disables.
     _C.MODEL.SPARSECLIP.BLOCK.CLS_WEIGHT = 0.0
+    # Cosine scores (GEM; AttentionSpec.qkv_norm): "none" (scaled dot products) or "l2"
+    # (cosine similarities of the L2-normalised q / k / v times an inverse temperature);
+    # "l2" runs on the parallel path only (PARALLEL.LAYERS > 0).
+    _C.MODEL.SPARSECLIP.ATTENTION.QKV_NORM = "none"
+    # Inverse temperature of "l2" scores: 0 = GEM's adaptive mean ||ln_1(x)|| * d^-0.5 per
+    # image; > 0 a fixed value (GEM's ss_attn_temp).
+    _C.MODEL.SPARSECLIP.ATTENTION.COSINE_SCALE = 0.0
+    # GEM's self-self iteration loop count (ss_attn_iter) for "l2" self terms (qq, kk, vv).
+    _C.MODEL.SPARSECLIP.ATTENTION.SELF_ITERATIONS = 0
+    # Parallel path (GEM, CLIP Surgery; sparseclip_d2/clip/parallel.py): over the last LAYERS
+    # blocks a branch reads each block's normed main-stream input, applies the ATTENTION.*
+    # attention and keeps its residual / FFN per BLOCK.RESIDUAL / BLOCK.FFN; the main stream
+    # runs unchanged. 0 disables.
+    _C.MODEL.SPARSECLIP.PARALLEL = CN()
+    _C.MODEL.SPARSECLIP.PARALLEL.LAYERS = 0
+    # Where the output CLS token comes from: "parallel" (the branch, GEM) or "main" (CLIP Surgery).
+    _C.MODEL.SPARSECLIP.PARALLEL.CLS = "parallel"
+    # CLIP Surgery's text-side feature surgery (sparseclip_d2/clip/surgery.py), usable with any
+    # method: logits = LOGIT_SCALE * (w_n cos_n - mean_m w_m cos_m), w = p / mean(p),
+    # p = softmax(CLS_SCALE * cos(CLS embedding, texts)) per window.
+    _C.MODEL.SPARSECLIP.FEATURE_SURGERY = CN()
+    _C.MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED = False
+    # xmed-lab/CLIP_Surgery @ d4696d4 clip/clip.py clip_feature_surgery(t=2): (prob * 2).softmax(-1)
+    _C.MODEL.SPARSECLIP.FEATURE_SURGERY.CLS_SCALE = 2.0
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()

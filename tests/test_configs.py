@@ -78,6 +78,8 @@ BASELINES = {
     "naclip": ("naclip", "openai_imagenet", "naclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
     "naclip_pamr": ("naclip", "openai_imagenet", "naclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
     "maskclip": ("maskclip", "maskclip", "maskclip", "mmseg", "imagenet", "size", "pad_corner", 5),
+    "gem": ("gem", "single", "", "detectron2", "clip", "size_antialias", "pad_crop", 8),
+    "clipsurgery": ("clipsurgery", "maskclip", "", "detectron2", "clip", "bilinear", "pad_crop", 8),
 }
 
 
@@ -92,7 +94,8 @@ def test_baseline_configs_select_their_upstream_conventions(method):
         cfg = load(path)
         sc = cfg.MODEL.SPARSECLIP
         spec = AttentionSpec.from_config(cfg)
-        for field in ("source", "normalizer", "residual", "ffn", "prior", "prior_std", "sum_mode"):
+        for field in ("source", "normalizer", "residual", "ffn", "prior", "prior_std", "sum_mode", "parallel_layers",
+                      "parallel_cls", "qkv_norm", "cosine_scale", "self_iterations"):
             assert getattr(spec, field) == getattr(preset, field), (path, field)
         got = (sc.TEXT.TEMPLATES, sc.CLASS_NAMES, cfg.INPUT.RESIZE_MODE, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP,
                sc.PATCH_REMAINDER)

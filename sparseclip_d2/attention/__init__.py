@@ -5,6 +5,7 @@ Score sources (:mod:`.sources`), row normalisers (:mod:`.normalizers`), additive
 :func:`mix_attention` (:mod:`.mixing`) blends a block's weights with layers tapped earlier.
 No open_clip or detectron2 import here.
 """
+from .cosine import COSINE_TERMS, QKV_NORMS, check_cosine_source, cosine_attention_weights, gem_inverse_temperature
 from .entmax import ALPHA_RANGE, alpha_entmax, check_alpha
 from .functional import SUM_MODES, apply_attention, attention_weights
 from .mixing import check_mix_scale, check_mix_weight, mix_attention
@@ -34,4 +35,9 @@ __all__ = [
     "canonical_source",
     "paper_source_name",
     "support_size",
+    "cosine_attention_weights",
+    "gem_inverse_temperature",
+    "check_cosine_source",
+    "COSINE_TERMS",
+    "QKV_NORMS",
 ]

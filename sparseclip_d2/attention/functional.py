@@ -12,7 +12,9 @@ __all__ = ["attention_weights", "apply_attention", "SUM_MODES"]
 #: How sum sources combine. ``normalize_then_sum``: each term is normalised separately
 #: and the weights are added (rows sum to the number of terms; SCLIP's convention).
 #: ``sum_then_normalize``: the scores are added and normalised once (rows sum to 1).
-SUM_MODES = ("normalize_then_sum", "sum_then_normalize")
+#: ``normalize_then_mean``: each term normalised, the weights averaged (rows sum to 1; GEM's
+#: ``(xs1 + xs2 + xs3) / 3``, WalBouss/GEM @ 5fa677c ``gem/gem_utils.py``).
+SUM_MODES = ("normalize_then_sum", "sum_then_normalize", "normalize_then_mean")
 
 
 def attention_weights(
@@ -78,11 +80,13 @@ def attention_weights(
         return s
 
     raw = [SCORE_SOURCE_REGISTRY.get(t)(q, k, v) for t in terms]
-    if len(terms) == 1 or sum_mode == "normalize_then_sum":
+    if len(terms) == 1 or sum_mode != "sum_then_normalize":
         out = None
         for s in raw:
             w = norm(finish(s), alpha=alpha, generator=generator)
             out = w if out is None else out + w
+        if sum_mode == "normalize_then_mean":
+            out = out / len(terms)
         return out.float()
     total = raw[0]
     for s in raw[1:]:

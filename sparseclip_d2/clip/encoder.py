@@ -13,6 +13,7 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
 from ..attention import apply_attention, attention_weights, build_prior, mix_attention
 from ..common.cache import LRUCache
+from .parallel import check_parallel, run_parallel
 from .spec import AttentionSpec
 from .towers import make_tower
 
@@ -24,7 +25,7 @@ _CACHE_SIZE = 32
 
 
 #: How the position-embedding grid is resized (``interpolate_pos_embed(mode=...)``).
-POS_EMBED_INTERP_MODES = ("size", "scale_factor")
+POS_EMBED_INTERP_MODES = ("size", "scale_factor", "size_antialias", "bilinear")
 
 
 def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
@@ -44,6 +45,11 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
       grid at slightly different points. Equal grids are returned unchanged in both modes
       (upstream also resizes a native-size grid when the input's pixel height and width
       differ, e.g. 224 x 230; that corner case is not reproduced).
+    - ``"size_antialias"``: bicubic by size with ``antialias=True`` (GEM's
+      ``resample_abs_pos_embed``, WalBouss/GEM @ 5fa677c ``gem/gem_utils.py``; PyTorch's
+      antialiased bicubic uses the kernel a = -0.5, not -0.75, so it differs even upsampling).
+    - ``"bilinear"``: ``F.interpolate(size=(h, w), mode="bilinear")`` (CLIP Surgery's
+      ``VisionTransformer.forward``, xmed-lab/CLIP_Surgery @ d4696d4 ``clip/clip_surgery_model.py``).
 
     Args:
         pos_embed: ``(1 + gh*gw, C)``.
@@ -67,6 +73,10 @@ def interpolate_pos_embed(pos_embed: torch.Tensor, src_grid: Tuple[int, int],
     grid = pe[1:].reshape(1, gh, gw, C).permute(0, 3, 1, 2)
     if mode == "size":
         grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
+    elif mode == "size_antialias":
+        grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False, antialias=True)
+    elif mode == "bilinear":
+        grid = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False)
     else:
         grid = F.interpolate(grid, scale_factor=((h + 0.1) / gh, (w + 0.1) / gw), mode="bicubic",
                              align_corners=False)
@@ -174,6 +184,7 @@ class DenseCLIPEncoder(nn.Module):
         if spec.cls_weight and tower.num_prefix_tokens < 1:
             raise ValueError(f"cls_weight={spec.cls_weight:g} needs a CLS token, but this {tower.kind} tower has no "
                              "prefix tokens; use cls_weight 0")
+        check_parallel(spec, tower.kind, tower.num_prefix_tokens, self.depth)
         ph, pw = tower.patch
         self._patch = (ph, pw)
         self.patch_size: Union[int, Tuple[int, int]] = ph if ph == pw else (ph, pw)
@@ -300,6 +311,10 @@ class DenseCLIPEncoder(nn.Module):
         generator = None
         if "random_matched" in (self.spec.normalizer, self.spec.tap_normalizer):
             generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
+        if self.spec.parallel_layers:  # the parallel-path block mode (GEM, CLIP Surgery): clip/parallel.py
+            x, attn, taps = run_parallel(tower, self.spec, tower.blocks, x, rope,
+                                         self.attention_prior(grid, x.device), generator, want)
+            return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
         first_modified = self.depth - self.spec.num_layers
         mix_layers = set(self.spec.mix_layers)
         taps: Dict[int, torch.Tensor] = {}
@@ -337,6 +352,13 @@ class DenseCLIPEncoder(nn.Module):
         """The tower's own pooled image embedding ``(B, D)`` from :meth:`forward_tokens`'
         tokens (with the unmodified spec this is ``visual(images)``)."""
         return self._tower.pooled(tokens)
+
+    def dense_embedding(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """Per-patch embeddings ``(B, D, h, w)`` from :meth:`forward_tokens`' tokens and grid
+        (what :meth:`forward` returns; with :meth:`pooled_embedding` both from one pass)."""
+        h, w = grid
+        feats = self._tower.dense(tokens)
+        return feats.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
 
     def forward(self, images: torch.Tensor, return_attention: bool = False):
         """Dense patch embeddings.

@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..attention import (
     NORMALIZER_REGISTRY,
+    QKV_NORMS,
+    check_cosine_source,
     SUM_MODES,
     canonical_source,
     check_alpha,
@@ -63,6 +65,21 @@ class AttentionSpec:
         cls_weight: CLS-token residual weight: ``cls_weight`` times the last block's input
             CLS token is added to every output token of the last block (SC-CLIP's ``res_cls``,
             0.3); 0 disables. Needs a tower with a CLS token.
+        parallel_layers: 0, or k: the last k blocks also run a **parallel path**
+            (:mod:`sparseclip_d2.clip.parallel`, GEM / CLIP Surgery): a branch started from the
+            main stream's input of the first of them reads, at each of the k blocks, that
+            block's normed main-stream input, applies this spec's attention (source,
+            normaliser, temperature, prior, ``qkv_norm``), keeps its residual if ``residual``
+            and its FFN if ``ffn``; the main stream runs unchanged and the branch's tokens are
+            the output. Needs ``num_layers`` 1, no ``mix_layers``, ``cls_weight`` 0.
+        parallel_cls: where the output's prefix (CLS) tokens come from with a parallel path:
+            ``parallel`` (the branch, GEM) or ``main`` (the unchanged stream, CLIP Surgery).
+        qkv_norm: ``none`` (scaled dot products) or ``l2``: scores are cosine similarities of
+            the L2-normalised projections times an inverse temperature (GEM;
+            :func:`~sparseclip_d2.attention.cosine_attention_weights`); parallel path only.
+        cosine_scale: the inverse temperature of ``l2`` scores: 0 = GEM's adaptive
+            ``mean ||ln_1(x)|| * d**-0.5`` per image; > 0 a fixed value (GEM's ``ss_attn_temp``).
+        self_iterations: GEM's self-self loop count (``ss_attn_iter``) for ``l2`` self terms.
 
     Instances are frozen and hashable; invalid values raise ``ValueError`` naming the value
     and the valid choices. ``num_layers`` is checked against the model depth by
@@ -86,6 +103,11 @@ class AttentionSpec:
     mix_weight: float = 0.5
     mix_scale: float = 1.0
     cls_weight: float = 0.0
+    parallel_layers: int = 0
+    parallel_cls: str = "parallel"
+    qkv_norm: str = "none"
+    cosine_scale: float = 0.0
+    self_iterations: int = 0
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -132,6 +154,7 @@ class AttentionSpec:
         set_("cls_weight", _number("cls_weight", self.cls_weight))
         if not math.isfinite(self.cls_weight):
             raise ValueError(f"cls_weight must be a finite number, got {self.cls_weight!r}")
+        _validate_parallel(self, set_)
 
     @property
     def tap_normalizer(self) -> str:
@@ -147,6 +170,9 @@ class AttentionSpec:
         if bad:
             raise ValueError(f"mix_layers {list(self.mix_layers)}: {bad} not earlier blocks of a tower of depth {depth}; "
                              f"valid: 0-based indices 0..{int(depth) - 2}")
+        if self.parallel_layers > int(depth):
+            raise ValueError(f"parallel_layers={self.parallel_layers} is outside [0, {int(depth)}] for a tower of "
+                             f"depth {depth}")
 
     def inert_settings(self) -> List[str]:
         """Settings of this spec that cannot change the result, one message each (empty when
@@ -183,6 +209,7 @@ class AttentionSpec:
                     out.append(f"{name}={getattr(self, name)!r} changes nothing without mix_layers")
         elif self.mix_weight == 0.0:
             out.append(f"mix_layers={list(self.mix_layers)} change nothing with mix_weight=0 (only mix_scale applies)")
+        out.extend(_parallel_inert(self))
         return out
 
     def warn_inert(self, where: str = "attention spec") -> List[str]:
@@ -252,9 +279,12 @@ class AttentionSpec:
                 mix_layers=a.MIX.LAYERS, mix_source=a.MIX.SOURCE, mix_normalizer=a.MIX.NORMALIZER,
                 mix_weight=a.MIX.WEIGHT, mix_scale=a.MIX.SCALE, cls_weight=b.CLS_WEIGHT,
             )
+            p = cfg.MODEL.SPARSECLIP.PARALLEL
+            kwargs.update(parallel_layers=p.LAYERS, parallel_cls=p.CLS, qkv_norm=a.QKV_NORM,
+                          cosine_scale=a.COSINE_SCALE, self_iterations=a.SELF_ITERATIONS)
         except (AttributeError, KeyError) as e:
             raise ValueError(
-                f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK key ({e}); call "
+                f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK/PARALLEL key ({e}); call "
                 "sparseclip_d2.add_sparseclip_config(cfg) before merging a config file") from e
         try:
             spec = cls(**kwargs)
@@ -302,6 +332,64 @@ def _boolean(name, value) -> bool:
     raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+#: Where a parallel path's output prefix (CLS) tokens come from (``AttentionSpec.parallel_cls``).
+PARALLEL_CLS = ("parallel", "main")
+
+
+def _validate_parallel(spec: "AttentionSpec", set_) -> None:
+    """Check and normalise the parallel-path and cosine-score fields of ``spec``."""
+    set_("parallel_layers", _integer("parallel_layers", spec.parallel_layers))
+    if spec.parallel_layers < 0:
+        raise ValueError(f"parallel_layers (PARALLEL.LAYERS) must be >= 0 (0 = no parallel path, k = the last k blocks), "
+                         f"got {spec.parallel_layers!r}")
+    if not isinstance(spec.parallel_cls, str) or spec.parallel_cls.strip().lower() not in PARALLEL_CLS:
+        raise ValueError(f"unknown parallel_cls (PARALLEL.CLS) {spec.parallel_cls!r}; valid: {', '.join(PARALLEL_CLS)}")
+    set_("parallel_cls", spec.parallel_cls.strip().lower())
+    if not isinstance(spec.qkv_norm, str) or spec.qkv_norm.strip().lower() not in QKV_NORMS:
+        raise ValueError(f"unknown qkv_norm (ATTENTION.QKV_NORM) {spec.qkv_norm!r}; valid: {', '.join(QKV_NORMS)}")
+    set_("qkv_norm", spec.qkv_norm.strip().lower())
+    set_("cosine_scale", _number("cosine_scale", spec.cosine_scale))
+    if not (math.isfinite(spec.cosine_scale) and spec.cosine_scale >= 0):
+        raise ValueError(f"cosine_scale (ATTENTION.COSINE_SCALE) must be >= 0 (0 = GEM's adaptive inverse temperature, > 0 a fixed one), "
+                         f"got {spec.cosine_scale!r}")
+    set_("self_iterations", _integer("self_iterations", spec.self_iterations))
+    if spec.self_iterations < 0:
+        raise ValueError(f"self_iterations (ATTENTION.SELF_ITERATIONS) must be an integer >= 0, got {spec.self_iterations!r}")
+    if spec.qkv_norm == "l2":
+        if not spec.parallel_layers:
+            raise ValueError("qkv_norm='l2' (cosine scores) is implemented on the parallel path only; set "
+                             "parallel_layers > 0 (PARALLEL.LAYERS), or use qkv_norm='none'")
+        check_cosine_source(spec.source, spec.self_iterations)
+    if spec.parallel_layers:
+        if spec.num_layers != 1:
+            raise ValueError(f"num_layers={spec.num_layers} with parallel_layers={spec.parallel_layers}: the main "
+                             "stream of a parallel path runs unchanged; use num_layers 1 (the parallel blocks all use "
+                             "the spec's normaliser)")
+        if spec.mix_layers:
+            raise ValueError(f"mix_layers {list(spec.mix_layers)} cannot be combined with a parallel path "
+                             f"(parallel_layers={spec.parallel_layers}); use one or the other")
+        if spec.cls_weight:
+            raise ValueError(f"cls_weight={spec.cls_weight:g} cannot be combined with a parallel path "
+                             f"(parallel_layers={spec.parallel_layers}); use cls_weight 0")
+
+
+def _parallel_inert(spec: "AttentionSpec") -> List[str]:
+    """The :meth:`AttentionSpec.inert_settings` messages of the parallel / cosine fields."""
+    out = []
+    if (spec.parallel_layers and spec.source == "qk" and spec.normalizer == "softmax" and spec.temperature == 1.0
+            and spec.prior == "none" and spec.qkv_norm == "none" and spec.residual and spec.ffn):
+        out.append(f"parallel_layers={spec.parallel_layers} changes nothing: a branch with the plain block (qk, softmax, "
+                   "residual and FFN) is the main stream itself")
+    if not spec.parallel_layers and spec.parallel_cls != "parallel":
+        out.append(f"parallel_cls={spec.parallel_cls!r} changes nothing without a parallel path (parallel_layers=0)")
+    if spec.qkv_norm != "l2":
+        if spec.cosine_scale != 0.0:
+            out.append(f"cosine_scale={spec.cosine_scale:g} changes nothing without qkv_norm='l2'")
+        if spec.self_iterations:
+            out.append(f"self_iterations={spec.self_iterations} changes nothing without qkv_norm='l2'")
+    return out
+
+
 #: Training-free baselines expressed as specs (README, "Baselines"; upstream files cited per preset).
 #:
 #: - ``maskclip``: MaskCLIP as published (chongzhou96/MaskCLIP ``mmseg/models/backbones/vit.py``,
@@ -339,6 +427,26 @@ PRESETS = {
                                  residual=False, ffn=False, mix_layers=(5, 6, 7, 8), mix_source="qk",
                                  mix_weight=0.3, mix_scale=2.0),
 }
+#: Parallel-path baselines (:mod:`sparseclip_d2.clip.parallel`):
+#:
+#: - ``gem``: GEM (WalBouss/GEM @ 5fa677c ``gem/gem_utils.py`` ``SelfSelfAttention.forward``,
+#:   ``GEMResidualBlock.forward``; ``gem/gem_wrapper.py`` ``GEMWrapper``): cosine scores of
+#:   L2-normalised v, k and q (in that order, ``xs1 = v, xs2 = k, xs3 = q``) with the adaptive
+#:   inverse temperature (``ss_attn_temp=None``), one self-self iteration (``ss_attn_iter=1``),
+#:   the three softmaxes averaged (``(xs1 + xs2 + xs3) / 3``), on a parallel path over the last
+#:   6 blocks (``depth=7``, ``range(1, self.depth)``) that keeps its residual
+#:   (``x_gem = x_gem + x_gem_res``) and has no FFN; CLS from the GEM path (``x_gem``).
+#: - ``clipsurgery``: CLIP Surgery (xmed-lab/CLIP_Surgery @ d4696d4 ``clip/clip_surgery_model.py``
+#:   ``Attention.forward``, ``ResidualAttentionBlock.forward``, ``VisionTransformer.forward``):
+#:   ``softmax(V V^T * d**-0.5)`` (``k = v; q = k``, ``settings=''`` for ViTs), a parallel path
+#:   over the last 6 blocks (``for i in range(1, 7)``) with its residual and without FFN
+#:   (``x += x_res # skip ffn for the new path``), CLS from the original path
+#:   (``x[0, :, :] = x_ori[0, :, :]``). Its text-side feature surgery is not part of the spec.
+PRESETS["gem"] = AttentionSpec(source="vv+kk+qq", normalizer="softmax", sum_mode="normalize_then_mean",
+                               qkv_norm="l2", cosine_scale=0.0, self_iterations=1, parallel_layers=6,
+                               parallel_cls="parallel", residual=True, ffn=False)
+PRESETS["clipsurgery"] = AttentionSpec(source="vv", normalizer="softmax", parallel_layers=6, parallel_cls="main",
+                                       residual=True, ffn=False)
 
 
 # ------------------------------------------------------------------------------ the grammar
@@ -351,6 +459,8 @@ SPEC_KEYS = {
     "mix_layers": "mix_layers", "mix_source": "mix_source", "mix_normalizer": "mix_normalizer",
     "mix_weight": "mix_weight", "mix_scale": "mix_scale", "cls_weight": "cls_weight",
 }
+SPEC_KEYS.update({"parallel": "parallel_layers", "parallel_layers": "parallel_layers", "parallel_cls": "parallel_cls",
+                  "qkv_norm": "qkv_norm", "cosine_scale": "cosine_scale", "self_iterations": "self_iterations"})
 _ALPHA_NORMALIZERS = ("entmax", "random_matched")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -375,6 +485,15 @@ def _is_number(token: str) -> bool:
 
 
 def _value(field: str, raw: str, text: str) -> Any:
+    if field in ("parallel_layers", "self_iterations"):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"spec {text!r}: {field}={raw!r} is not an integer") from None
+    if field == "cosine_scale":
+        if not _is_number(raw):
+            raise ValueError(f"spec {text!r}: {field}={raw!r} is not a number")
+        return float(raw)
     if field in ("residual", "ffn"):
         if raw.lower() in _TRUE:
             return True
@@ -514,7 +633,8 @@ def describe_spec(spec: AttentionSpec) -> str:
     parts = [spec.source, norm]
     if spec.temperature != 1.0:
         parts.append(f"T={spec.temperature:g}")
-    parts.append(f"last {spec.num_layers} block" + ("s" if spec.num_layers > 1 else ""))
+    if not spec.parallel_layers:  # a parallel path names its blocks below
+        parts.append(f"last {spec.num_layers} block" + ("s" if spec.num_layers > 1 else ""))
     dropped = [n for n, keep in (("residual", spec.residual), ("FFN", spec.ffn)) if not keep]
     if dropped:
         parts.append("no " + "/".join(dropped))
@@ -526,4 +646,10 @@ def describe_spec(spec: AttentionSpec) -> str:
                      f"last + {spec.mix_weight:g} mean)")
     if spec.cls_weight:
         parts.append(f"+ {spec.cls_weight:g} x CLS")
+    if spec.qkv_norm == "l2":
+        scale = "adaptive" if spec.cosine_scale == 0 else f"{spec.cosine_scale:g}"
+        parts.append(f"cosine scores (inverse temperature {scale}, self iterations {spec.self_iterations})")
+    if spec.parallel_layers:
+        parts.append(f"parallel path over the last {spec.parallel_layers} blocks, CLS from the {spec.parallel_cls} "
+                     "path")
     return ", ".join(parts)

@@ -38,6 +38,7 @@ from ..common.synonyms import split_class_name
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
 from ..clip.definitions import load_definitions, mix_definitions
+from ..clip.surgery import check_surgery_options, check_surgery_scale, feature_surgery
 from .backbone import build_clip_parts
 from .pamr import pamr
 from .postprocess import ScoreMaps
@@ -87,6 +88,8 @@ class SparseCLIP(nn.Module):
         label_closing: int = 0,
         definitions: Optional[Sequence[Tuple[str, str]]] = None,
         definition_weight: float = 0.0,
+        feature_surgery: bool = False,
+        feature_surgery_scale: float = 2.0,
     ):
         """
         Args:
@@ -126,6 +129,8 @@ class SparseCLIP(nn.Module):
                 are ``{"sem_seg_labels": (H, W) long}``.
             definitions, definition_weight: ``[(name, text)]`` class definitions (background
                 excluded) mixed into the synonym embeddings (``clip.definitions``), or None.
+            feature_surgery, feature_surgery_scale: CLIP Surgery's feature surgery of each
+                window's logits (``clip.surgery``), its CLS factor.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -183,6 +188,10 @@ class SparseCLIP(nn.Module):
         self.label_closing = int(label_closing)
         self.definitions = list(definitions) if definitions else None
         self.definition_weight = float(definition_weight)
+        if feature_surgery and tta_mode:
+            raise ValueError("MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED cannot be combined with TEST.TTA.MODE")
+        self.feature_surgery = bool(feature_surgery)
+        self.feature_surgery_scale = check_surgery_scale(feature_surgery_scale)
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -191,6 +200,7 @@ class SparseCLIP(nn.Module):
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
         check_method_options(cfg)
+        check_surgery_options(cfg)
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
         logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
@@ -226,6 +236,8 @@ class SparseCLIP(nn.Module):
             "label_closing": sc.LABEL_CLOSING,
             "definitions": load_definitions(sc.TEXT.DEFINITIONS) if sc.TEXT.DEFINITIONS else None,
             "definition_weight": sc.TEXT.DEFINITION_WEIGHT,
+            "feature_surgery": sc.FEATURE_SURGERY.ENABLED,
+            "feature_surgery_scale": sc.FEATURE_SURGERY.CLS_SCALE,
         }
 
     @property
@@ -313,6 +325,14 @@ class SparseCLIP(nn.Module):
         # the encoder casts the images to its own weights' dtype
         if attention_sink is None and self.tta_mode:
             return tta_logits(self.tta_mode, self.encoder, images, text_emb, self.logit_scale, self.tta_weight)
+        if self.feature_surgery:  # CLIP Surgery's text-side feature surgery (clip/surgery.py)
+            tokens, grid, attn = self.encoder.forward_tokens(images)
+            if attention_sink is not None:
+                attention_sink.extend(attn.unbind(0))
+            feats = F.normalize(self.encoder.dense_embedding(tokens, grid).float(), dim=1)
+            cls = F.normalize(self.encoder.pooled_embedding(tokens).float(), dim=-1)
+            return self.logit_scale * feature_surgery(torch.einsum("ndhw,sd->nshw", feats, text_emb),
+                                                      cls @ text_emb.T, self.feature_surgery_scale)
         if attention_sink is None:
             feats = self.encoder(images)
         else:
