@@ -69,9 +69,10 @@ def resolve_config_file(value: str) -> str:
     path = os.path.expanduser(str(value))
     if os.path.isfile(path):
         return path
-    if os.sep in path and not path.startswith("configs" + os.sep) and not os.path.exists(os.path.dirname(path) or "."):
-        raise FileNotFoundError(f"config file not found: {value!r}")
     try:
-        return get_config_file(value)
+        return get_config_file(value)  # a packaged name, also one with a folder (baselines/sclip_b16)
     except FileNotFoundError as e:
+        folder = os.path.dirname(path)
+        if folder and not os.path.isdir(folder):
+            raise FileNotFoundError(f"config file not found: {value!r} (no folder {folder!r}), and {e}") from None
         raise FileNotFoundError(f"config file not found: {value!r}, and {e}") from None
