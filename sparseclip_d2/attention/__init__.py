@@ -6,6 +6,7 @@ Score sources (:mod:`.sources`), row normalisers (:mod:`.normalizers`), additive
 No open_clip or detectron2 import here.
 """
 from .entmax import ALPHA_RANGE, alpha_entmax, check_alpha
+from .feedback import FEEDBACK_PRECISIONS, blend_feedback, check_feedback_precision, feedback_prior, patch_labels
 from .functional import SUM_MODES, apply_attention, attention_weights
 from .mixing import check_mix_scale, check_mix_weight, mix_attention
 from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
@@ -34,4 +35,9 @@ __all__ = [
     "canonical_source",
     "paper_source_name",
     "support_size",
+    "FEEDBACK_PRECISIONS",
+    "blend_feedback",
+    "check_feedback_precision",
+    "feedback_prior",
+    "patch_labels",
 ]

@@ -14,6 +14,7 @@ from ..attention import (
     check_alpha,
     check_mix_scale,
     check_mix_weight,
+    check_feedback_precision,
     get_normalizer,
     get_prior,
     paper_source_name,
@@ -63,6 +64,16 @@ class AttentionSpec:
         cls_weight: CLS-token residual weight: ``cls_weight`` times the last block's input
             CLS token is added to every output token of the last block (SC-CLIP's ``res_cls``,
             0.3); 0 disables. Needs a tower with a CLS token.
+        feedback: run the last block twice: the first pass's segmentation gives a prior ``P``
+            (``attention.feedback.feedback_prior``, built by the caller, e.g. ``SparseCLIP``
+            with ``MODEL.SPARSECLIP.FEEDBACK.*``) blended into the second pass's scores of every
+            source term before temperature and prior: ``feedback_scale * ((1 -
+            feedback_weight) * S + feedback_weight * P / max P)`` (ResCLIP's SFR). The blocks
+            before the last run once.
+        feedback_weight: share of the prior, in [0, 1] (ResCLIP's SFR lambda).
+        feedback_scale: factor on the blend, > 0 (ResCLIP's SFR tau).
+        feedback_precision: ``float32``, or ``float16`` (ResCLIP casts the prior to float16
+            even in float32 runs).
 
     Instances are frozen and hashable; invalid values raise ``ValueError`` naming the value
     and the valid choices. ``num_layers`` is checked against the model depth by
@@ -86,6 +97,10 @@ class AttentionSpec:
     mix_weight: float = 0.5
     mix_scale: float = 1.0
     cls_weight: float = 0.0
+    feedback: bool = False
+    feedback_weight: float = 0.7
+    feedback_scale: float = 2.2
+    feedback_precision: str = "float32"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -132,6 +147,15 @@ class AttentionSpec:
         set_("cls_weight", _number("cls_weight", self.cls_weight))
         if not math.isfinite(self.cls_weight):
             raise ValueError(f"cls_weight must be a finite number, got {self.cls_weight!r}")
+        set_("feedback", _boolean("feedback", self.feedback))
+        set_("feedback_weight", _number("feedback_weight", self.feedback_weight))
+        if not 0.0 <= self.feedback_weight <= 1.0:
+            raise ValueError(f"feedback_weight must be in [0, 1] (the prior's share), got {self.feedback_weight!r}")
+        set_("feedback_scale", _number("feedback_scale", self.feedback_scale))
+        if not 0.0 < self.feedback_scale < float("inf"):
+            raise ValueError(f"feedback_scale must be a finite number > 0 (ResCLIP's SFR tau), got "
+                             f"{self.feedback_scale!r}")
+        set_("feedback_precision", check_feedback_precision(self.feedback_precision))
 
     @property
     def tap_normalizer(self) -> str:
@@ -183,6 +207,13 @@ class AttentionSpec:
                     out.append(f"{name}={getattr(self, name)!r} changes nothing without mix_layers")
         elif self.mix_weight == 0.0:
             out.append(f"mix_layers={list(self.mix_layers)} change nothing with mix_weight=0 (only mix_scale applies)")
+        if not self.feedback:
+            d = AttentionSpec()
+            for name in ("feedback_weight", "feedback_scale", "feedback_precision"):
+                if getattr(self, name) != getattr(d, name):
+                    out.append(f"{name}={getattr(self, name)!r} changes nothing without feedback")
+        elif self.source == "identity":
+            out.append("feedback changes nothing on the identity source (its block outputs its values)")
         return out
 
     def warn_inert(self, where: str = "attention spec") -> List[str]:
@@ -252,6 +283,9 @@ class AttentionSpec:
                 mix_layers=a.MIX.LAYERS, mix_source=a.MIX.SOURCE, mix_normalizer=a.MIX.NORMALIZER,
                 mix_weight=a.MIX.WEIGHT, mix_scale=a.MIX.SCALE, cls_weight=b.CLS_WEIGHT,
             )
+            fb = cfg.MODEL.SPARSECLIP.FEEDBACK
+            kwargs.update(feedback=fb.ENABLED, feedback_weight=fb.WEIGHT, feedback_scale=fb.SCALE,
+                          feedback_precision=fb.PRECISION)
         except (AttributeError, KeyError) as e:
             raise ValueError(
                 f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK key ({e}); call "
@@ -259,7 +293,7 @@ class AttentionSpec:
         try:
             spec = cls(**kwargs)
         except ValueError as e:
-            raise ValueError(f"MODEL.SPARSECLIP.ATTENTION/BLOCK: {e}") from e
+            raise ValueError(f"MODEL.SPARSECLIP.ATTENTION/BLOCK/FEEDBACK: {e}") from e
         if warn:
             spec.warn_inert("MODEL.SPARSECLIP.ATTENTION")
         return spec
@@ -325,6 +359,11 @@ def _boolean(name, value) -> bool:
 #:   softmax maps of layers 6-9 (``range(5, 9)`` in ``forward``) and ``(tau, lambda) = (2.0,
 #:   0.3)`` (``configs/cfg_voc21.py`` ``attn_rcs_weights``). Without SFR (the second pass of
 #:   ResCLIP, not in this spec).
+#: - ``resclip``: ResCLIP as its segmentor runs it (``use_rcs=True, use_sfr=True``, the
+#:   ``configs/base_config.py`` setting): ``resclip_rcs`` plus the SFR second pass, the prior
+#:   blended into the KK scores before the gaussian prior as ``tau * ((1 - lambda) S + lambda
+#:   P)`` with ``(tau, lambda) = (2.2, 0.7)`` (``configs/cfg_voc21.py`` ``attn_sfr_weights``),
+#:   the prior cast to float16 (``custom_attn``: ``attn_sfr = attn_sfr.to(torch.float16)``).
 PRESETS = {
     "clip": AttentionSpec(),
     "sclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=True),
@@ -338,6 +377,10 @@ PRESETS = {
     "resclip_rcs": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
                                  residual=False, ffn=False, mix_layers=(5, 6, 7, 8), mix_source="qk",
                                  mix_weight=0.3, mix_scale=2.0),
+    "resclip": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
+                             residual=False, ffn=False, mix_layers=(5, 6, 7, 8), mix_source="qk",
+                             mix_weight=0.3, mix_scale=2.0, feedback=True, feedback_weight=0.7,
+                             feedback_scale=2.2, feedback_precision="float16"),
 }
 
 
@@ -350,6 +393,8 @@ SPEC_KEYS = {
     "seed": "seed", "source": "source", "normalizer": "normalizer",
     "mix_layers": "mix_layers", "mix_source": "mix_source", "mix_normalizer": "mix_normalizer",
     "mix_weight": "mix_weight", "mix_scale": "mix_scale", "cls_weight": "cls_weight",
+    "feedback": "feedback", "feedback_weight": "feedback_weight", "feedback_scale": "feedback_scale",
+    "feedback_precision": "feedback_precision",
 }
 _ALPHA_NORMALIZERS = ("entmax", "random_matched")
 _TRUE = ("1", "true", "yes", "on")
@@ -375,6 +420,14 @@ def _is_number(token: str) -> bool:
 
 
 def _value(field: str, raw: str, text: str) -> Any:
+    if field == "feedback":
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ValueError(f"spec {text!r}: feedback={raw!r} is not a boolean (use true/false, 1/0, on/off)")
+    if field in ("feedback_weight", "feedback_scale"):
+        if not _is_number(raw):
+            raise ValueError(f"spec {text!r}: {field}={raw!r} is not a number")
+        return float(raw)
     if field in ("residual", "ffn"):
         if raw.lower() in _TRUE:
             return True
@@ -526,4 +579,7 @@ def describe_spec(spec: AttentionSpec) -> str:
                      f"last + {spec.mix_weight:g} mean)")
     if spec.cls_weight:
         parts.append(f"+ {spec.cls_weight:g} x CLS")
+    if spec.feedback:
+        parts.append(f"second pass with the first segmentation's prior P ({spec.feedback_precision}): "
+                     f"{spec.feedback_scale:g} x ((1 - {spec.feedback_weight:g}) S + {spec.feedback_weight:g} P)")
     return ", ".join(parts)

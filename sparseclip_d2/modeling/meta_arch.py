@@ -39,6 +39,7 @@ from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
 from ..clip.definitions import load_definitions, mix_definitions
 from .backbone import build_clip_parts
+from .feedback import FeedbackSettings, first_segmentation_prior
 from .pamr import pamr
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
@@ -87,6 +88,7 @@ class SparseCLIP(nn.Module):
         label_closing: int = 0,
         definitions: Optional[Sequence[Tuple[str, str]]] = None,
         definition_weight: float = 0.0,
+        feedback: Optional[FeedbackSettings] = None,
     ):
         """
         Args:
@@ -126,6 +128,8 @@ class SparseCLIP(nn.Module):
                 are ``{"sem_seg_labels": (H, W) long}``.
             definitions, definition_weight: ``[(name, text)]`` class definitions (background
                 excluded) mixed into the synonym embeddings (``clip.definitions``), or None.
+            feedback: how the first segmentation of an ``encoder.spec.feedback`` spec (ResCLIP's
+                SFR) is made (``modeling.feedback``); None = ``FeedbackSettings()``.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -183,6 +187,10 @@ class SparseCLIP(nn.Module):
         self.label_closing = int(label_closing)
         self.definitions = list(definitions) if definitions else None
         self.definition_weight = float(definition_weight)
+        self.feedback = feedback if feedback is not None else FeedbackSettings()
+        if getattr(getattr(encoder, "spec", None), "feedback", False) and tta_mode:
+            raise ValueError(f"TEST.TTA.MODE = {tta_mode!r} cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED "
+                             "(the TTA views have no first segmentation); valid: TEST.TTA.MODE ''")
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -191,6 +199,14 @@ class SparseCLIP(nn.Module):
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
         check_method_options(cfg)
+        feedback = FeedbackSettings.from_config(cfg)
+        if not cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED and feedback != FeedbackSettings():
+            logger.warning("MODEL.SPARSECLIP.FEEDBACK.THRESHOLD/PAMR_*/CONNECTIVITY/SMOOTH_STD = %s change nothing: "
+                           "MODEL.SPARSECLIP.FEEDBACK.ENABLED is False", feedback)
+        if cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED and cfg.TEST.TTA.MODE:
+            raise ValueError(f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r} cannot be combined with "
+                             "MODEL.SPARSECLIP.FEEDBACK.ENABLED (the TTA views have no first segmentation); valid: "
+                             "TEST.TTA.MODE '' or FEEDBACK.ENABLED False")
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
         logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
@@ -226,6 +242,7 @@ class SparseCLIP(nn.Module):
             "label_closing": sc.LABEL_CLOSING,
             "definitions": load_definitions(sc.TEXT.DEFINITIONS) if sc.TEXT.DEFINITIONS else None,
             "definition_weight": sc.TEXT.DEFINITION_WEIGHT,
+            "feedback": feedback,
         }
 
     @property
@@ -313,10 +330,15 @@ class SparseCLIP(nn.Module):
         # the encoder casts the images to its own weights' dtype
         if attention_sink is None and self.tta_mode:
             return tta_logits(self.tta_mode, self.encoder, images, text_emb, self.logit_scale, self.tta_weight)
+        kwargs = {}
+        if getattr(getattr(self.encoder, "spec", None), "feedback", False):
+            kwargs["feedback"] = lambda first: first_segmentation_prior(
+                first, images, text_emb, self.logit_scale, self.feedback, int(self.encoder.patch_size),
+                int(self.encoder.num_prefix_tokens))
         if attention_sink is None:
-            feats = self.encoder(images)
+            feats = self.encoder(images, **kwargs)
         else:
-            feats, attn = self.encoder(images, return_attention=True)
+            feats, attn = self.encoder(images, return_attention=True, **kwargs)
             attention_sink.extend(attn.unbind(0))
         feats = F.normalize(feats.float(), dim=1)
         return self.logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb)
