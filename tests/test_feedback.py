@@ -267,8 +267,8 @@ def test_first_segmentation_prior_by_hand():
     ("MODEL.SPARSECLIP.FEEDBACK.PAMR_DILATIONS", [0], r"FEEDBACK.PAMR_DILATIONS = \(0,\) is invalid; valid: a non-empty"),
     ("MODEL.SPARSECLIP.FEEDBACK.SMOOTH_STD", 0.0, "FEEDBACK.SMOOTH_STD = 0.0 is invalid; valid: a finite number > 0"),
     ("TEST.TTA.MODE", "itaclip", "TEST.TTA.MODE = 'itaclip' cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED"),
-    ("MODEL.SPARSECLIP.FEEDBACK.PRECISION", "bf16", "FEEDBACK: unknown feedback precision 'bf16'; valid: float32, float16"),
-    ("MODEL.SPARSECLIP.FEEDBACK.WEIGHT", 1.2, r"FEEDBACK: feedback_weight must be in \[0, 1\]"),
+    ("MODEL.SPARSECLIP.FEEDBACK.PRECISION", "bf16", "MODEL.SPARSECLIP.FEEDBACK: unknown feedback precision 'bf16'; valid: float32, float16"),
+    ("MODEL.SPARSECLIP.FEEDBACK.WEIGHT", 1.2, r"MODEL.SPARSECLIP.FEEDBACK: feedback_weight must be in \[0, 1\]"),
 ])
 def test_bad_feedback_keys_are_named_before_the_model_is_built(key, value, message, monkeypatch):
     from detectron2.modeling import build_model

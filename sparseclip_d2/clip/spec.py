@@ -293,7 +293,9 @@ class AttentionSpec:
         try:
             spec = cls(**kwargs)
         except ValueError as e:
-            raise ValueError(f"MODEL.SPARSECLIP.ATTENTION/BLOCK/FEEDBACK: {e}") from e
+            where = ("MODEL.SPARSECLIP.FEEDBACK" if str(e).startswith(("feedback", "unknown feedback"))
+                     else "MODEL.SPARSECLIP.ATTENTION/BLOCK")
+            raise ValueError(f"{where}: {e}") from e
         if warn:
             spec.warn_inert("MODEL.SPARSECLIP.ATTENTION")
         return spec
