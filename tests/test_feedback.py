@@ -351,3 +351,23 @@ def test_model_with_feedback_runs_windows_in_batches(tmp_path):
                                     "MODEL.SPARSECLIP.FEEDBACK.PAMR_STEPS": 10}))
     with torch.no_grad():
         assert not torch.allclose(plain.synonym_logits(image, emb), batched, atol=1e-4)
+
+
+def test_resclip_config_runs_through_train_net(tmp_path):
+    """configs/baselines/resclip_b16_voc21.yaml end to end (tiny random-weight tower, so the RCS
+    tap is block 0): the SFR second pass runs and label maps reach the evaluator."""
+    import json
+
+    from test_datasets import make_fake_root
+    from test_train_net import TINY, run
+
+    make_fake_root(str(tmp_path / "data"), n=2)
+    out = tmp_path / "out"
+    res = run(["--eval-only", "--config-file", "configs/baselines/resclip_b16_voc21.yaml", *TINY,
+               "MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS", "[0]", "MODEL.SPARSECLIP.TEXT.TEMPLATES", "single",
+               "TEST.MAX_IMAGES", "1", "OUTPUT_DIR", str(out)], env={"DETECTRON2_DATASETS": str(tmp_path / "data")})
+    assert res.returncode == 0, res.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["sparseclip_voc21_val"]["num_images"] == 1
+    cfg = results["config"]["MODEL"]["SPARSECLIP"]
+    assert cfg["FEEDBACK"]["ENABLED"] is True and cfg["FEEDBACK"]["PRECISION"] == "float16"
