@@ -202,6 +202,27 @@ def add_sparseclip_config(cfg):
     # pixels in the prediction are suppressed. 0 disables.
     _C.MODEL.SPARSECLIP.AREA_THRESHOLD = 0.0
 
+    # Semantic feedback (ResCLIP's SFR; sparseclip_d2.attention.feedback): the last block runs
+    # twice, the first pass's segmentation of each window giving a prior P blended into the
+    # second pass's scores as SCALE * ((1 - WEIGHT) S + WEIGHT P / max P). Segmentation-only.
+    _C.MODEL.SPARSECLIP.FEEDBACK = CN()
+    _C.MODEL.SPARSECLIP.FEEDBACK.ENABLED = False
+    # The prior's share in [0, 1] (ResCLIP's SFR lambda) and the blend's factor > 0 (tau).
+    _C.MODEL.SPARSECLIP.FEEDBACK.WEIGHT = 0.7
+    _C.MODEL.SPARSECLIP.FEEDBACK.SCALE = 2.2
+    # "float32", or "float16" (ResCLIP casts the prior to float16 even in float32 runs).
+    _C.MODEL.SPARSECLIP.FEEDBACK.PRECISION = "float32"
+    # First segmentation: softmax over synonyms of the window's logits at pixel size, refined by
+    # PAMR_STEPS of PAMR (0 = none) with PAMR_DILATIONS; pixels whose top probability is below
+    # THRESHOLD get label 0 (ResCLIP's temp_thd); each patch takes its most frequent label.
+    _C.MODEL.SPARSECLIP.FEEDBACK.THRESHOLD = 0.0
+    _C.MODEL.SPARSECLIP.FEEDBACK.PAMR_STEPS = 10
+    _C.MODEL.SPARSECLIP.FEEDBACK.PAMR_DILATIONS = [8, 16]
+    # Prior: same-label patch pairs; CONNECTIVITY decays pairs no straight path of the label
+    # joins (ResCLIP's delete_same_entity); rows smoothed by a gaussian of SMOOTH_STD patches.
+    _C.MODEL.SPARSECLIP.FEEDBACK.CONNECTIVITY = True
+    _C.MODEL.SPARSECLIP.FEEDBACK.SMOOTH_STD = 5.0
+
     # FG-OVD region retrieval (META_ARCHITECTURE "SparseCLIPFGOVD").
     _C.MODEL.SPARSECLIP.FGOVD = CN()
     # "dense": RoIAlign on the modified dense features; "crop": encode each box crop

@@ -70,7 +70,7 @@ def test_scale_factor_pos_embed_grid_21x28_by_hand():
     # equal grids are returned unchanged in both modes
     for mode in ("size", "scale_factor"):
         torch.testing.assert_close(interpolate_pos_embed(pe, (14, 14), (14, 14), mode=mode), pe)
-    with pytest.raises(ValueError, match="unknown position-embedding interpolation 'nearest'; valid: size, scale_factor"):
+    with pytest.raises(ValueError, match="unknown position-embedding interpolation 'nearest'; valid: size, scale_factor, size_antialias, bilinear"):
         interpolate_pos_embed(pe, (14, 14), (21, 28), mode="nearest")
 
 
@@ -79,8 +79,8 @@ def test_encoder_uses_the_pos_embed_mode(tiny_clip):
     a = DenseCLIPEncoder(visual, pos_embed_interp="scale_factor").positional_embedding((5, 7), "cpu", torch.float32)
     b = interpolate_pos_embed(visual.positional_embedding, (4, 4), (5, 7), mode="scale_factor")
     torch.testing.assert_close(a, b)
-    with pytest.raises(ValueError, match="valid: size, scale_factor"):
-        DenseCLIPEncoder(visual, pos_embed_interp="bilinear")
+    with pytest.raises(ValueError, match="'bicubic'; valid: size, scale_factor, size_antialias, bilinear"):
+        DenseCLIPEncoder(visual, pos_embed_interp="bicubic")
 
 
 # ---------------------------------------------------------------- MMSeg / cv2 resize

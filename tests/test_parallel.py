@@ -385,3 +385,12 @@ def test_feature_surgery_in_the_meta_arch():
         check_surgery_options(bad)
     with pytest.raises(ValueError, match=r"FEATURE_SURGERY.CLS_SCALE = -1.0 is invalid"):
         build_model(tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.CLS_SCALE": -1.0}))
+
+
+def test_feedback_and_a_parallel_path_are_refused_together():
+    """ResCLIP's SFR (a second run of the last block) and a parallel path (GEM, CLIP Surgery)
+    are two ways of replacing the last block: one spec takes one of them, with a clear error."""
+    from sparseclip_d2.clip import AttentionSpec
+
+    with pytest.raises(ValueError, match=r"feedback .* cannot be combined with a parallel path \(parallel_layers=6\)"):
+        AttentionSpec.preset("clipsurgery").replace(feedback=True)

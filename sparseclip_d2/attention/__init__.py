@@ -7,6 +7,7 @@ No open_clip or detectron2 import here.
 """
 from .cosine import COSINE_TERMS, QKV_NORMS, check_cosine_source, cosine_attention_weights, gem_inverse_temperature
 from .entmax import ALPHA_RANGE, alpha_entmax, check_alpha
+from .feedback import FEEDBACK_PRECISIONS, blend_feedback, check_feedback_precision, feedback_prior, patch_labels
 from .functional import SUM_MODES, apply_attention, attention_weights
 from .mixing import check_mix_scale, check_mix_weight, mix_attention
 from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
@@ -40,4 +41,9 @@ __all__ = [
     "check_cosine_source",
     "COSINE_TERMS",
     "QKV_NORMS",
+    "FEEDBACK_PRECISIONS",
+    "blend_feedback",
+    "check_feedback_precision",
+    "feedback_prior",
+    "patch_labels",
 ]

@@ -1,5 +1,5 @@
 """``attention_weights``: score source x normaliser x prior, computed in float32."""
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -28,6 +28,7 @@ def attention_weights(
     prior: Optional[torch.Tensor] = None,
     sum_mode: str = "normalize_then_sum",
     generator: Optional[torch.Generator] = None,
+    score_hook: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> torch.Tensor:
     """Attention weights of a (possibly summed) score source under a normaliser.
 
@@ -47,6 +48,9 @@ def attention_weights(
         prior: optional additive score bias, ``(L, L)`` or broadcastable to ``(B, H, L, L)``.
         sum_mode: one of :data:`SUM_MODES`.
         generator: ``torch.Generator`` for ``random_matched``.
+        score_hook: optional ``(B, H, L, L) -> (B, H, L, L)`` applied to the raw scores of
+            each term (the summed scores with ``sum_then_normalize``) before temperature and
+            prior, e.g. the feedback blend (``attention.feedback.blend_feedback``).
     Returns:
         ``(B, H, L, L)`` float32 weights.
     """
@@ -73,6 +77,8 @@ def attention_weights(
     temperature = float(temperature)
 
     def finish(s: torch.Tensor) -> torch.Tensor:
+        if score_hook is not None:
+            s = score_hook(s)
         if temperature != 1.0:
             s = s / temperature
         if prior is not None:

@@ -3,7 +3,7 @@ blocks run a configurable attention and which returns dense patch embeddings in 
 space at any resolution."""
 import functools
 import logging
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +12,7 @@ from torch import nn
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 
 from ..attention import apply_attention, attention_weights, build_prior, mix_attention
+from ..attention.feedback import blend_feedback
 from ..common.cache import LRUCache
 from .parallel import check_parallel, run_parallel
 from .spec import AttentionSpec
@@ -237,10 +238,17 @@ class DenseCLIPEncoder(nn.Module):
                                  alpha=spec.alpha, sum_mode=spec.sum_mode, generator=generator)
 
     def _run_modified(self, blk: nn.Module, x: torch.Tensor, rope, last: bool, grid: Tuple[int, int],
-                      generator: Optional[torch.Generator], mixed: Sequence[torch.Tensor] = ()):
+                      generator: Optional[torch.Generator], mixed: Sequence[torch.Tensor] = (),
+                      feedback_prior: Optional[torch.Tensor] = None):
         """One block with the spec's attention; returns ((B, L, C), weights (B, heads, L, L) float32).
-        ``mixed``: tapped layers' weights blended into the last block's (``mix_attention``)."""
+        ``mixed``: tapped layers' weights blended into the last block's (``mix_attention``);
+        ``feedback_prior``: ``(B, L, L)`` prior blended into the last block's scores
+        (``attention.feedback.blend_feedback`` with the spec's ``feedback_*``)."""
         spec = self.spec
+        hook = None
+        if last and feedback_prior is not None:
+            def hook(s, _p=feedback_prior):
+                return blend_feedback(s, _p, spec.feedback_weight, spec.feedback_scale, spec.feedback_precision)
         tower = self._tower
         B, L, _ = x.shape
         y = tower.norm1(blk, x)
@@ -254,6 +262,7 @@ class DenseCLIPEncoder(nn.Module):
             prior=self.attention_prior(grid, x.device) if last else None,
             sum_mode=spec.sum_mode,
             generator=generator,
+            score_hook=hook,
         )
         if last and mixed:
             weights = mix_attention(weights, mixed, spec.mix_weight, spec.mix_scale)
@@ -279,19 +288,31 @@ class DenseCLIPEncoder(nn.Module):
                 f"{ph}x{pw}; resize or pad the images to multiples of {ph}")
         return height // ph, width // pw
 
-    def forward_pass(self, images: torch.Tensor, tap_layers: Sequence[int] = ()) -> EncoderPass:
+    def forward_pass(self, images: torch.Tensor, tap_layers: Sequence[int] = (),
+                     feedback: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> EncoderPass:
         """One forward through the tower with the spec's attention, recording the input tokens
-        of the blocks named in ``tap_layers`` (no second pass).
+        of the blocks named in ``tap_layers`` (no second pass of the blocks before the last).
 
         Args:
             images: ``(B, 3, H, W)`` normalised, H and W multiples of ``patch_size``.
             tap_layers: 0-based block indices whose input tokens are returned in
                 ``EncoderPass.taps`` (``depth`` = the last block's output).
+            feedback: with ``spec.feedback`` (and only then), ``(B, D, h, w)`` dense features
+                of a first run of the last block -> ``(B, P + h*w, P + h*w)`` prior; the last
+                block then runs again on the same input with the prior blended into its
+                scores (``attention.feedback``; ``SparseCLIP`` builds the callable).
         Returns:
-            an :class:`EncoderPass`.
+            an :class:`EncoderPass` (of the second run with feedback).
         Raises:
-            ValueError: bad images, or a tap index outside ``[0, depth]``.
+            ValueError: bad images, a tap index outside ``[0, depth]``, a missing or
+                unexpected ``feedback``, or a prior of the wrong shape.
         """
+        if self.spec.feedback and feedback is None:
+            raise ValueError("the attention spec has feedback=True (ResCLIP's SFR second pass) but no feedback "
+                             "callable was given: run it through SparseCLIP (MODEL.SPARSECLIP.FEEDBACK.*), or use "
+                             "a spec with feedback=False")
+        if feedback is not None and not self.spec.feedback:
+            raise ValueError("a feedback callable was given but the attention spec has feedback=False")
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
         check_normalized(images)
@@ -330,22 +351,37 @@ class DenseCLIPEncoder(nn.Module):
             else:
                 last = i == self.depth - 1
                 mixed: List[torch.Tensor] = [tap_attention[j] for j in self.spec.mix_layers] if last else []
-                x, attn = self._run_modified(blk, x, rope, last, grid, generator, mixed)
+                prior = None
+                if last and feedback is not None:
+                    first, _ = self._run_modified(blk, x, rope, last, grid, generator, mixed)
+                    prior = feedback(self._dense_from_tokens(tower.final_norm(first), grid))
+                    L = x.shape[1]
+                    if not isinstance(prior, torch.Tensor) or tuple(prior.shape) != (x.shape[0], L, L):
+                        raise ValueError(f"the feedback callable must return a ({x.shape[0]}, {L}, {L}) prior, got "
+                                         f"{tuple(prior.shape) if isinstance(prior, torch.Tensor) else type(prior)}")
+                x, attn = self._run_modified(blk, x, rope, last, grid, generator, mixed, feedback_prior=prior)
         if self.depth in want:
             taps[self.depth] = x
         return EncoderPass(tower.final_norm(x), grid, attn, taps, tap_attention)
 
-    def forward_tokens(self, images: torch.Tensor):
+    def _dense_from_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """``(B, P + h*w, C)`` final-normed tokens -> ``(B, D, h, w)`` dense features."""
+        h, w = grid
+        feats = self._tower.dense(tokens)
+        return feats.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+
+    def forward_tokens(self, images: torch.Tensor, feedback=None):
         """All final tokens after the tower's final norm (what timm's ``forward_features``
         returns; for open_clip ViTs after ``ln_post``).
 
         Args:
             images: ``(B, 3, H, W)`` normalised, H and W multiples of ``patch_size``.
+            feedback: see :meth:`forward_pass`.
         Returns:
             ``(tokens (B, P + h*w, C), (h, w), attn)`` with ``attn`` the last block's
             weights ``(B, heads, P + h*w, P + h*w)`` float32 (prefix tokens first).
         """
-        p = self.forward_pass(images)
+        p = self.forward_pass(images, feedback=feedback)
         return p.tokens, p.grid, p.attn
 
     def pooled_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -360,13 +396,15 @@ class DenseCLIPEncoder(nn.Module):
         feats = self._tower.dense(tokens)
         return feats.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
 
-    def forward(self, images: torch.Tensor, return_attention: bool = False):
+    def forward(self, images: torch.Tensor, return_attention: bool = False, feedback=None):
         """Dense patch embeddings.
 
         Args:
             images: ``(B, 3, H, W)`` normalised with ``image_mean``/``image_std``; H and W
                 multiples of ``patch_size``.
             return_attention: also return the last block's attention weights.
+            feedback: the first-segmentation callable of a ``spec.feedback`` spec (see
+                :meth:`forward_pass`).
         Returns:
             features ``(B, D, H/p, W/p)`` in the model dtype (every patch token of the final
             block through the tower's final norm and its per-patch head, prefix tokens
@@ -375,7 +413,7 @@ class DenseCLIPEncoder(nn.Module):
             ``(B, heads, P + h*w, P + h*w)`` float32, prefix (CLS) tokens first (P =
             ``num_prefix_tokens``: 1 for CLS towers, 0 for SigLIP).
         """
-        tokens, (h, w), attn = self.forward_tokens(images)
+        tokens, (h, w), attn = self.forward_tokens(images, feedback=feedback)
         B = tokens.shape[0]
         feats = self._tower.dense(tokens)  # (B, h*w, D)
         feats = feats.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous()

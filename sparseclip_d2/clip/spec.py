@@ -16,6 +16,7 @@ from ..attention import (
     check_alpha,
     check_mix_scale,
     check_mix_weight,
+    check_feedback_precision,
     get_normalizer,
     get_prior,
     paper_source_name,
@@ -80,6 +81,16 @@ class AttentionSpec:
         cosine_scale: the inverse temperature of ``l2`` scores: 0 = GEM's adaptive
             ``mean ||ln_1(x)|| * d**-0.5`` per image; > 0 a fixed value (GEM's ``ss_attn_temp``).
         self_iterations: GEM's self-self loop count (``ss_attn_iter``) for ``l2`` self terms.
+        feedback: run the last block twice: the first pass's segmentation gives a prior ``P``
+            (``attention.feedback.feedback_prior``, built by the caller, e.g. ``SparseCLIP``
+            with ``MODEL.SPARSECLIP.FEEDBACK.*``) blended into the second pass's scores of every
+            source term before temperature and prior: ``feedback_scale * ((1 -
+            feedback_weight) * S + feedback_weight * P / max P)`` (ResCLIP's SFR). The blocks
+            before the last run once.
+        feedback_weight: share of the prior, in [0, 1] (ResCLIP's SFR lambda).
+        feedback_scale: factor on the blend, > 0 (ResCLIP's SFR tau).
+        feedback_precision: ``float32``, or ``float16`` (ResCLIP casts the prior to float16
+            even in float32 runs).
 
     Instances are frozen and hashable; invalid values raise ``ValueError`` naming the value
     and the valid choices. ``num_layers`` is checked against the model depth by
@@ -108,6 +119,10 @@ class AttentionSpec:
     qkv_norm: str = "none"
     cosine_scale: float = 0.0
     self_iterations: int = 0
+    feedback: bool = False
+    feedback_weight: float = 0.7
+    feedback_scale: float = 2.2
+    feedback_precision: str = "float32"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -155,6 +170,18 @@ class AttentionSpec:
         if not math.isfinite(self.cls_weight):
             raise ValueError(f"cls_weight must be a finite number, got {self.cls_weight!r}")
         _validate_parallel(self, set_)
+        set_("feedback", _boolean("feedback", self.feedback))
+        set_("feedback_weight", _number("feedback_weight", self.feedback_weight))
+        if not 0.0 <= self.feedback_weight <= 1.0:
+            raise ValueError(f"feedback_weight must be in [0, 1] (the prior's share), got {self.feedback_weight!r}")
+        set_("feedback_scale", _number("feedback_scale", self.feedback_scale))
+        if not 0.0 < self.feedback_scale < float("inf"):
+            raise ValueError(f"feedback_scale must be a finite number > 0 (ResCLIP's SFR tau), got "
+                             f"{self.feedback_scale!r}")
+        set_("feedback_precision", check_feedback_precision(self.feedback_precision))
+        if self.feedback and self.parallel_layers:
+            raise ValueError(f"feedback (ResCLIP's SFR: a second run of the last block) cannot be combined with a "
+                             f"parallel path (parallel_layers={self.parallel_layers}); use one or the other")
 
     @property
     def tap_normalizer(self) -> str:
@@ -210,6 +237,13 @@ class AttentionSpec:
         elif self.mix_weight == 0.0:
             out.append(f"mix_layers={list(self.mix_layers)} change nothing with mix_weight=0 (only mix_scale applies)")
         out.extend(_parallel_inert(self))
+        if not self.feedback:
+            d = AttentionSpec()
+            for name in ("feedback_weight", "feedback_scale", "feedback_precision"):
+                if getattr(self, name) != getattr(d, name):
+                    out.append(f"{name}={getattr(self, name)!r} changes nothing without feedback")
+        elif self.source == "identity":
+            out.append("feedback changes nothing on the identity source (its block outputs its values)")
         return out
 
     def warn_inert(self, where: str = "attention spec") -> List[str]:
@@ -282,14 +316,19 @@ class AttentionSpec:
             p = cfg.MODEL.SPARSECLIP.PARALLEL
             kwargs.update(parallel_layers=p.LAYERS, parallel_cls=p.CLS, qkv_norm=a.QKV_NORM,
                           cosine_scale=a.COSINE_SCALE, self_iterations=a.SELF_ITERATIONS)
+            fb = cfg.MODEL.SPARSECLIP.FEEDBACK
+            kwargs.update(feedback=fb.ENABLED, feedback_weight=fb.WEIGHT, feedback_scale=fb.SCALE,
+                          feedback_precision=fb.PRECISION)
         except (AttributeError, KeyError) as e:
             raise ValueError(
-                f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK/PARALLEL key ({e}); call "
+                f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK/PARALLEL/FEEDBACK key ({e}); call "
                 "sparseclip_d2.add_sparseclip_config(cfg) before merging a config file") from e
         try:
             spec = cls(**kwargs)
         except ValueError as e:
-            raise ValueError(f"MODEL.SPARSECLIP.ATTENTION/BLOCK: {e}") from e
+            where = ("MODEL.SPARSECLIP.FEEDBACK" if str(e).startswith(("feedback", "unknown feedback"))
+                     else "MODEL.SPARSECLIP.ATTENTION/BLOCK")
+            raise ValueError(f"{where}: {e}") from e
         if warn:
             spec.warn_inert("MODEL.SPARSECLIP.ATTENTION")
         return spec
@@ -413,6 +452,11 @@ def _parallel_inert(spec: "AttentionSpec") -> List[str]:
 #:   softmax maps of layers 6-9 (``range(5, 9)`` in ``forward``) and ``(tau, lambda) = (2.0,
 #:   0.3)`` (``configs/cfg_voc21.py`` ``attn_rcs_weights``). Without SFR (the second pass of
 #:   ResCLIP, not in this spec).
+#: - ``resclip``: ResCLIP as its segmentor runs it (``use_rcs=True, use_sfr=True``, the
+#:   ``configs/base_config.py`` setting): ``resclip_rcs`` plus the SFR second pass, the prior
+#:   blended into the KK scores before the gaussian prior as ``tau * ((1 - lambda) S + lambda
+#:   P)`` with ``(tau, lambda) = (2.2, 0.7)`` (``configs/cfg_voc21.py`` ``attn_sfr_weights``),
+#:   the prior cast to float16 (``custom_attn``: ``attn_sfr = attn_sfr.to(torch.float16)``).
 PRESETS = {
     "clip": AttentionSpec(),
     "sclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=True),
@@ -426,6 +470,10 @@ PRESETS = {
     "resclip_rcs": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
                                  residual=False, ffn=False, mix_layers=(5, 6, 7, 8), mix_source="qk",
                                  mix_weight=0.3, mix_scale=2.0),
+    "resclip": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
+                             residual=False, ffn=False, mix_layers=(5, 6, 7, 8), mix_source="qk",
+                             mix_weight=0.3, mix_scale=2.0, feedback=True, feedback_weight=0.7,
+                             feedback_scale=2.2, feedback_precision="float16"),
 }
 #: Parallel-path baselines (:mod:`sparseclip_d2.clip.parallel`):
 #:
@@ -458,6 +506,8 @@ SPEC_KEYS = {
     "seed": "seed", "source": "source", "normalizer": "normalizer",
     "mix_layers": "mix_layers", "mix_source": "mix_source", "mix_normalizer": "mix_normalizer",
     "mix_weight": "mix_weight", "mix_scale": "mix_scale", "cls_weight": "cls_weight",
+    "feedback": "feedback", "feedback_weight": "feedback_weight", "feedback_scale": "feedback_scale",
+    "feedback_precision": "feedback_precision",
 }
 SPEC_KEYS.update({"parallel": "parallel_layers", "parallel_layers": "parallel_layers", "parallel_cls": "parallel_cls",
                   "qkv_norm": "qkv_norm", "cosine_scale": "cosine_scale", "self_iterations": "self_iterations"})
@@ -490,7 +540,11 @@ def _value(field: str, raw: str, text: str) -> Any:
             return int(raw)
         except ValueError:
             raise ValueError(f"spec {text!r}: {field}={raw!r} is not an integer") from None
-    if field == "cosine_scale":
+    if field == "feedback":
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ValueError(f"spec {text!r}: feedback={raw!r} is not a boolean (use true/false, 1/0, on/off)")
+    if field in ("feedback_weight", "feedback_scale", "cosine_scale"):
         if not _is_number(raw):
             raise ValueError(f"spec {text!r}: {field}={raw!r} is not a number")
         return float(raw)
@@ -652,4 +706,7 @@ def describe_spec(spec: AttentionSpec) -> str:
     if spec.parallel_layers:
         parts.append(f"parallel path over the last {spec.parallel_layers} blocks, CLS from the {spec.parallel_cls} "
                      "path")
+    if spec.feedback:
+        parts.append(f"second pass with the first segmentation's prior P ({spec.feedback_precision}): "
+                     f"{spec.feedback_scale:g} x ((1 - {spec.feedback_weight:g}) S + {spec.feedback_weight:g} P)")
     return ", ".join(parts)

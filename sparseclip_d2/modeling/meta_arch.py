@@ -40,6 +40,7 @@ from .attention_record import attention_record
 from ..clip.definitions import load_definitions, mix_definitions
 from ..clip.surgery import check_surgery_options, check_surgery_scale, feature_surgery
 from .backbone import build_clip_parts
+from .feedback import FeedbackSettings, first_segmentation_prior
 from .pamr import pamr
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
@@ -90,6 +91,7 @@ class SparseCLIP(nn.Module):
         definition_weight: float = 0.0,
         feature_surgery: bool = False,
         feature_surgery_scale: float = 2.0,
+        feedback: Optional[FeedbackSettings] = None,
     ):
         """
         Args:
@@ -131,6 +133,8 @@ class SparseCLIP(nn.Module):
                 excluded) mixed into the synonym embeddings (``clip.definitions``), or None.
             feature_surgery, feature_surgery_scale: CLIP Surgery's feature surgery of each
                 window's logits (``clip.surgery``), its CLS factor.
+            feedback: how the first segmentation of an ``encoder.spec.feedback`` spec (ResCLIP's
+                SFR) is made (``modeling.feedback``); None = ``FeedbackSettings()``.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -192,6 +196,10 @@ class SparseCLIP(nn.Module):
             raise ValueError("MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED cannot be combined with TEST.TTA.MODE")
         self.feature_surgery = bool(feature_surgery)
         self.feature_surgery_scale = check_surgery_scale(feature_surgery_scale)
+        self.feedback = feedback if feedback is not None else FeedbackSettings()
+        if getattr(getattr(encoder, "spec", None), "feedback", False) and tta_mode:
+            raise ValueError(f"TEST.TTA.MODE = {tta_mode!r} cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED "
+                             "(the TTA views have no first segmentation); valid: TEST.TTA.MODE ''")
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -201,6 +209,14 @@ class SparseCLIP(nn.Module):
         sc = cfg.MODEL.SPARSECLIP
         check_method_options(cfg)
         check_surgery_options(cfg)
+        feedback = FeedbackSettings.from_config(cfg)
+        if not cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED and feedback != FeedbackSettings():
+            logger.warning("MODEL.SPARSECLIP.FEEDBACK.THRESHOLD/PAMR_*/CONNECTIVITY/SMOOTH_STD = %s change nothing: "
+                           "MODEL.SPARSECLIP.FEEDBACK.ENABLED is False", feedback)
+        if cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED and cfg.TEST.TTA.MODE:
+            raise ValueError(f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r} cannot be combined with "
+                             "MODEL.SPARSECLIP.FEEDBACK.ENABLED (the TTA views have no first segmentation); valid: "
+                             "TEST.TTA.MODE '' or FEEDBACK.ENABLED False")
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
         logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
@@ -238,6 +254,7 @@ class SparseCLIP(nn.Module):
             "definition_weight": sc.TEXT.DEFINITION_WEIGHT,
             "feature_surgery": sc.FEATURE_SURGERY.ENABLED,
             "feature_surgery_scale": sc.FEATURE_SURGERY.CLS_SCALE,
+            "feedback": feedback,
         }
 
     @property
@@ -325,8 +342,13 @@ class SparseCLIP(nn.Module):
         # the encoder casts the images to its own weights' dtype
         if attention_sink is None and self.tta_mode:
             return tta_logits(self.tta_mode, self.encoder, images, text_emb, self.logit_scale, self.tta_weight)
+        kwargs = {}
+        if getattr(getattr(self.encoder, "spec", None), "feedback", False):
+            kwargs["feedback"] = lambda first: first_segmentation_prior(
+                first, images, text_emb, self.logit_scale, self.feedback, int(self.encoder.patch_size),
+                int(self.encoder.num_prefix_tokens))
         if self.feature_surgery:  # CLIP Surgery's text-side feature surgery (clip/surgery.py)
-            tokens, grid, attn = self.encoder.forward_tokens(images)
+            tokens, grid, attn = self.encoder.forward_tokens(images, **kwargs)
             if attention_sink is not None:
                 attention_sink.extend(attn.unbind(0))
             feats = F.normalize(self.encoder.dense_embedding(tokens, grid).float(), dim=1)
@@ -334,9 +356,9 @@ class SparseCLIP(nn.Module):
             return self.logit_scale * feature_surgery(torch.einsum("ndhw,sd->nshw", feats, text_emb),
                                                       cls @ text_emb.T, self.feature_surgery_scale)
         if attention_sink is None:
-            feats = self.encoder(images)
+            feats = self.encoder(images, **kwargs)
         else:
-            feats, attn = self.encoder(images, return_attention=True)
+            feats, attn = self.encoder(images, return_attention=True, **kwargs)
             attention_sink.extend(attn.unbind(0))
         feats = F.normalize(feats.float(), dim=1)
         return self.logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb)

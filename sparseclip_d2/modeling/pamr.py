@@ -109,10 +109,15 @@ def pamr(image: torch.Tensor, mask: torch.Tensor, steps: int = 10, dilations: Se
         return m.to(dtype)
     alpha = pamr_affinity(image, dil)  # (B, P, H, W)
     offsets = pamr_offsets(dil)
+    H, W = m.shape[-2:]
     for _ in range(int(steps)):
         out = torch.zeros_like(m)
+        padded = {d: F.pad(m, [d] * 4, mode="replicate") for d in dil}  # = _shift's clamped borders
         for p, (dy, dx) in enumerate(offsets):
-            out.add_(_shift(m, dy, dx) * alpha[:, p:p + 1])
+            d = max(abs(dy), abs(dx))
+            view = padded[d][..., d + dy:d + dy + H, d + dx:d + dx + W]
+            out.add_(view * alpha[:, p:p + 1])
+        del padded
         m = out
     return m.to(dtype)
 

@@ -1,0 +1,92 @@
+"""The first segmentation of a feedback second pass (ResCLIP's SFR): from the dense features
+of a first run of the last block to the ``(B, P + N, P + N)`` prior the encoder blends into
+its second run (``attention.feedback``).
+
+Per window (any batch size): ``cos(patch, synonym)`` logits bilinearly resized to the
+window's pixels (``align_corners=False``), PAMR-refined guided by the normalised window,
+times the logit scale, softmax over synonyms, :func:`~sparseclip_d2.attention.patch_labels`
+(threshold, patch mode), :func:`~sparseclip_d2.attention.feedback_prior`. Labels are synonym
+indices, as upstream's query indices (yvhangyang/ResCLIP @ 0e085f7 ``clip/model.py``
+``create_logit_temp`` with ``PAMR(10, dilations=(8, 16))``, ``create_patch_matrix``).
+"""
+import math
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..attention.feedback import feedback_prior, patch_labels
+from .pamr import pamr
+
+__all__ = ["FeedbackSettings", "first_segmentation_prior"]
+
+
+@dataclass(frozen=True)
+class FeedbackSettings:
+    """How the first segmentation and its prior are made (``MODEL.SPARSECLIP.FEEDBACK.*``
+    except the blend's ``WEIGHT`` / ``SCALE`` / ``PRECISION``, which are the attention spec's).
+
+    Fields: ``threshold`` (pixels whose top probability is below it get label 0; in [0, 1]),
+    ``pamr_steps`` (>= 0), ``pamr_dilations`` (positive integers), ``connectivity`` (bool),
+    ``smooth_std`` (> 0 patches).
+    """
+
+    threshold: float = 0.0
+    pamr_steps: int = 10
+    pamr_dilations: Tuple[int, ...] = (8, 16)
+    connectivity: bool = True
+    smooth_std: float = 5.0
+
+    def __post_init__(self):
+        key = "MODEL.SPARSECLIP.FEEDBACK."
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= float(t) <= 1.0:
+            raise ValueError(f"{key}THRESHOLD = {t!r} is invalid; valid: a probability in [0, 1] (0 = off)")
+        s = self.pamr_steps
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"{key}PAMR_STEPS = {s!r} is invalid; valid: an integer >= 0 (0 = no PAMR)")
+        d = self.pamr_dilations
+        if (isinstance(d, (str, bytes)) or not hasattr(d, "__iter__") or not list(d)
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in d)):
+            raise ValueError(f"{key}PAMR_DILATIONS = {d!r} is invalid; valid: a non-empty list of positive "
+                             "integers (ResCLIP: [8, 16])")
+        object.__setattr__(self, "pamr_dilations", tuple(d))
+        if not isinstance(self.connectivity, bool):
+            raise ValueError(f"{key}CONNECTIVITY = {self.connectivity!r} is invalid; valid: True or False")
+        sd = self.smooth_std
+        if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not (sd > 0 and math.isfinite(sd)):
+            raise ValueError(f"{key}SMOOTH_STD = {sd!r} is invalid; valid: a finite number > 0 (patches)")
+
+    @classmethod
+    def from_config(cls, cfg) -> "FeedbackSettings":
+        """Read and validate ``cfg.MODEL.SPARSECLIP.FEEDBACK``."""
+        fb = cfg.MODEL.SPARSECLIP.FEEDBACK
+        return cls(threshold=fb.THRESHOLD, pamr_steps=fb.PAMR_STEPS, pamr_dilations=tuple(fb.PAMR_DILATIONS),
+                   connectivity=fb.CONNECTIVITY, smooth_std=fb.SMOOTH_STD)
+
+
+def first_segmentation_prior(feats: torch.Tensor, images: torch.Tensor, text_emb: torch.Tensor,
+                             logit_scale: float, settings: FeedbackSettings, patch: int,
+                             num_prefix_tokens: int = 1) -> torch.Tensor:
+    """The feedback prior of a first pass.
+
+    Args:
+        feats: ``(B, D, h, w)`` dense features of the first run of the last block.
+        images: ``(B, 3, h * p, w * p)`` the normalised windows they come from (PAMR's guide).
+        text_emb: ``(S, D)`` L2-normalised synonym embeddings.
+        logit_scale: the softmax's scale of the cosines.
+        settings: :class:`FeedbackSettings`.
+        patch: patch side ``p``.
+        num_prefix_tokens: prefix tokens of the prior (CLS: 1).
+    Returns:
+        ``(B, P + h*w, P + h*w)`` float32.
+    """
+    f = F.normalize(feats.float(), dim=1)
+    cos = torch.einsum("bdhw,sd->bshw", f, text_emb.float().to(f.device))
+    cos = F.interpolate(cos, size=tuple(images.shape[-2:]), mode="bilinear", align_corners=False)
+    if settings.pamr_steps:
+        cos = pamr(images.float(), cos, settings.pamr_steps, settings.pamr_dilations)
+    probs = torch.softmax(cos * float(logit_scale), dim=1)
+    labels = patch_labels(probs, patch, settings.threshold)
+    return feedback_prior(labels, settings.smooth_std, settings.connectivity, num_prefix_tokens)
