@@ -8,6 +8,7 @@ Weights (``MODEL.SPARSECLIP.PROXY.WEIGHTS``): ``none`` (random, logged loudly as
 upstream releases (torch hub DINO and DINOv2, MAE's ``{'model': ...}`` checkpoints, SAM's
 ``image_encoder.*``), converted with timm's own ``checkpoint_filter_fn``.
 """
+import functools
 import logging
 import math
 import os
@@ -126,6 +127,10 @@ def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY")
                          f"{', '.join(POS_EMBED_INTERP_MODES)}")
     if opts.precision not in _PRECISIONS:
         raise ValueError(f"{key}.PRECISION = {opts.precision!r} is invalid; valid: {', '.join(_PRECISIONS)}")
+    depth = _architecture_depth(opts.name, key)
+    if not -depth <= opts.layer < depth:
+        raise ValueError(f"{key}.LAYER = {opts.layer} is outside [{-depth}, {depth - 1}] for {opts.name} "
+                         f"(depth {depth}; 0-based, -1 = the last block)")
     w = str(opts.weights).strip()
     if w.lower() not in _RANDOM + ("timm",):
         path = os.path.expanduser(w)
@@ -133,6 +138,21 @@ def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY")
             raise FileNotFoundError(f"{key}.WEIGHTS = {w!r}: no such file ({os.path.abspath(path)}); valid: none "
                                     "(random weights), timm (timm's own pretrained tag) or a local weights file")
     return opts
+
+
+@functools.lru_cache(maxsize=None)
+def _architecture_depth(name: str, key: str) -> int:
+    """The number of blocks of timm model ``name``, from an instance on the ``meta`` device (no
+    memory, no weights); ``ValueError`` unless it is a timm VisionTransformer with a fused qkv
+    attention or SAM's image encoder."""
+    with torch.device("meta"):
+        model = _timm().create_model(name, pretrained=False, num_classes=0)
+    if type(model).__name__ != "VisionTransformerSAM":
+        if not all(hasattr(model, a) for a in ("patch_embed", "blocks", "pos_embed", "norm")) or not hasattr(
+                model.blocks[0].attn, "qkv"):
+            raise ValueError(f"{key}.NAME = {name!r}: a {type(model).__name__} is not a timm VisionTransformer with a "
+                             f"fused qkv attention; valid: {', '.join(PROXY_MODELS)} (or another timm ViT)")
+    return len(model.blocks)
 
 
 def load_proxy_state_dict(path: str, model: nn.Module) -> Dict[str, torch.Tensor]:
