@@ -17,7 +17,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..attention import apply_attention, get_normalizer
+from ..attention import get_normalizer
 from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_normalized
 from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
@@ -160,8 +160,10 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
         _, _, v = tower.qkv(blk, y, rope)
         v = resample_grid(v[:, :, P:], grid, pgrid)  # (B, heads, N', d)
         heads, n = v.shape[1], v.shape[2]
-        attn = weights.unsqueeze(1).expand(B, heads, n, n)
-        out = apply_attention(attn, v).transpose(1, 2).reshape(B, n, -1)
+        # one (N', N') matrix per image is shared by every head: weights @ (v of all heads side
+        # by side) is the heads' outputs concatenated, in float32, without an (N', N') per head
+        out = torch.matmul(weights, v.float().transpose(1, 2).reshape(B, n, -1)).to(v.dtype)
+        attn = weights.unsqueeze(1).expand(B, heads, n, n)  # a view, for return_attention
         out = tower.attn_out(blk, resample_grid(y[:, P:], grid, pgrid), out)
         x = resample_grid(x[:, P:], grid, pgrid) + out if spec.residual else out
         if spec.ffn:
