@@ -263,6 +263,16 @@ def _model(**opts):
     return build_model(tiny_cfg(**opts))
 
 
+def test_random_proxy_weights_mark_the_run_random(monkeypatch):
+    """A random proxy (WEIGHTS none) beside real CLIP weights still labels the model random."""
+    import sparseclip_d2.modeling.backbone as mb
+
+    real = mb.build_clip_from_config
+    monkeypatch.setattr(mb, "build_clip_from_config", lambda cfg: (real(cfg)[0], False))  # as if CLIP were real
+    assert not _model().random_weights
+    assert _model(**{"MODEL.SPARSECLIP.PROXY.NAME": DINO, "MODEL.SPARSECLIP.BLOCK.FFN": "False"}).random_weights
+
+
 def test_proxy_keys_take_effect_through_the_meta_arch(tmp_path):
     torch.manual_seed(0)
     w = tmp_path / "dino.pth"
@@ -275,6 +285,7 @@ def test_proxy_keys_take_effect_through_the_meta_arch(tmp_path):
                   "MODEL.SPARSECLIP.BLOCK.RESIDUAL": "False", "MODEL.SPARSECLIP.BLOCK.FFN": "False"})
     enc = m.encoder
     assert isinstance(enc, ProxyCLIPEncoder)
+    assert m.random_weights  # CLIP's PRETRAINED none (the proxy's file is real weights here)
     p = enc.proxy
     assert (p.name, p.layer, p.feature, p.opts.input_size, p.opts.pos_embed_interp) == (DINO, 0, "keys", 48, "size")
     assert p.dtype == torch.bfloat16 and (enc.beta, enc.gamma) == (0.5, 2.0)

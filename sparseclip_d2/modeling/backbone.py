@@ -192,7 +192,9 @@ def build_clip_parts(cfg) -> CLIPParts:
             memory_size=0,  # the META_ARCHs keep the one in-memory cache (bounded LRUs)
         )
 
-    return CLIPParts(clip_model, random_weights, encoder, text_classifier, pixel_mean, pixel_std)
+    proxy = getattr(encoder, "proxy", None)  # a random second backbone makes the run a smoke run too
+    random_any = random_weights or bool(proxy is not None and proxy.opts.random_weights)
+    return CLIPParts(clip_model, random_any, encoder, text_classifier, pixel_mean, pixel_std)
 
 
 @BACKBONE_REGISTRY.register()
