@@ -139,7 +139,8 @@ def add_sparseclip_config(cfg):
     # Pixels the proxy sees per window: 0 = the window itself, -1 = resized to
     # TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).
     _C.MODEL.SPARSECLIP.PROXY.INPUT_SIZE = 0
-    # Position embeddings resized by "scale_factor" (torch hub DINO / DINOv2) or "size" (MAE).
+    # Position embeddings resized (bicubic) by "scale_factor" (torch hub DINO), "size" (MAE) or
+    # "size_antialias" (torch hub DINOv2 with registers).
     _C.MODEL.SPARSECLIP.PROXY.POS_EMBED_INTERP = "scale_factor"
     # Proxy weights dtype: fp32, fp16 (ProxyCLIP runs its VFM in fp16), bf16; scores are fp32.
     _C.MODEL.SPARSECLIP.PROXY.PRECISION = "fp32"

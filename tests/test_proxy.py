@@ -125,6 +125,31 @@ def test_proxy_tokens_equal_timm_forward_features_at_the_native_size():
         torch.testing.assert_close(ours, ref.transpose(1, 2).reshape(2, -1, g, g), rtol=0, atol=1e-5)
 
 
+def test_position_embedding_modes():
+    """``size_antialias`` (torch hub DINOv2 with registers: bicubic by size, antialias=True) against
+    PIL's antialiased bicubic resize of each channel (an independent implementation that
+    PyTorch's antialiasing follows), on DINOv2's 37 x 37 -> 24 x 24 (336 px) and a strong downsample;
+    ``size`` and ``scale_factor`` differ from it and from each other."""
+    import numpy as np
+    from PIL import Image
+
+    from sparseclip_d2.proxy.backbone import resize_pos_grid
+
+    p = torch.randn(37 * 37, 8, generator=torch.Generator().manual_seed(11))
+    g = p.reshape(37, 37, 8).numpy()
+    for dst in ((24, 24), (5, 7)):
+        out = resize_pos_grid(p, (37, 37), dst, "size_antialias").reshape(*dst, 8).numpy()
+        ref = np.stack([np.asarray(Image.fromarray(g[:, :, c], mode="F").resize((dst[1], dst[0]), Image.BICUBIC))
+                        for c in range(8)], -1)
+        assert np.abs(out - ref).max() < 2e-5, dst
+    size, scale = (resize_pos_grid(p, (37, 37), (24, 24), m) for m in ("size", "scale_factor"))
+    aa = resize_pos_grid(p, (37, 37), (24, 24), "size_antialias")
+    assert min((size - aa).abs().max(), (scale - aa).abs().max(), (size - scale).abs().max()) > 1e-3
+    torch.testing.assert_close(resize_pos_grid(p, (37, 37), (37, 37), "size_antialias"), p, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="valid: size, scale_factor, size_antialias"):
+        resize_pos_grid(p, (37, 37), (4, 4), "bilinear")
+
+
 def test_proxy_keys_and_layer_in_float64():
     """FEATURE keys / queries / values of LAYER 0: block 0's qkv projection of its normed input,
     heads concatenated, prefix dropped; tokens of LAYER 0: the final norm of block 0's output."""
@@ -357,7 +382,7 @@ def test_proxyclip_configs_select_upstreams_values():
         "_coco_object": (dino, 0, "scale_factor", 0.25, 336, 336, 112),
         "_ade20k": (dino, 0, "scale_factor", 0.0, 448, 336, 112),
         "_cityscapes": (dino, 0, "scale_factor", 0.0, 448, 224, 112),
-        "_dinov2": ("vit_base_patch14_reg4_dinov2", 0, "scale_factor", 0.0, 336, 336, 112),
+        "_dinov2": ("vit_base_patch14_reg4_dinov2", 0, "size_antialias", 0.0, 336, 336, 112),
         "_mae": ("vit_base_patch16_224.mae", -1, "size", 0.0, 336, 336, 112),
         "_sam": ("samvit_base_patch16", 1024, "size", 0.0, 336, 336, 112),
     }

@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..clip.encoder import POS_EMBED_INTERP_MODES, interpolate_pos_embed
+from ..clip.encoder import interpolate_pos_embed
 from ..common.cache import LRUCache
 
 __all__ = [
     "PROXY_FEATURES",
+    "PROXY_POS_EMBED_INTERP_MODES",
     "PROXY_WEIGHT_TAGS",
     "PROXY_MODELS",
     "ProxyBackbone",
@@ -43,6 +44,13 @@ logger = logging.getLogger(__name__)
 #: normed input, heads concatenated (the alternatives commented out in ProxyCLIP's
 #: ``proxyclip_segmentor.py`` ``forward_feature``).
 PROXY_FEATURES = ("tokens", "keys", "queries", "values")
+#: How the proxy's position embeddings are resized to another grid (``PROXY.POS_EMBED_INTERP``),
+#: bicubic: ``size`` and ``scale_factor`` as :func:`~sparseclip_d2.clip.encoder.interpolate_pos_embed`
+#: (``scale_factor`` = torch hub DINO's ``(w0 + 0.1) / sqrt(N)``); ``size_antialias`` = by size
+#: with ``antialias=True``, as torch hub DINOv2 with registers does (facebookresearch/dinov2 @
+#: b8931f7 ``dinov2/hub/backbones.py`` ``dinov2_vitb14_reg``: ``interpolate_antialias=True,
+#: interpolate_offset=0.0``; ``models/vision_transformer.py`` ``interpolate_pos_encoding``).
+PROXY_POS_EMBED_INTERP_MODES = ("size", "scale_factor", "size_antialias")
 #: ``WEIGHTS`` values that are not files: random weights, or timm's own pretrained tag.
 PROXY_WEIGHT_TAGS = ("none", "timm")
 _RANDOM = ("", "none", "random")
@@ -51,15 +59,15 @@ _RANDOM = ("", "none", "random")
 #: follow the upstream code that uses them (set in each config file) (mc-lan/ProxyCLIP @ e7b767f ``proxyclip_segmentor.py`` ``forward_feature``):
 #: ``input_size`` 0 = the window as it is; ``-1`` = resized to the sliding-window crop
 #: (MAE: ``F.interpolate(imgs_norm, size=(self.slide_crop, self.slide_crop), mode='bilinear')``);
-#: a number = resized to that square (SAM: 1024). ``pos_embed_interp``: DINO's and DINOv2's
-#: hub models resize position embeddings with ``scale_factor=(w0 + 0.1) / sqrt(N)``
-#: (facebookresearch/dino ``vision_transformer.py`` ``interpolate_pos_encoding``,
-#: dinov2 ``interpolate_offset=0.1``); MAE by size at load time (ProxyCLIP
+#: a number = resized to that square (SAM: 1024). ``pos_embed_interp``: DINO's hub model resizes
+#: position embeddings with ``scale_factor=(w0 + 0.1) / sqrt(N)`` (facebookresearch/dino
+#: ``vision_transformer.py`` ``interpolate_pos_encoding``); DINOv2 with registers by size with
+#: antialiasing (see :data:`PROXY_POS_EMBED_INTERP_MODES`); MAE by size at load time (ProxyCLIP
 #: ``mae/pos_embed.py`` ``interpolate_pos_embed``: ``size=(new_size, new_size)``, bicubic).
 PROXY_MODELS: Dict[str, Dict] = {
     "vit_base_patch8_224.dino": dict(input_size=0, pos_embed_interp="scale_factor"),
     "vit_base_patch16_224.dino": dict(input_size=0, pos_embed_interp="scale_factor"),
-    "vit_base_patch14_reg4_dinov2": dict(input_size=0, pos_embed_interp="scale_factor"),
+    "vit_base_patch14_reg4_dinov2": dict(input_size=0, pos_embed_interp="size_antialias"),
     "vit_base_patch16_224.mae": dict(input_size=-1, pos_embed_interp="size"),
     "samvit_base_patch16": dict(input_size=1024, pos_embed_interp="size"),
 }
@@ -76,7 +84,7 @@ class ProxyOptions:
 
     Fields: name (timm model name), weights (``none``, ``timm`` or a file), layer (block index,
     negative = from the end), feature (:data:`PROXY_FEATURES`), input_size (0 = the window,
-    -1 = the crop size, N = N x N pixels), pos_embed_interp (:data:`POS_EMBED_INTERP_MODES`),
+    -1 = the crop size, N = N x N pixels), pos_embed_interp (:data:`PROXY_POS_EMBED_INTERP_MODES`),
     precision (fp32, fp16, bf16).
     """
 
@@ -122,9 +130,9 @@ def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY")
     if isinstance(opts.input_size, bool) or not isinstance(opts.input_size, int) or opts.input_size < -1:
         raise ValueError(f"{key}.INPUT_SIZE = {opts.input_size!r} is invalid; valid: 0 (the window as it is), "
                          "-1 (resized to TEST.SLIDING_WINDOW.CROP_SIZE) or a side in pixels")
-    if opts.pos_embed_interp not in POS_EMBED_INTERP_MODES:
+    if opts.pos_embed_interp not in PROXY_POS_EMBED_INTERP_MODES:
         raise ValueError(f"{key}.POS_EMBED_INTERP = {opts.pos_embed_interp!r} is invalid; valid: "
-                         f"{', '.join(POS_EMBED_INTERP_MODES)}")
+                         f"{', '.join(PROXY_POS_EMBED_INTERP_MODES)}")
     if opts.precision not in _PRECISIONS:
         raise ValueError(f"{key}.PRECISION = {opts.precision!r} is invalid; valid: {', '.join(_PRECISIONS)}")
     depth = _architecture_depth(opts.name, key)
@@ -186,6 +194,22 @@ def load_proxy_state_dict(path: str, model: nn.Module) -> Dict[str, torch.Tensor
     else:
         from timm.models.vision_transformer import checkpoint_filter_fn
     return checkpoint_filter_fn(sd, model)
+
+
+def resize_pos_grid(patches: torch.Tensor, src: Tuple[int, int], dst: Tuple[int, int], mode: str) -> torch.Tensor:
+    """Patch position embeddings ``(gh*gw, C)`` resized bicubically to ``dst`` in float32 (one of
+    :data:`PROXY_POS_EMBED_INTERP_MODES`); ``(h*w, C)``, a float32 copy when the grids are equal."""
+    if mode not in PROXY_POS_EMBED_INTERP_MODES:
+        raise ValueError(f"unknown proxy position-embedding interpolation {mode!r}; valid: "
+                         f"{', '.join(PROXY_POS_EMBED_INTERP_MODES)}")
+    if mode != "size_antialias":  # the CLIP encoder's resize, with a dummy CLS row
+        return interpolate_pos_embed(torch.cat([patches[:1], patches]), src, dst, mode=mode)[1:]
+    if tuple(src) == tuple(dst):
+        return patches.detach().float().clone()
+    C = patches.shape[-1]
+    g = patches.detach().float().reshape(1, src[0], src[1], C).permute(0, 3, 1, 2)
+    g = F.interpolate(g, size=tuple(dst), mode="bicubic", align_corners=False, antialias=True)
+    return g.permute(0, 2, 3, 1).reshape(dst[0] * dst[1], C)
 
 
 class ProxyBackbone(nn.Module):
@@ -271,8 +295,7 @@ class ProxyBackbone(nn.Module):
                 # as timm stores DINOv2), then the patch grid, resized with a dummy head row
                 P = 0 if m.no_embed_class else m.num_prefix_tokens
                 patches = pe[0, P:]
-                grid_pe = interpolate_pos_embed(torch.cat([patches[:1], patches]), self.native_grid, tuple(grid),
-                                                mode=self.opts.pos_embed_interp)[1:]
+                grid_pe = resize_pos_grid(patches, self.native_grid, tuple(grid), self.opts.pos_embed_interp)
                 out = torch.cat([pe[0, :P].float(), grid_pe])
                 return out.unsqueeze(0).to(device=device, dtype=dtype)
 
