@@ -41,7 +41,7 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
     Raises:
         ValueError: a PROXY key set while ``NAME`` is ``""``; a bad value (naming the key and the
             valid choices); an attention spec the proxy block replaces (:func:`check_proxy_spec`);
-            ``TEST.ATTENTION_STATS.ENABLED`` (its record assumes CLIP's grid); ``INPUT_SIZE -1``
+            ``TEST.ATTENTION_STATS.ENABLED`` and the FG-OVD META_ARCH (both assume CLIP's grid); ``INPUT_SIZE -1``
             without the sliding window; SAM without ``INPUT_SIZE 1024``.
         FileNotFoundError: ``PROXY.WEIGHTS`` names a missing file (key and path in the message).
     """
@@ -55,6 +55,10 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         return None
     check_beta_gamma(p.BETA, p.GAMMA, KEY)
     check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
+    if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
+        raise ValueError(f"MODEL.META_ARCHITECTURE SparseCLIPFGOVD with {KEY}.NAME {opts.name!r}: its RoIAlign maps "
+                         "boxes with CLIP's patch stride, the proxy block's features lie on the proxy's grid; not "
+                         "supported yet (use the SparseCLIP META_ARCH, or no proxy)")
     if cfg.TEST.ATTENTION_STATS.ENABLED:
         raise ValueError(f"TEST.ATTENTION_STATS.ENABLED with {KEY}.NAME {opts.name!r}: the attention statistics map "
                          "CLIP's patch grid, the proxy block attends on the proxy's; disable one of them")
