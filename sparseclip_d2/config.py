@@ -146,6 +146,35 @@ def add_sparseclip_config(cfg):
     # xmed-lab/CLIP_Surgery @ d4696d4 clip/clip.py clip_feature_surgery(t=2): (prob * 2).softmax(-1)
     _C.MODEL.SPARSECLIP.FEATURE_SURGERY.CLS_SCALE = 2.0
 
+    # A second frozen backbone whose features give the last block its attention (ProxyCLIP;
+    # sparseclip_d2.proxy, docs/architecture.md "The second backbone"). NAME "" = none.
+    _C.MODEL.SPARSECLIP.PROXY = CN()
+    # timm model name: vit_base_patch8_224.dino, vit_base_patch16_224.dino,
+    # vit_base_patch14_reg4_dinov2, vit_base_patch16_224.mae, samvit_base_patch16 (or another
+    # timm ViT); "" disables the proxy.
+    _C.MODEL.SPARSECLIP.PROXY.NAME = ""
+    # "none" (random weights: a smoke run, logged loudly), "timm" (timm's own pretrained tag of
+    # NAME), or a local weights file in timm's layout or the upstream release's (torch hub DINO /
+    # DINOv2, MAE {'model': ...}, SAM image_encoder.*).
+    _C.MODEL.SPARSECLIP.PROXY.WEIGHTS = "none"
+    # Block whose feature is used (0-based; -1 = the last; blocks after it do not run).
+    _C.MODEL.SPARSECLIP.PROXY.LAYER = -1
+    # "tokens" (the block's output through the final norm; ProxyCLIP), "keys", "queries" or
+    # "values" (that block's k / q / v, heads concatenated).
+    _C.MODEL.SPARSECLIP.PROXY.FEATURE = "tokens"
+    # Pixels the proxy sees per window: 0 = the window itself, -1 = resized to
+    # TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).
+    _C.MODEL.SPARSECLIP.PROXY.INPUT_SIZE = 0
+    # Position embeddings resized (bicubic) by "scale_factor" (torch hub DINO), "size" (MAE) or
+    # "size_antialias" (torch hub DINOv2 with registers).
+    _C.MODEL.SPARSECLIP.PROXY.POS_EMBED_INTERP = "scale_factor"
+    # Proxy weights dtype: fp32, fp16 (ProxyCLIP runs its VFM in fp16), bf16; scores are fp32.
+    _C.MODEL.SPARSECLIP.PROXY.PRECISION = "fp32"
+    # ProxyCLIP's scores (S - BETA * mean S) * GAMMA, negatives -> -inf, then ATTENTION.NORMALIZER
+    # (mc-lan/ProxyCLIP proxyclip_segmentor.py defaults beta=1.2, gamma=3.0).
+    _C.MODEL.SPARSECLIP.PROXY.BETA = 1.2
+    _C.MODEL.SPARSECLIP.PROXY.GAMMA = 3.0
+
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
     # Prompt templates: "single" ("a photo of a {}."), "openai_imagenet" (80 templates),
@@ -361,6 +390,9 @@ def check_sparseclip_config(cfg) -> None:
         parse_hf_pretrained(sc.CLIP.PRETRAINED)
     except (ValueError, FileNotFoundError) as e:
         raise ValueError(f"MODEL.SPARSECLIP.CLIP.NAME / PRETRAINED: {e}") from None
+    from .proxy.config import check_proxy_config
+
+    check_proxy_config(cfg)  # MODEL.SPARSECLIP.PROXY.*
     _warn_ignored_values(cfg)
 
 

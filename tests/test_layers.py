@@ -27,6 +27,7 @@ LAYERS = {
     "common": 0,      # standard library only: bounded cache, atomic writes
     "attention": 1,   # torch (+ fvcore registries)
     "clip": 2,        # + open_clip
+    "proxy": 2,       # the second backbone: torch, timm and the clip layer; no detectron2
     "config": 3,      # detectron2 from here on
     "data": 3,
     "modeling": 4,

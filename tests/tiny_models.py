@@ -121,3 +121,30 @@ def register_tiny_models() -> None:
     """Register the tiny timm towers' open_clip configs (idempotent)."""
     for name, config in TINY_TIMM_CONFIGS.items():
         register_local_model_config(name, config)
+
+
+# ----------------------------------------------------------------------------- proxy backbones
+# Tiny versions of the vision foundation models of sparseclip_d2.proxy (timm names of
+# PROXY_MODELS, shrunk to width 64, depth 2, 4 heads), for MODEL.SPARSECLIP.PROXY.NAME.
+from timm.models.vision_transformer import (  # noqa: E402
+    vit_base_patch8_224, vit_base_patch14_reg4_dinov2, vit_base_patch16_224)
+
+_TINY_PROXY = dict(embed_dim=64, depth=2, num_heads=4)
+
+
+@register_model
+def sparseclip_tiny_dino8(pretrained: bool = False, **kwargs):
+    """Tiny DINO B/8 (timm ``vit_base_patch8_224.dino``'s architecture at 32 px, width 64, depth 2)."""
+    return _tiny(vit_base_patch8_224, pretrained, kwargs, **dict(_TINY_PROXY, img_size=32))
+
+
+@register_model
+def sparseclip_tiny_dinov2(pretrained: bool = False, **kwargs):
+    """Tiny DINOv2 B/14 with 4 registers (``vit_base_patch14_reg4_dinov2`` at 56 px, width 64, depth 2)."""
+    return _tiny(vit_base_patch14_reg4_dinov2, pretrained, kwargs, **dict(_TINY_PROXY, img_size=56))
+
+
+@register_model
+def sparseclip_tiny_mae(pretrained: bool = False, **kwargs):
+    """Tiny MAE B/16 (``vit_base_patch16_224.mae``'s architecture at 32 px, width 64, depth 2)."""
+    return _tiny(vit_base_patch16_224, pretrained, kwargs, **dict(_TINY_PROXY, img_size=32))

@@ -99,6 +99,11 @@ def build_encoder_from_config(cfg, clip_model: nn.Module) -> DenseCLIPEncoder:
     visual = clip_model.visual
     if c.VISION_ACT or c.VISION_LN_EPS:
         visual = vision_tower_variant(clip_model, c.NAME, act=c.VISION_ACT, ln_eps=c.VISION_LN_EPS)
+    if cfg.MODEL.SPARSECLIP.PROXY.NAME:  # a second backbone gives the last block its attention
+        from ..proxy.config import build_proxy_encoder
+
+        return build_proxy_encoder(cfg, visual, next(clip_model.parameters()).device,
+                                   pos_embed_interp=c.POS_EMBED_INTERP, attn_pool_dense=c.ATTN_POOL_DENSE)
     return DenseCLIPEncoder(visual, AttentionSpec.from_config(cfg), pos_embed_interp=c.POS_EMBED_INTERP,
                             attn_pool_dense=c.ATTN_POOL_DENSE)
 
@@ -187,7 +192,9 @@ def build_clip_parts(cfg) -> CLIPParts:
             memory_size=0,  # the META_ARCHs keep the one in-memory cache (bounded LRUs)
         )
 
-    return CLIPParts(clip_model, random_weights, encoder, text_classifier, pixel_mean, pixel_std)
+    proxy = getattr(encoder, "proxy", None)  # a random second backbone makes the run a smoke run too
+    random_any = random_weights or bool(proxy is not None and proxy.opts.random_weights)
+    return CLIPParts(clip_model, random_any, encoder, text_classifier, pixel_mean, pixel_std)
 
 
 @BACKBONE_REGISTRY.register()

@@ -1,0 +1,22 @@
+"""A second frozen backbone (a vision foundation model: DINO, DINOv2, MAE, SAM) whose features
+give the last CLIP block its attention (ProxyCLIP and the methods built on it).
+
+- :mod:`.backbone`: :class:`ProxyBackbone` built through timm, weights from a file, timm's tag
+  or none (random); :func:`to_proxy_input` (CLIP normalisation -> the proxy's).
+- :mod:`.attention`: pure-torch parts: :func:`proxy_cosine_scores` (ProxyCLIP's score source),
+  :func:`resample_grid` (CLIP's values on the proxy grid).
+- :mod:`.encoder`: :class:`ProxyCLIPEncoder`, the ``DenseCLIPEncoder`` with the proxy last block.
+- :mod:`.config`: ``MODEL.SPARSECLIP.PROXY.*`` read and validated (no detectron2 import).
+
+See docs/architecture.md ("The second backbone").
+"""
+from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
+from .backbone import (PROXY_FEATURES, PROXY_MODELS, ProxyBackbone, ProxyOptions, build_proxy,
+                       check_proxy_options, load_proxy_state_dict, to_proxy_input)
+from .encoder import ProxyCLIPEncoder, check_proxy_spec
+
+__all__ = [
+    "PROXY_FEATURES", "PROXY_MODELS", "ProxyBackbone", "ProxyOptions", "build_proxy", "check_proxy_options",
+    "load_proxy_state_dict", "to_proxy_input", "proxy_cosine_scores", "resample_grid", "check_beta_gamma",
+    "ProxyCLIPEncoder", "check_proxy_spec",
+]

@@ -1,0 +1,408 @@
+"""``ProxyBackbone``: a second frozen vision backbone (a VFM: DINO, DINOv2, MAE, SAM) built
+through timm, returning one dense feature map per image for the proxy attention of the last
+CLIP block (:mod:`sparseclip_d2.proxy.encoder`).
+
+Weights (``MODEL.SPARSECLIP.PROXY.WEIGHTS``): ``none`` (random, logged loudly as for CLIP),
+``timm`` (timm's own pretrained tag of the name, downloaded by timm), or a local file
+(``.pth``/``.pt``/``.bin``/``.safetensors``) in timm's key layout or in the layout of the
+upstream releases (torch hub DINO and DINOv2, MAE's ``{'model': ...}`` checkpoints, SAM's
+``image_encoder.*``), converted with timm's own ``checkpoint_filter_fn``.
+"""
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..clip.encoder import interpolate_pos_embed
+from ..common.cache import LRUCache
+
+__all__ = [
+    "PROXY_FEATURES",
+    "PROXY_POS_EMBED_INTERP_MODES",
+    "PROXY_WEIGHT_TAGS",
+    "PROXY_MODELS",
+    "ProxyBackbone",
+    "ProxyOptions",
+    "build_proxy",
+    "check_proxy_options",
+    "load_proxy_state_dict",
+    "to_proxy_input",
+]
+
+logger = logging.getLogger(__name__)
+
+#: What the proxy returns per patch (``MODEL.SPARSECLIP.PROXY.FEATURE``):
+#: ``tokens`` = the output of block ``LAYER`` through the final norm (DINO / DINOv2
+#: ``get_intermediate_layers``, MAE ``forward_features``; SAM: its neck output, last layer
+#: only); ``keys`` / ``queries`` / ``values`` = block ``LAYER``'s k / q / v projections of its
+#: normed input, heads concatenated (the alternatives commented out in ProxyCLIP's
+#: ``proxyclip_segmentor.py`` ``forward_feature``).
+PROXY_FEATURES = ("tokens", "keys", "queries", "values")
+#: How the proxy's position embeddings are resized to another grid (``PROXY.POS_EMBED_INTERP``),
+#: bicubic: ``size`` and ``scale_factor`` as :func:`~sparseclip_d2.clip.encoder.interpolate_pos_embed`
+#: (``scale_factor`` = torch hub DINO's ``(w0 + 0.1) / sqrt(N)``); ``size_antialias`` = by size
+#: with ``antialias=True``, as torch hub DINOv2 with registers does (facebookresearch/dinov2 @
+#: b8931f7 ``dinov2/hub/backbones.py`` ``dinov2_vitb14_reg``: ``interpolate_antialias=True,
+#: interpolate_offset=0.0``; ``models/vision_transformer.py`` ``interpolate_pos_encoding``).
+PROXY_POS_EMBED_INTERP_MODES = ("size", "scale_factor", "size_antialias")
+#: ``WEIGHTS`` values that are not files: random weights, or timm's own pretrained tag.
+PROXY_WEIGHT_TAGS = ("none", "timm")
+_RANDOM = ("", "none", "random")
+
+#: The VFMs of the field by timm name, with the PROXY.INPUT_SIZE / POS_EMBED_INTERP values that
+#: follow the upstream code that uses them (set in each config file) (mc-lan/ProxyCLIP @ e7b767f ``proxyclip_segmentor.py`` ``forward_feature``):
+#: ``input_size`` 0 = the window as it is; ``-1`` = resized to the sliding-window crop
+#: (MAE: ``F.interpolate(imgs_norm, size=(self.slide_crop, self.slide_crop), mode='bilinear')``);
+#: a number = resized to that square (SAM: 1024). ``pos_embed_interp``: DINO's hub model resizes
+#: position embeddings with ``scale_factor=(w0 + 0.1) / sqrt(N)`` (facebookresearch/dino
+#: ``vision_transformer.py`` ``interpolate_pos_encoding``); DINOv2 with registers by size with
+#: antialiasing (see :data:`PROXY_POS_EMBED_INTERP_MODES`); MAE by size at load time (ProxyCLIP
+#: ``mae/pos_embed.py`` ``interpolate_pos_embed``: ``size=(new_size, new_size)``, bicubic).
+PROXY_MODELS: Dict[str, Dict] = {
+    "vit_base_patch8_224.dino": dict(input_size=0, pos_embed_interp="scale_factor"),
+    "vit_base_patch16_224.dino": dict(input_size=0, pos_embed_interp="scale_factor"),
+    "vit_base_patch14_reg4_dinov2": dict(input_size=0, pos_embed_interp="size_antialias"),
+    "vit_base_patch16_224.mae": dict(input_size=-1, pos_embed_interp="size"),
+    "samvit_base_patch16": dict(input_size=1024, pos_embed_interp="size"),
+}
+# ImageNet mean/std on the 0-1 scale: what ProxyCLIP feeds every VFM
+# (proxyclip_segmentor.py: transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """The validated ``MODEL.SPARSECLIP.PROXY.*`` keys that build a :class:`ProxyBackbone`.
+
+    Fields: name (timm model name), weights (``none``, ``timm`` or a file), layer (block index,
+    negative = from the end), feature (:data:`PROXY_FEATURES`), input_size (0 = the window,
+    -1 = the crop size, N = N x N pixels), pos_embed_interp (:data:`PROXY_POS_EMBED_INTERP_MODES`),
+    precision (fp32, fp16, bf16).
+    """
+
+    name: str
+    weights: str = "none"
+    layer: int = -1
+    feature: str = "tokens"
+    input_size: int = 0
+    pos_embed_interp: str = "scale_factor"
+    precision: str = "fp32"
+
+    @property
+    def random_weights(self) -> bool:
+        return str(self.weights).strip().lower() in _RANDOM
+
+
+def _timm():
+    import timm
+
+    return timm
+
+
+def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY") -> ProxyOptions:
+    """Validate ``opts`` without building anything; returns them.
+
+    Raises:
+        ValueError: an unknown timm name, feature, interpolation, precision or a bad layer /
+            input size, naming ``key.<FIELD>``, the value and the valid choices.
+        FileNotFoundError: ``weights`` names a file that does not exist (naming the key and
+            the path).
+    """
+    timm = _timm()
+    if not isinstance(opts.name, str) or not timm.is_model(opts.name):
+        raise ValueError(f"{key}.NAME = {opts.name!r} is not a timm model; valid: {', '.join(PROXY_MODELS)} "
+                         "(or another timm ViT name)")
+    if opts.feature not in PROXY_FEATURES:
+        raise ValueError(f"{key}.FEATURE = {opts.feature!r} is invalid; valid: {', '.join(PROXY_FEATURES)}")
+    if opts.name.startswith("samvit") and (opts.feature != "tokens" or opts.layer != -1):
+        raise ValueError(f"{key}: the SAM image encoder ({opts.name}) gives its neck output only: FEATURE tokens "
+                         f"and LAYER -1, got FEATURE {opts.feature!r}, LAYER {opts.layer!r}")
+    if isinstance(opts.layer, bool) or not isinstance(opts.layer, int):
+        raise ValueError(f"{key}.LAYER = {opts.layer!r} is invalid; valid: a block index (0-based; -1 = the last)")
+    if isinstance(opts.input_size, bool) or not isinstance(opts.input_size, int) or opts.input_size < -1:
+        raise ValueError(f"{key}.INPUT_SIZE = {opts.input_size!r} is invalid; valid: 0 (the window as it is), "
+                         "-1 (resized to TEST.SLIDING_WINDOW.CROP_SIZE) or a side in pixels")
+    if opts.pos_embed_interp not in PROXY_POS_EMBED_INTERP_MODES:
+        raise ValueError(f"{key}.POS_EMBED_INTERP = {opts.pos_embed_interp!r} is invalid; valid: "
+                         f"{', '.join(PROXY_POS_EMBED_INTERP_MODES)}")
+    if opts.precision not in _PRECISIONS:
+        raise ValueError(f"{key}.PRECISION = {opts.precision!r} is invalid; valid: {', '.join(_PRECISIONS)}")
+    depth = _architecture_depth(opts.name, key)
+    if not -depth <= opts.layer < depth:
+        raise ValueError(f"{key}.LAYER = {opts.layer} is outside [{-depth}, {depth - 1}] for {opts.name} "
+                         f"(depth {depth}; 0-based, -1 = the last block)")
+    w = str(opts.weights).strip()
+    if w.lower() not in _RANDOM + ("timm",):
+        path = os.path.expanduser(w)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{key}.WEIGHTS = {w!r}: no such file ({os.path.abspath(path)}); valid: none "
+                                    "(random weights), timm (timm's own pretrained tag) or a local weights file")
+    return opts
+
+
+@functools.lru_cache(maxsize=None)
+def _architecture_depth(name: str, key: str) -> int:
+    """The number of blocks of timm model ``name``, from an instance on the ``meta`` device (no
+    memory, no weights); ``ValueError`` unless it is a timm VisionTransformer with a fused qkv
+    attention or SAM's image encoder."""
+    with torch.device("meta"):
+        model = _timm().create_model(name, pretrained=False, num_classes=0)
+    if type(model).__name__ != "VisionTransformerSAM":
+        if not all(hasattr(model, a) for a in ("patch_embed", "blocks", "pos_embed", "norm")) or not hasattr(
+                model.blocks[0].attn, "qkv"):
+            raise ValueError(f"{key}.NAME = {name!r}: a {type(model).__name__} is not a timm VisionTransformer with a "
+                             f"fused qkv attention; valid: {', '.join(PROXY_MODELS)} (or another timm ViT)")
+    return len(model.blocks)
+
+
+def load_proxy_state_dict(path: str, model: nn.Module) -> Dict[str, torch.Tensor]:
+    """The weights in ``path`` converted to ``model``'s timm key layout.
+
+    Reads ``.safetensors`` or a ``torch.load`` file (``weights_only``); a checkpoint that
+    wraps its weights in ``{'model': ...}`` (MAE's releases, ProxyCLIP ``proxyclip_segmentor.py``
+    ``torch.load(checkpoint)['model']``), ``{'state_dict': ...}`` or ``{'teacher': ...}`` (DINO
+    training checkpoints, ``module.``/``backbone.`` prefixes dropped) is unwrapped; then
+    timm's own ``checkpoint_filter_fn`` of the model's family maps the upstream layouts
+    (DINOv2 hub ``register_tokens`` / ``pos_embed`` with CLS, SAM ``image_encoder.*``) to
+    timm's.
+    """
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        sd = load_file(path)
+    else:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    for wrapper in ("model", "state_dict", "teacher"):
+        if isinstance(sd, dict) and isinstance(sd.get(wrapper), dict):
+            sd = sd[wrapper]
+            break
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"{path}: not a state dict of tensors")
+    for prefix in ("module.", "backbone."):
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix):]: v for k, v in sd.items()}
+    if type(model).__name__ == "VisionTransformerSAM":
+        from timm.models.vision_transformer_sam import checkpoint_filter_fn
+    else:
+        from timm.models.vision_transformer import checkpoint_filter_fn
+    return checkpoint_filter_fn(sd, model)
+
+
+def resize_pos_grid(patches: torch.Tensor, src: Tuple[int, int], dst: Tuple[int, int], mode: str) -> torch.Tensor:
+    """Patch position embeddings ``(gh*gw, C)`` resized bicubically to ``dst`` in float32 (one of
+    :data:`PROXY_POS_EMBED_INTERP_MODES`); ``(h*w, C)``, a float32 copy when the grids are equal."""
+    if mode not in PROXY_POS_EMBED_INTERP_MODES:
+        raise ValueError(f"unknown proxy position-embedding interpolation {mode!r}; valid: "
+                         f"{', '.join(PROXY_POS_EMBED_INTERP_MODES)}")
+    if mode != "size_antialias":  # the CLIP encoder's resize, with a dummy CLS row
+        return interpolate_pos_embed(torch.cat([patches[:1], patches]), src, dst, mode=mode)[1:]
+    if tuple(src) == tuple(dst):
+        return patches.detach().float().clone()
+    C = patches.shape[-1]
+    g = patches.detach().float().reshape(1, src[0], src[1], C).permute(0, 3, 1, 2)
+    g = F.interpolate(g, size=tuple(dst), mode="bicubic", align_corners=False, antialias=True)
+    return g.permute(0, 2, 3, 1).reshape(dst[0] * dst[1], C)
+
+
+class ProxyBackbone(nn.Module):
+    """A frozen timm ViT (DINO, DINOv2, MAE) or SAM image encoder as the proxy of the last CLIP block.
+
+    ``forward(images)``: ``(B, 3, H, W)`` images normalised with :attr:`image_mean` /
+    :attr:`image_std` (ImageNet's), H and W multiples of :attr:`patch_size` (or any size when
+    ``input_size`` resizes them) -> ``(B, C, h, w)`` float32 features of the patch grid
+    (prefix tokens dropped): ``feature`` of block ``layer``.
+
+    ViTs run through timm's public modules (``patch_embed.proj``, ``cls_token``, ``reg_token``,
+    ``pos_embed``, ``norm_pre``, ``blocks``, ``norm``) so that any grid works: the position
+    embeddings are resized with ``pos_embed_interp`` (cached per grid, device and dtype), as the
+    upstream hub models do; blocks after ``layer`` do not run. SAM runs timm's
+    ``forward_features`` at its native 1024 px (its neck output, 256 channels, 64 x 64).
+    """
+
+    def __init__(self, model: nn.Module, opts: ProxyOptions):
+        super().__init__()
+        self.model = model
+        self.opts = opts
+        self.name = opts.name
+        self.feature = opts.feature
+        self.is_sam = type(model).__name__ == "VisionTransformerSAM"
+        if not self.is_sam:
+            for attr in ("patch_embed", "blocks", "pos_embed", "norm"):
+                if not hasattr(model, attr):
+                    raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME = {opts.name!r}: a {type(model).__name__} is not "
+                                     f"a timm VisionTransformer (no {attr!r}); valid: {', '.join(PROXY_MODELS)}")
+            if not hasattr(model.blocks[0].attn, "qkv"):
+                raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME = {opts.name!r}: its attention has no fused qkv "
+                                 "projection")
+        depth = len(model.blocks)
+        if not -depth <= opts.layer < depth:
+            raise ValueError(f"MODEL.SPARSECLIP.PROXY.LAYER = {opts.layer} is outside [{-depth}, {depth - 1}] for "
+                             f"{opts.name} (depth {depth})")
+        self.layer = opts.layer % depth
+        self.depth = depth
+        ps = model.patch_embed.patch_size
+        self.patch = tuple(int(p) for p in (ps if isinstance(ps, (tuple, list)) else (ps, ps)))
+        self.patch_size = self.patch[0] if self.patch[0] == self.patch[1] else self.patch
+        self.image_mean, self.image_std = IMAGENET_MEAN, IMAGENET_STD
+        if self.is_sam:
+            self.native_grid = tuple(int(g) for g in model.patch_embed.grid_size)
+        else:
+            gs = model.patch_embed.grid_size
+            self.native_grid = (int(gs[0]), int(gs[1]))
+            self.num_prefix_tokens = int(model.num_prefix_tokens)
+        self.num_heads = int(model.blocks[0].attn.num_heads)
+        self._pos_cache: "LRUCache[torch.Tensor]" = LRUCache(32)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.eval()
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name}, feature={self.feature}, layer={self.layer}, patch={self.patch}, "
+                f"input_size={self.opts.input_size}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.patch_embed.proj.weight.dtype
+
+    def input_size(self, height: int, width: int, crop_size: Optional[int] = None) -> Tuple[int, int]:
+        """The pixel size the proxy sees for a ``height x width`` window."""
+        s = self.opts.input_size
+        if s == 0:
+            return height, width
+        if s == -1:
+            if not crop_size:
+                raise ValueError(f"MODEL.SPARSECLIP.PROXY.INPUT_SIZE = -1 (the crop size) needs sliding-window "
+                                 "inference (TEST.SLIDING_WINDOW.ENABLED True)")
+            return int(crop_size), int(crop_size)
+        return s, s
+
+    def _pos_embed(self, grid: Tuple[int, int], device, dtype) -> torch.Tensor:
+        m = self.model
+        pe = m.pos_embed
+        key = (tuple(grid), str(device), dtype, pe.data_ptr(), int(pe._version))
+
+        def make():
+            with torch.no_grad():
+                # rows of the prefix tokens that have positions (none with no_embed_class,
+                # as timm stores DINOv2), then the patch grid, resized with a dummy head row
+                P = 0 if m.no_embed_class else m.num_prefix_tokens
+                patches = pe[0, P:]
+                grid_pe = resize_pos_grid(patches, self.native_grid, tuple(grid), self.opts.pos_embed_interp)
+                out = torch.cat([pe[0, :P].float(), grid_pe])
+                return out.unsqueeze(0).to(device=device, dtype=dtype)
+
+        return self._pos_cache.get_or_create(key, make)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` ImageNet-normalised -> ``(B, C, h, w)`` float32 (see the class)."""
+        m = self.model
+        images = images.to(self.dtype)
+        if self.is_sam:
+            out = m.forward_features(images)  # (B, 256, 64, 64): the neck output
+            return out.float()
+        B, _, H, W = images.shape
+        ph, pw = self.patch
+        if H % ph or W % pw:
+            raise ValueError(f"proxy {self.name}: input {H}x{W} is not a multiple of its {ph}x{pw} patch")
+        grid = (H // ph, W // pw)
+        x = m.patch_embed.proj(images).flatten(2).transpose(1, 2)  # (B, h*w, C)
+        x = m.patch_embed.norm(x)
+        pos = self._pos_embed(grid, x.device, x.dtype)
+        prefix = []
+        if m.cls_token is not None:
+            prefix.append(m.cls_token.expand(B, -1, -1).to(x.dtype))
+        if getattr(m, "reg_token", None) is not None:
+            prefix.append(m.reg_token.expand(B, -1, -1).to(x.dtype))
+        if m.no_embed_class:
+            x = torch.cat(prefix + [x + pos], dim=1)
+        else:
+            x = torch.cat(prefix + [x], dim=1) + pos
+        x = m.norm_pre(x)
+        P = self.num_prefix_tokens
+        for i, blk in enumerate(m.blocks):
+            if i == self.layer and self.feature != "tokens":
+                attn = blk.attn
+                y = blk.norm1(x)
+                qkv = attn.qkv(y).reshape(B, x.shape[1], 3, attn.num_heads, -1)
+                q, k = attn.q_norm(qkv[:, :, 0].transpose(1, 2)), attn.k_norm(qkv[:, :, 1].transpose(1, 2))
+                which = {"queries": q.transpose(1, 2), "keys": k.transpose(1, 2), "values": qkv[:, :, 2]}
+                f = which[self.feature].reshape(B, x.shape[1], -1)[:, P:]
+                break
+            x = blk(x)
+            if i == self.layer:
+                f = m.norm(x)[:, P:]
+                break
+        return f.float().transpose(1, 2).reshape(B, -1, grid[0], grid[1])
+
+
+def build_proxy(opts: ProxyOptions, device="cpu", key: str = "MODEL.SPARSECLIP.PROXY") -> ProxyBackbone:
+    """Validate ``opts``, build the timm model, load its weights, cast it to ``precision`` on
+    ``device``: a frozen :class:`ProxyBackbone`.
+
+    Raises:
+        ValueError / FileNotFoundError: see :func:`check_proxy_options`; a weights file whose
+            keys or shapes do not fit the model (the message names both).
+        RuntimeError: timm could not fetch its pretrained weights (offline).
+    """
+    check_proxy_options(opts, key)
+    timm = _timm()
+    w = str(opts.weights).strip()
+    if opts.random_weights:
+        logger.warning("RANDOM WEIGHTS: proxy %s (%s.WEIGHTS none) is built with random weights: a smoke run, every "
+                       "number it produces is meaningless.", opts.name, key)
+    try:
+        model = timm.create_model(opts.name, pretrained=w.lower() == "timm", num_classes=0)
+    except Exception as e:  # timm / huggingface_hub raise many kinds when offline
+        if w.lower() != "timm":
+            raise
+        raise RuntimeError(f"could not fetch timm's pretrained weights for {key}.NAME {opts.name!r} "
+                           f"({type(e).__name__}: {e}); offline? pass a local file: {key}.WEIGHTS /path/to/file, "
+                           f"or {key}.WEIGHTS none for random weights") from e
+    if not opts.random_weights and w.lower() != "timm":
+        path = os.path.expanduser(w)
+        sd = load_proxy_state_dict(path, model)
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{key}.WEIGHTS = {w!r} does not fit {opts.name}: missing keys {sorted(missing)[:8]}, "
+                             f"unexpected keys {sorted(unexpected)[:8]}")
+    model = model.to(device=device, dtype=_PRECISIONS[opts.precision])
+    return ProxyBackbone(model, opts)
+
+
+def lcm(a: int, b: int) -> int:
+    """Least common multiple of two positive integers."""
+    return a * b // math.gcd(a, b)
+
+
+def to_proxy_input(images: torch.Tensor, clip_mean, clip_std, proxy: ProxyBackbone,
+                   size: Tuple[int, int]) -> torch.Tensor:
+    """CLIP-normalised images -> the proxy's input: un-normalised with the CLIP model's own
+    mean/std, re-normalised with the proxy's (ImageNet), then resized bilinearly
+    (``align_corners=False``) when ``size`` differs - ProxyCLIP's
+    ``self.norm(self.unnorm(img))`` (``proxyclip_segmentor.py``), where padding zeros of the
+    normalised window become CLIP's mean colour.
+
+    Args:
+        images: ``(B, 3, H, W)`` float.
+        clip_mean, clip_std: the CLIP model's 0-1 RGB mean and std.
+        size: the proxy's ``(height, width)``.
+    Returns:
+        ``(B, 3, *size)`` float32.
+    """
+    dev = images.device
+    cm = torch.tensor(clip_mean, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    cs = torch.tensor(clip_std, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    pm = torch.tensor(proxy.image_mean, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    ps = torch.tensor(proxy.image_std, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    x = ((images.float() * cs + cm) - pm) / ps
+    if tuple(x.shape[-2:]) != tuple(size):
+        x = F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+    return x

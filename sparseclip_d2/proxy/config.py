@@ -1,0 +1,85 @@
+"""Reading and checking ``MODEL.SPARSECLIP.PROXY.*`` (duck-typed config; no detectron2 import)."""
+import logging
+from typing import Optional
+
+from ..clip.spec import AttentionSpec
+from .attention import check_beta_gamma
+from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
+from .encoder import ProxyCLIPEncoder, check_proxy_spec
+
+__all__ = ["PROXY_KEY_DEFAULTS", "proxy_options_from_config", "check_proxy_config", "build_proxy_encoder"]
+
+logger = logging.getLogger(__name__)
+
+KEY = "MODEL.SPARSECLIP.PROXY"
+#: ``add_sparseclip_config``'s values of the PROXY keys: with ``NAME ""`` every other key must
+#: keep them (a key set without a proxy would change nothing and is refused).
+PROXY_KEY_DEFAULTS = {"WEIGHTS": "none", "LAYER": -1, "FEATURE": "tokens", "INPUT_SIZE": 0,
+                      "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32", "BETA": 1.2, "GAMMA": 3.0}
+
+
+def proxy_options_from_config(cfg) -> Optional[ProxyOptions]:
+    """The validated :class:`ProxyOptions` of ``cfg``, or None when ``PROXY.NAME`` is ``""``."""
+    p = _node(cfg)
+    if not p.NAME:
+        return None
+    return check_proxy_options(ProxyOptions(
+        name=p.NAME, weights=p.WEIGHTS, layer=p.LAYER, feature=p.FEATURE, input_size=p.INPUT_SIZE,
+        pos_embed_interp=p.POS_EMBED_INTERP, precision=p.PRECISION), KEY)
+
+
+def _node(cfg):
+    try:
+        return cfg.MODEL.SPARSECLIP.PROXY
+    except (AttributeError, KeyError) as e:
+        raise ValueError(f"config lacks {KEY} ({e}); call sparseclip_d2.add_sparseclip_config(cfg) first") from e
+
+
+def check_proxy_config(cfg) -> Optional[ProxyOptions]:
+    """Validate the PROXY keys (and what they need of the rest of ``cfg``) before any model is built.
+
+    Raises:
+        ValueError: a PROXY key set while ``NAME`` is ``""``; a bad value (naming the key and the
+            valid choices); an attention spec the proxy block replaces (:func:`check_proxy_spec`);
+            ``TEST.ATTENTION_STATS.ENABLED`` and the FG-OVD META_ARCH (both assume CLIP's grid); ``INPUT_SIZE -1``
+            without the sliding window; SAM without ``INPUT_SIZE 1024``.
+        FileNotFoundError: ``PROXY.WEIGHTS`` names a missing file (key and path in the message).
+    """
+    p = _node(cfg)
+    opts = proxy_options_from_config(cfg)
+    if opts is None:
+        changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in PROXY_KEY_DEFAULTS.items() if p[k] != v]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
+                             f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
+        return None
+    check_beta_gamma(p.BETA, p.GAMMA, KEY)
+    check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
+    if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
+        raise ValueError(f"MODEL.META_ARCHITECTURE SparseCLIPFGOVD with {KEY}.NAME {opts.name!r}: its RoIAlign maps "
+                         "boxes with CLIP's patch stride, the proxy block's features lie on the proxy's grid; not "
+                         "supported yet (use the SparseCLIP META_ARCH, or no proxy)")
+    if cfg.TEST.ATTENTION_STATS.ENABLED:
+        raise ValueError(f"TEST.ATTENTION_STATS.ENABLED with {KEY}.NAME {opts.name!r}: the attention statistics map "
+                         "CLIP's patch grid, the proxy block attends on the proxy's; disable one of them")
+    if opts.input_size == -1 and not cfg.TEST.SLIDING_WINDOW.ENABLED:
+        raise ValueError(f"{KEY}.INPUT_SIZE = -1 (each window resized to the crop) needs "
+                         "TEST.SLIDING_WINDOW.ENABLED True; or give INPUT_SIZE in pixels")
+    if opts.name.startswith("samvit") and opts.input_size != 1024:
+        raise ValueError(f"{KEY}.INPUT_SIZE = {opts.input_size} for {opts.name}: the SAM image encoder runs at its "
+                         "native 1024 x 1024 (ProxyCLIP proxyclip_segmentor.py resizes to (1024, 1024)); valid: 1024")
+    return opts
+
+
+def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool_dense: str) -> ProxyCLIPEncoder:
+    """The :class:`ProxyCLIPEncoder` of ``cfg`` around ``visual``: the proxy built on ``device``
+    (random weights logged loudly), the spec of ``cfg``, ``PROXY.BETA`` / ``GAMMA``."""
+    opts = check_proxy_config(cfg)
+    if opts is None:
+        raise ValueError(f"{KEY}.NAME is empty: no proxy encoder to build")
+    p = _node(cfg)
+    proxy = build_proxy(opts, device=device, key=KEY)
+    sw = cfg.TEST.SLIDING_WINDOW
+    return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, beta=p.BETA, gamma=p.GAMMA,
+                            crop_size=sw.CROP_SIZE if sw.ENABLED else None, pos_embed_interp=pos_embed_interp,
+                            attn_pool_dense=attn_pool_dense)
