@@ -295,6 +295,35 @@ def test_overlay_and_compare_figure():
     assert np.array_equal(colors, class_colors(200))
 
 
+def test_compare_titles_wrap_inside_their_panels():
+    """A long spec description (GEM's, ITACLIP's) wraps at words so that every line, drawn
+    in the panel titles' 9 pt sans-serif, is narrower than its panel; the title band grows
+    with the number of lines instead of the text running into the next panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from sparseclip_d2.clip import AttentionSpec, describe_spec
+    from sparseclip_d2.utils.visualize import _TITLE_CHAR_PT, wrap_title
+
+    long = "gem\n" + describe_spec(AttentionSpec.preset("gem"))
+    width = int(4.0 * 72 / _TITLE_CHAR_PT)
+    wrapped = wrap_title(long, width)
+    assert wrapped.split() == long.split()  # every word kept, in order
+    assert all(len(line) <= width for line in wrapped.split("\n")) and wrapped.count("\n") >= 3
+    fig = Figure(figsize=(4.0, 2.0), dpi=100)
+    canvas = FigureCanvasAgg(fig)
+    renderer = canvas.get_renderer()
+    for line in wrapped.split("\n"):
+        t = fig.text(0, 0, line, fontsize=9, family="sans-serif")
+        assert t.get_window_extent(renderer).width < 4.0 * 100, line
+    rng = np.random.RandomState(0)
+    image = rng.randint(0, 256, (60, 90, 3), dtype=np.uint8)
+    labels = np.zeros((60, 90), dtype=np.int64)
+    short = compare_figure(image, [labels], ["a"], ["sky"])
+    tall = compare_figure(image, [labels], [long], ["sky"])
+    assert tall.shape[1] == short.shape[1] and tall.shape[0] > short.shape[0]
+
+
 def test_segment_names_inside_the_image_and_off_title_and_legend():
     """Names go to the most interior free point of their class, inside the image, never on
     a reserved box (banner, title, legend) nor on another name."""

@@ -18,6 +18,7 @@ figures of one vocabulary agree.
 import logging
 import math
 import os
+import textwrap
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ __all__ = [
     "class_colors",
     "draw_overlay",
     "compare_figure",
+    "wrap_title",
     "probability_figure",
     "save_png",
     "save_label_map",
@@ -361,6 +363,20 @@ def _render(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
 
 
+#: Average glyph width of the panel titles' 9 pt sans-serif, in points: a line of
+#: ``panel_width_inches * 72 / _TITLE_CHAR_PT`` characters fits a panel.
+_TITLE_CHAR_PT = 5.4
+
+
+def wrap_title(title: str, width: int) -> str:
+    """``title`` with each of its lines wrapped at word boundaries to at most ``width``
+    characters (a longer single word stays whole); its own newlines are kept."""
+    lines: List[str] = []
+    for part in str(title).split("\n"):
+        lines += textwrap.wrap(part, width=max(8, int(width)), break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(lines)
+
+
 def compare_figure(
     image: np.ndarray,
     label_maps: Sequence[np.ndarray],
@@ -401,9 +417,10 @@ def compare_figure(
     # Panels are drawn at about twice their size on the figure, not at the photo's size.
     small, small_maps = _downscale(image, label_maps, max_side=int(2 * panel_width_inches * dpi))
     panels = [(small, "input")]
+    chars = int(panel_width_inches * 72 / _TITLE_CHAR_PT)  # long spec descriptions wrap inside their panel
     for labels, title in zip(small_maps, panel_titles):
         panels.append((draw_overlay(small, labels, class_names, colors=colors, legend=False, text_scale=1.6),
-                       title))
+                       wrap_title(title, chars)))
     n = len(panels)
     rows = math.ceil(n / max_cols)
     cols = math.ceil(n / rows)  # balanced rows: 6 panels -> 2 x 3, not 4 + 2
@@ -413,7 +430,8 @@ def compare_figure(
     legend_rows = math.ceil(min(len(np.unique(np.concatenate([np.unique(m) for m in label_maps]))),
                                 max_legend_entries + 1) / cols)
     head = 0.35 * (bool(banner) + bool(suptitle)) + 0.1
-    title_h = 0.5
+    title_lines = max(t.count("\n") + 1 for _, t in panels)
+    title_h = max(0.5, 0.1 + 0.16 * title_lines)  # 9 pt lines, about 0.16 in each
     legend_h = 0.28 * legend_rows + 0.2
     fig_h = head + rows * (ph + title_h) + legend_h
     fig = Figure(figsize=(cols * pw, fig_h), dpi=dpi, facecolor="white")
