@@ -488,3 +488,24 @@ def test_sweep_run_past_its_timeout_is_killed(tmp_path):
     proc, _, _ = _child(tmp_path, "time.sleep(600)\n")
     assert wait_with_timeout(proc, timeout=1.0) is None
     assert proc.poll() is not None  # killed and reaped
+
+
+@pytest.mark.parametrize("opts, key", [
+    (["MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS", "5"], "MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS: num_layers=5"),
+    (["MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS", "[1]"], "MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS: mix_layers [1]"),
+    (["MODEL.SPARSECLIP.PARALLEL.LAYERS", "5"], "MODEL.SPARSECLIP.PARALLEL.LAYERS: parallel_layers=5"),
+])
+def test_validate_names_the_config_key_of_each_depth_error(opts, key):
+    """A run's depth errors are labelled with the key that holds the bad value (the sweep's
+    dry run and its INVALID lines show this), not always ATTENTION.NUM_LAYERS."""
+    from detectron2.config import get_cfg
+
+    from sparseclip_d2.config import add_sparseclip_config, merge_config
+    from sparseclip_d2.sweeps.validate import validate_config
+
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    merge_config(cfg, os.path.join(REPO, "configs", "demo.yaml"),
+                 ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none"] + opts)
+    errors, _ = validate_config(cfg)
+    assert len(errors) == 1 and errors[0].startswith(key), errors
