@@ -12,7 +12,7 @@ from sparseclip_d2.attention import blend_feedback, feedback_prior, patch_labels
 from sparseclip_d2.attention.feedback import path_connected
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, describe_spec, parse_attention_spec
 
-from test_methods import _entmax64, _gaussian_prior64, _images, _ln, _mlp64, _qkv64, deep_visual  # noqa: F401
+from test_methods import _entmax64, _gaussian_prior64, _images, _ln, _mlp64, _qkv64, _stem64, deep_visual  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- references
@@ -169,9 +169,7 @@ def _feedback_tower64(visual, images, labels, *, alpha, weight, scale, std):
     ``labels`` blended as scale * ((1 - weight) S + weight P / max P) before the gaussian prior; again."""
     B, _, H, W = images.shape
     gh, gw = H // 16, W // 16
-    x = F.conv2d(images.double(), visual.conv1.weight.double(), stride=16).flatten(2).transpose(1, 2)
-    x = torch.cat([visual.class_embedding.double().expand(B, 1, -1), x], 1) + visual.positional_embedding.double()
-    x = _ln(x, visual.ln_pre)
+    x = _stem64(visual, images)
     blocks = visual.transformer.resblocks
     taps = []
     for i, blk in enumerate(blocks[:-1]):

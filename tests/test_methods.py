@@ -32,6 +32,14 @@ def _entmax64(z, alpha, iters=200):
     return p / p.sum(-1, keepdim=True)
 
 
+def _stem64(visual, images):
+    """float64: patch embedding (stride 16), CLS, position embedding, ln_pre: the first block's input."""
+    B = images.shape[0]
+    x = F.conv2d(images.double(), visual.conv1.weight.double(), stride=16).flatten(2).transpose(1, 2)
+    x = torch.cat([visual.class_embedding.double().expand(B, 1, -1), x], 1) + visual.positional_embedding.double()
+    return _ln(x, visual.ln_pre)
+
+
 def _ln(x, ln):
     return F.layer_norm(x, x.shape[-1:], ln.weight.double(), ln.bias.double(), ln.eps)
 
@@ -86,9 +94,7 @@ def _tower64(visual, images, *, source, mix_layers, mix_source, mix_weight, mix_
     tap_alpha = alpha if tap_alpha is None else tap_alpha
     B, _, H, W = images.shape
     gh, gw = H // 16, W // 16
-    x = F.conv2d(images.double(), visual.conv1.weight.double(), stride=16).flatten(2).transpose(1, 2)
-    x = torch.cat([visual.class_embedding.double().expand(B, 1, -1), x], 1) + visual.positional_embedding.double()
-    x = _ln(x, visual.ln_pre)
+    x = _stem64(visual, images)
     blocks = visual.transformer.resblocks
     taps, inputs = [], {}
     for i, blk in enumerate(blocks):

@@ -21,6 +21,7 @@ from sparseclip_d2.proxy import (ProxyCLIPEncoder, ProxyOptions, build_proxy, lo
                                  proxy_cosine_scores, resample_grid, to_proxy_input)
 
 from conftest import build_tiny_clip, tiny_cfg
+from test_entmax import entmax_bisect_reference  # noqa: E402  (float64 bisection, independent of the kernel)
 
 DINO = "sparseclip_tiny_dino8"  # patch 8, native 32 px (4 x 4), CLS
 DINOV2 = "sparseclip_tiny_dinov2"  # patch 14, 4 registers, no_embed_class, layer scale
@@ -35,20 +36,6 @@ def _proxy(name=DINO, seed=0, **kw):
 @pytest.fixture(scope="module")
 def clip():
     return build_tiny_clip(0)
-
-
-def entmax_reference(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    """alpha-entmax of the last dim by float64 bisection on the threshold (-inf entries -> 0)."""
-    z = x.double() * (alpha - 1.0)
-    zmax = z.amax(-1, keepdim=True)
-    lo, hi = zmax - 1.0, zmax.clone()
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        mass = torch.clamp(z - mid, min=0.0).pow(1.0 / (alpha - 1.0)).sum(-1, keepdim=True)
-        lo = torch.where(mass >= 1.0, mid, lo)
-        hi = torch.where(mass >= 1.0, hi, mid)
-    p = torch.clamp(z - lo, min=0.0).pow(1.0 / (alpha - 1.0))
-    return p / p.sum(-1, keepdim=True)
 
 
 def bilinear_reference(g, out_h, out_w):
@@ -224,7 +211,7 @@ def test_proxy_last_block_with_entmax_matches_float64_reference(clip):
         assert ours.shape == (2, clip.visual.proj.shape[1], 4, 4)
         for b in range(2):
             s = scores_reference(pf[b].T.reshape(-1, 4, 4), 1.2, 3.0)
-            w = entmax_reference(s, 1.2) if normalizer == "entmax" else torch.softmax(s, -1)
+            w = entmax_bisect_reference(s, 1.2) if normalizer == "entmax" else torch.softmax(s, -1)
             torch.testing.assert_close(attn[b, 0].double(), w, rtol=0, atol=1e-5)
             heads = []
             for h in range(H):

@@ -16,9 +16,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from .entmax import check_alpha
-from .functional import SUM_MODES
-from .normalizers import get_normalizer
+from .functional import check_weight_inputs
 from .sources import parse_source
 
 __all__ = ["cosine_attention_weights", "gem_inverse_temperature", "check_cosine_source", "COSINE_TERMS", "QKV_NORMS"]
@@ -96,15 +94,7 @@ def cosine_attention_weights(
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
         raise ValueError(f"iterations must be an integer >= 0, got {iterations!r}")
     terms = check_cosine_source(source, iterations)
-    norm = get_normalizer(normalizer)
-    alpha = check_alpha(alpha)
-    if sum_mode not in SUM_MODES:
-        raise ValueError(f"unknown sum_mode {sum_mode!r}; valid: {', '.join(SUM_MODES)}")
-    if not float(temperature) > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            f"q, k, v must share a (B, H, L, d) shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    norm, alpha, prior = check_weight_inputs(q, k, v, normalizer, alpha, sum_mode, temperature, prior)
     B, H, L, _ = q.shape
     s = torch.as_tensor(inverse_temperature, dtype=torch.float32, device=q.device)
     if s.dim() == 1:
@@ -116,10 +106,6 @@ def cosine_attention_weights(
     if not bool((s > 0).all()):
         raise ValueError(f"inverse_temperature must be > 0, got {inverse_temperature!r}")
     s = s / float(temperature)
-    if prior is not None:
-        if prior.dim() < 2 or tuple(prior.shape[-2:]) != (L, L):
-            raise ValueError(f"prior must end in ({L}, {L}) to match the {L} tokens, got {tuple(prior.shape)}")
-        prior = prior.to(device=q.device, dtype=torch.float32)
 
     def scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a, b.transpose(-1, -2)) * s

@@ -17,6 +17,29 @@ __all__ = ["attention_weights", "apply_attention", "SUM_MODES"]
 SUM_MODES = ("normalize_then_sum", "sum_then_normalize", "normalize_then_mean")
 
 
+def check_weight_inputs(q, k, v, normalizer: str, alpha, sum_mode: str, temperature, prior):
+    """The argument checks shared by :func:`attention_weights` and
+    :func:`~sparseclip_d2.attention.cosine.cosine_attention_weights`: a registered normaliser,
+    a valid alpha, a known ``sum_mode``, ``temperature > 0``, one ``(B, H, L, d)`` shape for
+    q, k, v and a prior ending in ``(L, L)``. Returns ``(normaliser function, alpha, prior as
+    float32 on q's device or None)``."""
+    norm = get_normalizer(normalizer)
+    alpha = check_alpha(alpha)
+    if sum_mode not in SUM_MODES:
+        raise ValueError(f"unknown sum_mode {sum_mode!r}; valid: {', '.join(SUM_MODES)}")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            f"q, k, v must share a (B, H, L, d) shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    L = q.shape[2]
+    if prior is not None:
+        if prior.dim() < 2 or tuple(prior.shape[-2:]) != (L, L):
+            raise ValueError(f"prior must end in ({L}, {L}) to match the {L} tokens, got {tuple(prior.shape)}")
+        prior = prior.to(device=q.device, dtype=torch.float32)
+    return norm, alpha, prior
+
+
 def attention_weights(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -55,20 +78,8 @@ def attention_weights(
         ``(B, H, L, L)`` float32 weights.
     """
     terms = parse_source(source)
-    norm = get_normalizer(normalizer)
-    alpha = check_alpha(alpha)
-    if sum_mode not in SUM_MODES:
-        raise ValueError(f"unknown sum_mode {sum_mode!r}; valid: {', '.join(SUM_MODES)}")
-    if not float(temperature) > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            f"q, k, v must share a (B, H, L, d) shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    norm, alpha, prior = check_weight_inputs(q, k, v, normalizer, alpha, sum_mode, temperature, prior)
     B, H, L, _ = q.shape
-    if prior is not None:
-        if prior.dim() < 2 or tuple(prior.shape[-2:]) != (L, L):
-            raise ValueError(f"prior must end in ({L}, {L}) to match the {L} tokens, got {tuple(prior.shape)}")
-        prior = prior.to(device=q.device, dtype=torch.float32)
 
     if terms == ("identity",):
         eye = torch.eye(L, dtype=torch.float32, device=q.device)

@@ -108,6 +108,22 @@ def check_normalized(images: torch.Tensor) -> None:
                 f"{peak:g}: raw pixels? normalise them with (pixels / 255 - image_mean) / image_std first")
 
 
+def check_pass_inputs(images: torch.Tensor, tap_layers: Sequence[int], depth: int) -> set:
+    """The checks of a ``forward_pass``: ``images`` a normalised ``(B, 3, H, W)`` batch
+    (:func:`check_normalized`) and every ``tap_layers`` index a block of a ``depth``-block
+    tower (0-based; ``depth`` = the last block's output). Returns the indices as a set."""
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
+    check_normalized(images)
+    want = set()
+    for i in tap_layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= depth:
+            raise ValueError(f"tap_layers {list(tap_layers)}: {i!r} is not a block index; valid: 0..{depth} "
+                             f"(0-based; {depth} = the last block's output)")
+        want.add(i)
+    return want
+
+
 class EncoderPass(NamedTuple):
     """What one forward of :meth:`DenseCLIPEncoder.forward_pass` returns.
 
@@ -313,15 +329,7 @@ class DenseCLIPEncoder(nn.Module):
                              "a spec with feedback=False")
         if feedback is not None and not self.spec.feedback:
             raise ValueError("a feedback callable was given but the attention spec has feedback=False")
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
-        check_normalized(images)
-        want = set()
-        for i in tap_layers:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= self.depth:
-                raise ValueError(f"tap_layers {list(tap_layers)}: {i!r} is not a block index; valid: 0..{self.depth} "
-                                 f"(0-based; {self.depth} = the last block's output)")
-            want.add(i)
+        want = check_pass_inputs(images, tap_layers, self.depth)
         _, _, H, W = images.shape
         grid = self.grid_for(H, W)
         tower = self._tower

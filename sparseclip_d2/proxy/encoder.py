@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..attention import get_normalizer
-from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_normalized
+from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
 from .backbone import ProxyBackbone, lcm, to_proxy_input
@@ -126,14 +126,7 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
         ``DenseCLIPEncoder`` (index ``depth``: the last block's output on the proxy grid) and
         no tap attention.
         """
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
-        check_normalized(images)
-        want = set()
-        for i in tap_layers:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= self.depth:
-                raise ValueError(f"tap_layers {list(tap_layers)}: {i!r} is not a block index; valid: 0..{self.depth}")
-            want.add(i)
+        want = check_pass_inputs(images, tap_layers, self.depth)
         B, _, H, W = images.shape
         grid = self.grid_for(H, W)
         weights, pgrid = self.proxy_weights(images)
