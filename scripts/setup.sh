@@ -36,7 +36,7 @@ inputs_hash() {
 verify() {
   "$VENV/bin/python" - <<'PY'
 import importlib
-for name in ("torch", "torchvision", "detectron2", "open_clip", "entmax", "sparseclip_d2", "pytest", "xdist", "imgviz"):
+for name in ("torch", "torchvision", "detectron2", "open_clip", "entmax", "sparseclip_d2", "pytest", "xdist", "imgviz", "sklearn", "scipy"):
     importlib.import_module(name)
 import detectron2.data, detectron2.engine, detectron2.evaluation, detectron2.utils.visualizer  # noqa: F401
 PY
