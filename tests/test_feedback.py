@@ -369,3 +369,35 @@ def test_resclip_config_runs_through_train_net(tmp_path):
     assert results["sparseclip_voc21_val"]["num_images"] == 1
     cfg = results["config"]["MODEL"]["SPARSECLIP"]
     assert cfg["FEEDBACK"]["ENABLED"] is True and cfg["FEEDBACK"]["PRECISION"] == "float16"
+
+
+@pytest.mark.parametrize("arch", ["SparseCLIPFGOVD", "backbone"])
+def test_feedback_spec_is_refused_by_the_modules_without_class_embeddings(arch, monkeypatch):
+    """FG-OVD and the bare backbone cannot make SFR's first segmentation: refused when the config
+    is read, before the CLIP weights load (it used to fail only at the first forward)."""
+    from detectron2.modeling import build_backbone, build_model
+
+    import sparseclip_d2.modeling.backbone as backbone
+    from sparseclip_d2.modeling import SparseCLIPBackbone
+
+    from conftest import tiny_cfg
+
+    def no_build(*a, **k):
+        raise AssertionError("the CLIP model was built before the spec was refused")
+
+    monkeypatch.setattr(backbone, "build_clip_from_config", no_build)
+    cfg = tiny_cfg(**{"MODEL.SPARSECLIP.FEEDBACK.ENABLED": True})
+    if arch == "backbone":
+        cfg.MODEL.BACKBONE.NAME = "SparseCLIPBackbone"
+        with pytest.raises(ValueError, match=r"SparseCLIPBackbone cannot run an attention spec with feedback=True"):
+            build_backbone(cfg)
+        # and a hand-built module with such an encoder
+        encoder = type("E", (torch.nn.Module,), {})()
+        encoder.spec, encoder.patch_size, encoder.embed_dim = AttentionSpec.preset("resclip"), 16, 8
+        with pytest.raises(ValueError, match="SparseCLIPBackbone cannot run"):
+            SparseCLIPBackbone(encoder=encoder)
+    else:
+        cfg.MODEL.META_ARCHITECTURE = "SparseCLIPFGOVD"
+        with pytest.raises(ValueError, match=r"FG-OVD \(SparseCLIPFGOVD\) cannot run an attention spec with "
+                                             r"feedback=True .*FEEDBACK.ENABLED False"):
+            build_model(cfg)

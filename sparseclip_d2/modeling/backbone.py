@@ -28,6 +28,7 @@ from ..clip import (
 )
 from ..config import check_device, check_sparseclip_config
 from ..data.mapper import PIXEL_NORMS, pixel_normalization
+from .feedback import refuse_feedback_spec
 
 __all__ = [
     "CLIPParts",
@@ -215,6 +216,7 @@ class SparseCLIPBackbone(Backbone):
             out_feature: name of the output feature.
         """
         super().__init__()
+        refuse_feedback_spec(getattr(encoder, "spec", None), "SparseCLIPBackbone")
         self.encoder = encoder
         for p in self.encoder.parameters():
             p.requires_grad_(False)
@@ -226,6 +228,7 @@ class SparseCLIPBackbone(Backbone):
     def from_config(cls, cfg, input_shape: Optional[ShapeSpec] = None):
         if input_shape is not None and input_shape.channels not in (None, 3):
             raise ValueError(f"SparseCLIPBackbone needs 3 input channels, got input_shape={input_shape}")
+        refuse_feedback_spec(AttentionSpec.from_config(cfg), "SparseCLIPBackbone")  # before the weights load
         clip_model, _ = build_clip_from_config(cfg)
         return {"encoder": build_encoder_from_config(cfg, clip_model)}
 

@@ -19,7 +19,19 @@ import torch.nn.functional as F
 from ..attention.feedback import feedback_prior, patch_labels
 from .pamr import pamr
 
-__all__ = ["FeedbackSettings", "first_segmentation_prior"]
+__all__ = ["FeedbackSettings", "first_segmentation_prior", "refuse_feedback_spec"]
+
+
+def refuse_feedback_spec(spec, who: str) -> None:
+    """Raise ``ValueError`` if ``spec`` (an ``AttentionSpec``, or None) has ``feedback=True``:
+    ``who`` (a module that runs the encoder without class embeddings) cannot make the first
+    segmentation the second pass is built from."""
+    if getattr(spec, "feedback", False):
+        raise ValueError(
+            f"{who} cannot run an attention spec with feedback=True (ResCLIP's SFR second pass, "
+            "MODEL.SPARSECLIP.FEEDBACK.ENABLED True): the second pass needs a first segmentation against the "
+            "class embeddings, which only the segmentation META_ARCHITECTURE (SparseCLIP) makes; set "
+            "MODEL.SPARSECLIP.FEEDBACK.ENABLED False (in Python: AttentionSpec.preset('resclip_rcs'))")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,9 @@ from detectron2.structures import Boxes, pairwise_iou
 
 from ..data.image_io import check_input_format
 from ..common.cache import LRUCache
+from ..clip import AttentionSpec
 from .backbone import build_clip_parts
+from .feedback import refuse_feedback_spec
 from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
 
 __all__ = [
@@ -267,6 +269,7 @@ class SparseCLIPFGOVD(nn.Module):
             random_weights: the CLIP weights are random (recorded).
         """
         super().__init__()
+        refuse_feedback_spec(getattr(encoder, "spec", None), "FG-OVD (SparseCLIPFGOVD)")
         if protocol not in FGOVD_PROTOCOLS:
             raise ValueError(f"unknown MODEL.SPARSECLIP.FGOVD.PROTOCOL {protocol!r}; valid: {', '.join(FGOVD_PROTOCOLS)}")
         if int(resolution) < 1 or int(pooler_resolution) < 1:
@@ -313,6 +316,7 @@ class SparseCLIPFGOVD(nn.Module):
         sc = cfg.MODEL.SPARSECLIP
         f = sc.FGOVD
         conventions = conventions_from_config(cfg)
+        refuse_feedback_spec(AttentionSpec.from_config(cfg), "FG-OVD (SparseCLIPFGOVD)")  # before the weights load
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         encoder = parts.encoder
         text = parts.text_classifier(f.TEMPLATES)
