@@ -24,9 +24,18 @@ from ..attention import (
 )
 
 __all__ = ["AttentionSpec", "PRESETS", "SPEC_KEYS", "parse_attention_spec", "parse_attention_specs",
-           "describe_spec"]
+           "describe_spec", "SpecDepthError"]
 
 logger = logging.getLogger(__name__)
+
+
+class SpecDepthError(ValueError):
+    """A spec setting out of range for a tower's depth; ``field`` names the spec field
+    (``num_layers``, ``mix_layers``, ``parallel_layers``)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -189,17 +198,19 @@ class AttentionSpec:
         return self.mix_normalizer or self.normalizer
 
     def check_depth(self, depth: int) -> None:
-        """Raise ``ValueError`` unless ``1 <= num_layers <= depth`` and every ``mix_layers``
-        index is an earlier block (``< depth - 1``)."""
+        """Raise :class:`SpecDepthError` (a ``ValueError`` naming the spec field in ``.field``)
+        unless ``1 <= num_layers <= depth``, every ``mix_layers`` index is an earlier block
+        (``< depth - 1``) and ``parallel_layers <= depth``."""
         if not 1 <= self.num_layers <= int(depth):
-            raise ValueError(f"num_layers={self.num_layers} is outside [1, {int(depth)}] for a tower of depth {depth}")
+            raise SpecDepthError("num_layers", f"num_layers={self.num_layers} is outside [1, {int(depth)}] for a "
+                                 f"tower of depth {depth}")
         bad = [i for i in self.mix_layers if i >= int(depth) - 1]
         if bad:
-            raise ValueError(f"mix_layers {list(self.mix_layers)}: {bad} not earlier blocks of a tower of depth {depth}; "
-                             f"valid: 0-based indices 0..{int(depth) - 2}")
+            raise SpecDepthError("mix_layers", f"mix_layers {list(self.mix_layers)}: {bad} not earlier blocks of a "
+                                 f"tower of depth {depth}; valid: 0-based indices 0..{int(depth) - 2}")
         if self.parallel_layers > int(depth):
-            raise ValueError(f"parallel_layers={self.parallel_layers} is outside [0, {int(depth)}] for a tower of "
-                             f"depth {depth}")
+            raise SpecDepthError("parallel_layers", f"parallel_layers={self.parallel_layers} is outside [0, "
+                                 f"{int(depth)}] for a tower of depth {depth}")
 
     def inert_settings(self) -> List[str]:
         """Settings of this spec that cannot change the result, one message each (empty when

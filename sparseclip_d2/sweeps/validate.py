@@ -52,12 +52,12 @@ def _attention_checks(cfg, errors: List[str], warnings: List[str]) -> None:
         try:
             spec.check_depth(depth)
         except ValueError as e:
-            field = str(e).split("=", 1)[0].split(" ", 1)[0]  # the spec field check_depth names first
-            key = _DEPTH_KEYS.get(field, "ATTENTION.NUM_LAYERS")
+            key = _DEPTH_KEYS[getattr(e, "field", "num_layers")]
             errors.append(f"MODEL.SPARSECLIP.{key}: {e} ({cfg.MODEL.SPARSECLIP.CLIP.NAME})")
 
 
-#: The config key of each spec field ``AttentionSpec.check_depth`` checks against the depth.
+#: The config key of each spec field ``AttentionSpec.check_depth`` checks against the depth
+#: (``SpecDepthError.field``).
 _DEPTH_KEYS = {"num_layers": "ATTENTION.NUM_LAYERS", "mix_layers": "ATTENTION.MIX.LAYERS",
                "parallel_layers": "PARALLEL.LAYERS"}
 
