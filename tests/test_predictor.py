@@ -152,3 +152,17 @@ def test_config_names_and_weight_files(tmp_path, photo):
     with pytest.raises(FileNotFoundError, match="closest: entmax_qq_l14"):
         build_config("entmax_qq_l15")
     assert os.path.isfile(pred.cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED)
+
+
+def test_attention_record_rows_sum_with_attention_mixed_across_layers(predictor, photo):
+    """ResCLIP's RCS mixes an earlier layer's attention in, scaled: the record says what its rows
+    sum to (mix_scale * ((1 - w) * 2 + w * 1) for kk+qq mixed with qk), not the source's 2."""
+    from sparseclip_d2.clip import AttentionSpec
+
+    spec = AttentionSpec(source="qq+kk", normalizer="softmax", mix_layers=(0,), mix_source="qk",
+                         mix_weight=0.25, mix_scale=3.0)
+    record = predictor.variant(spec)(photo[::2, ::2].copy(), VOCAB, attention=True).attention
+    (w,) = record["weights"]
+    expected = 3.0 * (0.75 * 2 + 0.25 * 1)
+    assert record["rows_sum_to"] == pytest.approx(expected)
+    assert torch.allclose(w.sum(-1), torch.full(w.shape[:2], expected), atol=1e-4)

@@ -21,7 +21,7 @@ def rows_sum_to(source: str, sum_mode: str = "normalize_then_sum") -> int:
 def attention_record(weights: Sequence[torch.Tensor], image_size: Tuple[int, int], patch_size: int, *,
                      crop_size: Optional[int] = None, stride: Optional[int] = None,
                      source: str = "qk", sum_mode: str = "normalize_then_sum",
-                     num_prefix_tokens: int = 1) -> Dict:
+                     num_prefix_tokens: int = 1, rows_sum: Optional[float] = None) -> Dict:
     """Build ``output["attention"]`` from the last block's attention of each window.
 
     Args:
@@ -30,9 +30,12 @@ def attention_record(weights: Sequence[torch.Tensor], image_size: Tuple[int, int
         image_size: ``(H, W)`` of the resized image the windows tile.
         patch_size: the encoder's patch size.
         crop_size, stride: the sliding window (None = whole image).
-        source, sum_mode: the last block's score source (gives ``rows_sum_to``).
+        source, sum_mode: the last block's score source (gives ``rows_sum_to`` when
+            ``rows_sum`` is None).
         num_prefix_tokens: ``P``, the tokens before the patches (1 = CLS; 0 for SigLIP
             towers; 1 + registers for towers with register tokens).
+        rows_sum: what the rows sum to, when more than the source decides it (an
+            ``AttentionSpec.rows_sum_to``: attention mixed across layers scales and blends it).
     """
     H, W = int(image_size[0]), int(image_size[1])
     boxes = [(0, H, 0, W)] if crop_size is None else window_grid(H, W, int(crop_size), int(stride or crop_size))
@@ -49,6 +52,6 @@ def attention_record(weights: Sequence[torch.Tensor], image_size: Tuple[int, int
         "grids": grids,
         "patch_size": p,
         "image_size": (H, W),
-        "rows_sum_to": rows_sum_to(source, sum_mode),
+        "rows_sum_to": rows_sum_to(source, sum_mode) if rows_sum is None else float(rows_sum),
         "num_prefix_tokens": int(num_prefix_tokens),
     }

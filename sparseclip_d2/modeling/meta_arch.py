@@ -465,7 +465,7 @@ class SparseCLIP(nn.Module):
             crop_size=self.crop_size if self.sliding_window else None,
             stride=self.stride if self.sliding_window else None,
             source=spec.source, sum_mode=spec.sum_mode,
-            num_prefix_tokens=int(self.encoder.num_prefix_tokens),
+            num_prefix_tokens=int(self.encoder.num_prefix_tokens), rows_sum=spec.rows_sum_to,
         )
 
     def _vocabulary(self, x: Dict) -> Tuple[List[str], Optional[int]]:
