@@ -19,7 +19,9 @@ embeddings) is a warm-up and is not counted. Each repeat's line carries the 1-mi
 average. Prints the medians, the overhead (goal: <= 10 %), the median of the per-repeat
 ratios (each request against the calls of its own repeat), the overhead inside each request
 (the request's time minus its own Predictor seconds, from its status line: immune to load
-changes between request and calls), the seconds of the on-demand ``/downloads`` request
+changes between request and calls), the CPU seconds of this process (server and client
+threads) per request and per calls (robust to load, blind to waiting), the seconds of the
+on-demand ``/downloads`` request
 (label PNGs and probabilities; not part of ``/run``), and the load averages.
 
   OMP_NUM_THREADS=1 python tools/benchmark_app.py --methods cfg clip sclip --repeats 7 \\
@@ -76,24 +78,25 @@ def main(argv=None):
         names = ("default", "ssl_verify=False")
         times = {n: [] for n in names}
         inside = {n: [] for n in names}
+        cpu = {n: [] for n in names + ("calls",)}
         pred_times, dl_times, loads = [], [], []
 
         def request_once(name):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             out = clients[name].predict(*request, api_name="/run")
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if out[0].startswith("**Error:**"):
                 raise SystemExit(out[0])
             # The status line gives the seconds of the Predictor calls inside this request.
             inner = sum(float(v) for v in re.findall(r" ([0-9.]+) s[,.]", out[0].split("Predictor:")[1]))
-            return out, dt, inner
+            return out, dt, inner, dc
 
         def calls():
             predictors = [engine.predictor(m) for m in args.methods]  # the app's own, already built
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for p in predictors:
                 p(image, vocab, attention=True)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - c0
 
         for i in range(args.repeats + 1):
             order = ("default", "calls", "ssl_verify=False") if i % 2 == 0 else ("ssl_verify=False", "calls", "default")
@@ -107,18 +110,22 @@ def main(argv=None):
             if status.startswith("**Error:**"):
                 raise SystemExit(status)
             load = os.getloadavg()[0]
-            dp = got["calls"]
+            dp, cp = got["calls"]
             if i:
                 pred_times.append(dp)
                 dl_times.append(dd)
                 loads.append(load)
+                cpu["calls"].append(cp)
                 for n in names:
                     times[n].append(got[n][1])
                     inside[n].append(got[n][2])
+                    cpu[n].append(got[n][3])
             da, df = got["default"][1], got["ssl_verify=False"][1]
             print(f"{'warm-up' if not i else f'repeat {i}'} (load {load:.2f}; order {', '.join(order)}): "
                   f"app request {da:.3f} s, ssl_verify=False {df:.3f} s; Predictor calls {dp:.3f} s "
-                  f"({100 * (da - dp) / dp:+.1f} %, {100 * (df - dp) / dp:+.1f} %)", flush=True)
+                  f"({100 * (da - dp) / dp:+.1f} %, {100 * (df - dp) / dp:+.1f} %); inside the requests "
+                  f"{got['default'][2]:.3f}, {got['ssl_verify=False'][2]:.3f} s; CPU seconds {got['default'][3]:.3f}, "
+                  f"{got['ssl_verify=False'][3]:.3f}, calls {cp:.3f}", flush=True)
         clip = engine.cfg.MODEL.SPARSECLIP.CLIP
         b = statistics.median(pred_times)
         print(f"model {clip.NAME} ({clip.PRETRAINED}), device {engine.cfg.MODEL.DEVICE}, photo {args.sample} "
@@ -138,6 +145,12 @@ def main(argv=None):
             c = statistics.median([t - n for t, n in zip(times[name], inside[name])])
             print(f"  within each request (request - its own Predictor calls, from the status line): median "
                   f"{c:+.3f} s = {100 * c / statistics.median(inside[name]):+.1f} % of them")
+        c = statistics.median(cpu["calls"])
+        print(f"CPU seconds of this process (server and client threads; load-independent, but blind to waiting): "
+              f"Predictor calls median {c:.3f} s (runs: {_runs(cpu['calls'])})")
+        for name in names:
+            a = statistics.median(cpu[name])
+            print(f"  request, client {name}: median {a:.3f} s = {100 * (a - c) / c:+.1f} %  (runs: {_runs(cpu[name])})")
         print(f"downloads on demand (gradio_client /downloads, after each repeat): median "
               f"{statistics.median(dl_times):.3f} s  (runs: {_runs(dl_times)})")
     finally:
