@@ -48,8 +48,8 @@ from .predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
 from .utils.visualize import (  # noqa: E402
     BANNER_COLOR, RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay, font_path_for, load_font, save_label_map)
 
-__all__ = ["AppEngine", "AppError", "build_app", "config_methods", "main", "method_choices", "probability_panel",
-           "query_token", "sample_photo", "spec_from_controls", "SAMPLE_PHOTOS"]
+__all__ = ["AppEngine", "AppError", "build_app", "config_methods", "grid_columns", "main", "method_choices",
+           "probability_panel", "query_token", "sample_photo", "spec_from_controls", "tile_images", "SAMPLE_PHOTOS"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ MAX_METHODS = 8
 TOP_PROB_CLASSES = 8  # probability maps shown per method
 PROB_THUMB_SIDE = 256  # long side of each probability map in the page
 PROB_COLUMNS = 4  # probability maps per row of a method's panel
+OVERLAY_COLUMNS = 3  # at most this many overlays in a row of the overlay image
+TILE_GAP = 8  # white pixels between the tiles of the overlay and probability images
+JPEG_QUALITY = 90  # the overlay and probability images are display pictures (lossless: the downloads)
 
 
 class AppError(ValueError):
@@ -249,6 +252,47 @@ def _png(array: np.ndarray, path: str) -> str:
     """Write an image for the page (fast zlib level: the page, not the archive, reads it)."""
     Image.fromarray(np.ascontiguousarray(array)).save(path, format="PNG", compress_level=1)
     return path
+
+
+def _jpeg(array: np.ndarray, path: str) -> str:
+    """Write a display picture as JPEG (quality :data:`JPEG_QUALITY`, no chroma subsampling,
+    so coloured text and segment edges stay sharp): about a tenth of the PNG encoder's time
+    on these pictures. The label maps and probabilities are downloaded losslessly."""
+    Image.fromarray(np.ascontiguousarray(array)).save(path, format="JPEG", quality=JPEG_QUALITY, subsampling=0)
+    return path
+
+
+def grid_columns(count: int, max_columns: int = OVERLAY_COLUMNS) -> int:
+    """Columns of a grid of ``count`` tiles with at most ``max_columns`` a row and rows as
+    full as possible (4 tiles: 2 x 2, 5: 3 + 2, 7: 3 + 3 + 1)."""
+    if count < 1 or max_columns < 1:
+        raise ValueError(f"a grid needs at least one tile and one column, got {count} tiles, {max_columns} columns")
+    rows = -(-count // max_columns)
+    return -(-count // rows)
+
+
+def tile_images(images: Sequence[np.ndarray], columns: int, gap: int = TILE_GAP) -> np.ndarray:
+    """The ``(h, w, 3)`` uint8 images in one picture, row-major, ``columns`` a row, ``gap``
+    white pixels between tiles (none around them). A tile is placed at the top left of its
+    cell; cells are as wide as the widest image of their column and as high as the highest
+    of their row; the rest is white."""
+    if not images:
+        raise ValueError("no images to tile")
+    if columns < 1 or gap < 0:
+        raise ValueError(f"columns must be >= 1 and gap >= 0, got columns={columns}, gap={gap}")
+    for i, im in enumerate(images):
+        if im.ndim != 3 or im.shape[2] != 3 or im.dtype != np.uint8:
+            raise ValueError(f"tile {i} must be (h, w, 3) uint8, got {im.shape} {im.dtype}")
+    rows = -(-len(images) // columns)
+    widths = [max(im.shape[1] for im in images[c::columns]) for c in range(min(columns, len(images)))]
+    heights = [max(im.shape[0] for im in images[r * columns:(r + 1) * columns]) for r in range(rows)]
+    x0s = np.concatenate([[0], np.cumsum(np.array(widths) + gap)])
+    y0s = np.concatenate([[0], np.cumsum(np.array(heights) + gap)])
+    canvas = np.full((int(y0s[-1]) - gap, int(x0s[-1]) - gap, 3), 255, dtype=np.uint8)
+    for i, im in enumerate(images):
+        r, c = divmod(i, columns)
+        canvas[y0s[r]:y0s[r] + im.shape[0], x0s[c]:x0s[c] + im.shape[1]] = im
+    return canvas
 
 
 _VIRIDIS: List[np.ndarray] = []
@@ -480,14 +524,18 @@ class AppEngine:
         return path
 
     def run(self, image: np.ndarray, vocabulary, background, methods: Sequence[str], progress=None) -> Dict:
-        """Predict ``image`` with every method and draw what the page shows: one overlay and
-        one :func:`probability_panel` per method (the downloads are written by
-        :meth:`downloads` when asked for).
+        """Predict ``image`` with every method and draw what the page shows: ONE picture with
+        the methods' overlays side by side (:func:`grid_columns`, :func:`tile_images`) and ONE
+        with their :func:`probability_panel` s one below the other, both JPEG, and the shown
+        photo as PNG: three files a request, whatever the number of methods (the downloads
+        are written by :meth:`downloads` when asked for).
 
         Returns:
-            ``{"run_id", "result": RunResult, "overlays": [(png path, caption)], "probabilities":
-            [(png path, caption)], "display_file": the shown photo's png, "seconds": {method:
-            Predictor call seconds}, "random_weights": bool}``.
+            ``{"run_id", "result": RunResult, "overlays": jpeg path, "probabilities": jpeg
+            path, "details": markdown (per method: its description and the shown classes'
+            mean probabilities), "shown": {method: [(class index, mean)]}, "overlay_columns",
+            "display_file": the shown photo's png, "seconds": {method: Predictor call
+            seconds}, "random_weights": bool}``.
         """
         methods = [str(m).strip() for m in methods if str(m).strip()]
         if not methods:
@@ -498,8 +546,8 @@ class AppEngine:
             raise AppError(f"a method is selected twice: {', '.join(methods)}")
         run_id = self._new_run_id()
         display = _downscale_photo(image)
-        out = {"run_id": run_id, "overlays": [], "probabilities": [], "seconds": {}}
-        pictures = []  # (kind, array, name, caption), written once every method has run
+        out = {"run_id": run_id, "seconds": {}, "shown": {}}
+        overlays, panels, details = [], [], []
         result = None
         random_weights = False
         for k, method in enumerate(methods):
@@ -519,16 +567,19 @@ class AppEngine:
             result.methods.append(MethodResult(method, title, pred.labels, pred.attention, pred.random_weights,
                                                classes=list(pred.classes), score_maps=pred.score_maps, slug=slug))
             banner = RANDOM_WEIGHTS_BANNER if pred.random_weights else None
-            overlay = draw_overlay(display, _nearest(pred.labels, display.shape[:2]), pred.names,
-                                   colors=class_colors(len(pred.classes)), banner=banner, title=method)
-            pictures.append(("overlays", overlay, f"overlay_{slug}.png", title))
+            overlays.append(draw_overlay(display, _nearest(pred.labels, display.shape[:2]), pred.names,
+                                         colors=class_colors(len(pred.classes)), banner=banner, title=method))
             panel = probability_panel(pred.score_maps, pred.names, f"{method}: class probabilities", banner=banner)
-            caption = f"{method}: " + ", ".join(f"{pred.names[c]} {m:.3f}" for c, m in panel["shown"])
-            pictures.append(("probabilities", panel["image"], f"probs_{slug}.png", caption))
+            panels.append(panel["image"])
+            out["shown"][method] = panel["shown"]
+            details.append(f"- `{method}` = {predictor.describe()}. Mean probabilities: "
+                           + ", ".join(f"{pred.names[c]} {m:.3f}" for c, m in panel["shown"]))
         self._runs.get_or_create(run_id, lambda: result)
         folder = self._folder(run_id)
-        for kind, array, name, caption in pictures:
-            out[kind].append((_png(array, os.path.join(folder, name)), caption))
+        out["overlay_columns"] = grid_columns(len(overlays))
+        out["overlays"] = _jpeg(tile_images(overlays, out["overlay_columns"]), os.path.join(folder, "overlays.jpg"))
+        out["probabilities"] = _jpeg(tile_images(panels, 1), os.path.join(folder, "probabilities.jpg"))
+        out["details"] = "\n".join(details)
         out["display_file"] = _png(display, os.path.join(folder, "photo.png"))
         out["result"] = result
         out["random_weights"] = random_weights
@@ -639,7 +690,8 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
 
     API endpoints (``gradio_client``): ``/run`` (upload file or None, sample name or None,
     classes text, class-set name or "", background or "", methods list, add-custom flag,
-    custom spec) -> (status, photo, overlays, probability panels, run id); ``/downloads``
+    custom spec) -> (status, photo, overlay picture, probability picture, method details
+    (markdown), run id); ``/downloads``
     (run id) -> (status, files); ``/attention`` (run id, x, y in original photo pixels) ->
     (status, figure, stats table, rows ``.npz``). The engine is ``app.engine``.
     """
@@ -691,8 +743,10 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
                                      elem_id="status")
                 photo = gr.Image(label="photo: click a patch to see its attention", type="filepath",
                                  interactive=False, elem_id="photo")
-                overlays = gr.Gallery(label="overlays (one per method)", columns=3, format="png", object_fit="contain",
-                                      height="auto", elem_id="overlays")
+                gr.Markdown("**Overlays**, one per method, side by side (the corner button enlarges them)")
+                overlays = gr.Image(label="overlays (one per method, side by side)", type="filepath", show_label=False,
+                                    interactive=False, buttons=["fullscreen", "download"], elem_id="overlays")
+                details = gr.Markdown("", elem_id="details")
                 with gr.Row():
                     qx = gr.Number(label="x (photo pixels)", value=None, elem_id="qx")
                     qy = gr.Number(label="y (photo pixels)", value=None, elem_id="qy")
@@ -704,8 +758,10 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
                                          interactive=False, elem_id="att_table")
                 att_file = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
                                            "window_K)", elem_id="att_file")
-                probs = gr.Gallery(label="class probability maps (0 to 1, top classes per method; click to enlarge)",
-                                   columns=2, format="png", object_fit="contain", height="auto", elem_id="probs")
+                gr.Markdown("**Class probability maps**, 0 to 1, the top classes; one panel per method")
+                probs = gr.Image(label="class probability maps (0 to 1, top classes; one panel per method)",
+                                 type="filepath", show_label=False, interactive=False,
+                                 buttons=["fullscreen", "download"], elem_id="probs")
                 with gr.Row():
                     dl_button = gr.Button("Prepare downloads", elem_id="prepare_downloads", scale=0)
                     dl_status = gr.Markdown("", elem_id="dl_status")
@@ -734,17 +790,17 @@ def build_app(config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, de
             except Exception as e:  # never a traceback in the page; the server keeps serving
                 if not isinstance(e, (AppError, ValueError, OSError)):
                     logger.exception("run failed")
-                return _message(e), None, None, None, ""
+                return _message(e), None, None, None, "", ""
             seconds = ", ".join(f"{m} {s:.2f} s" for m, s in out["seconds"].items())
             head = (f"<span style='color:{BANNER_COLOR};font-weight:bold'>{RANDOM_WEIGHTS_BANNER}</span> "
                     f"(PRETRAINED none: random CLIP weights; the maps show a random model)\n\n"
                     if out["random_weights"] else "")
             text_out = (f"{head}**{name}** ({image.shape[1]}x{image.shape[0]}), {len(out['result'].names)} classes; "
                         f"Predictor: {seconds}. Click the photo to see a patch's attention.")
-            return text_out, out["display_file"], out["overlays"], out["probabilities"], out["run_id"]
+            return text_out, out["display_file"], out["overlays"], out["probabilities"], out["details"], out["run_id"]
 
         run_button.click(do_run, [upload, sample, classes, class_set, background, methods, use_custom, custom],
-                         [status, photo, overlays, probs, run_id], api_name="run").then(
+                         [status, photo, overlays, probs, details, run_id], api_name="run").then(
             lambda: (None, ""), None, [files, dl_status], api_visibility="private")  # the old run's downloads go
 
         def do_downloads(rid):

@@ -78,10 +78,20 @@ def downloads(client, run_id):
     return client.submit(run_id, api_name="/downloads").result(timeout=TIMEOUT)
 
 
-def caption_means(caption):
-    """``[(class name, mean)]`` of a probability panel's caption ``"method: name 0.123, ..."``."""
-    items = caption.split(": ", 1)[1].split(", ")
-    return [(item.rsplit(" ", 1)[0], float(item.rsplit(" ", 1)[1])) for item in items]
+def detail_means(details):
+    """``{method: [(class name, mean)]}`` of the run's details, one line per method:
+    ``"- `method` = description. Mean probabilities: name 0.123, ..."``."""
+    out = {}
+    for line in details.splitlines():
+        method = line.split("`")[1]
+        items = line.split("Mean probabilities: ", 1)[1].split(", ")
+        out[method] = [(item.rsplit(" ", 1)[0], float(item.rsplit(" ", 1)[1])) for item in items]
+    return out
+
+
+def tiles(picture, boxes):
+    """The ``(y0, x0, h, w)`` boxes of a tiled picture, as float arrays."""
+    return [picture[y:y + h, x:x + w].astype(np.float64) for y, x, h, w in boxes]
 
 
 def hand_stats(row, labels_patch, q, prefix=1):
@@ -110,27 +120,55 @@ def majority_patch_labels(labels, patch):
 
 def test_outputs_equal_the_predictor(app, photo):
     demo, client = app
-    status, shown, overlays, probs, run_id = run(client)
+    status, shown, overlays, probs, details, run_id = run(client)
     assert "RANDOM WEIGHTS - not meaningful" in status, status
-    assert run_id and len(overlays) == 2 and len(probs) == 2  # one overlay and one probability panel per method
+    assert run_id and isinstance(overlays, str) and isinstance(probs, str)  # one picture each, for all methods
     assert np.array_equal(np.asarray(Image.open(shown).convert("RGB")), photo)  # 500 px: shown as it is
+    # Three files a request: the photo, the overlays side by side, the probability panels.
+    assert sorted(os.listdir(os.path.join(demo.engine.output_dir, run_id))) == [
+        "overlays.jpg", "photo.png", "probabilities.jpg"]
     base = Predictor.from_config("demo", opts=TINY)  # the same weights: torch seed cfg.SEED
     vocabulary = parse_vocabulary(CLASSES)
     expected = {"cfg": base(photo, vocabulary, attention=True),
                 "sclip": base.variant("sclip")(photo, vocabulary, attention=True)}
     assert len(np.unique(expected["cfg"].labels)) > 1
     assert not np.array_equal(expected["cfg"].labels, expected["sclip"].labels)  # the methods differ
-    for item, method in zip(probs, ("cfg", "sclip")):
-        caption = item["caption"]
+    means = detail_means(details)
+    assert list(means) == ["cfg", "sclip"], details
+    for method in ("cfg", "sclip"):
         # The panel's class means (at the 256 px maps) agree with the Predictor's full-size
         # probabilities, and every class is shown (5 < 8), highest mean first.
         full = expected[method].probabilities().numpy().reshape(5, -1).astype(np.float64).mean(1)
-        shown_means = caption_means(caption)
-        assert caption.startswith(f"{method}: ") and len(shown_means) == 5, caption
+        shown_means = means[method]
+        assert len(shown_means) == 5, details
         names = expected[method].names
         for name, mean in shown_means:
             assert mean == pytest.approx(full[names.index(name)], abs=2e-3), (method, name)
         assert [m for _, m in shown_means] == sorted((m for _, m in shown_means), reverse=True)
+    # The overlay picture: the two 500x375 overlays side by side, 8 white pixels apart, each
+    # the overlay of that method's Predictor labels (JPEG: close, and closer than the other's).
+    from sparseclip_d2.app import probability_panel
+    from sparseclip_d2.utils.visualize import RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay
+
+    picture = np.asarray(Image.open(overlays).convert("RGB"))
+    assert picture.shape == (375, 2 * 500 + 8, 3)
+    assert picture[:, 500:508].mean() > 245  # the white gap (JPEG rings near the edges)
+    want = [draw_overlay(photo, expected[m].labels, expected[m].names, colors=class_colors(5),
+                         banner=RANDOM_WEIGHTS_BANNER, title=m).astype(np.float64) for m in ("cfg", "sclip")]
+    got = tiles(picture, [(0, 0, 375, 500), (0, 508, 375, 500)])
+    for k in range(2):
+        error, other = np.abs(got[k] - want[k]).mean(), np.abs(got[k] - want[1 - k]).mean()
+        assert error < 3.5 and other > 2 * error, (k, error, other)  # measured: 2.4 and 8.7
+    # The probability picture: the two methods' panels one below the other.
+    panels = [probability_panel(expected[m].score_maps, expected[m].names, f"{m}: class probabilities",
+                                banner=RANDOM_WEIGHTS_BANNER)["image"].astype(np.float64) for m in ("cfg", "sclip")]
+    h, w = panels[0].shape[:2]
+    picture = np.asarray(Image.open(probs).convert("RGB"))
+    assert picture.shape == (2 * h + 8, w, 3)
+    got = tiles(picture, [(0, 0, h, w), (h + 8, 0, h, w)])
+    for k in range(2):
+        error, other = np.abs(got[k] - panels[k]).mean(), np.abs(got[k] - panels[1 - k]).mean()
+        assert error < 1 and other > 5 * error, (k, error, other)  # measured: 0.5 and 10.5
     # The downloads are written when asked for (not by /run), and once.
     dl_status, files = downloads(client, run_id)
     assert len(files) == 6 and dl_status.startswith("6 files"), dl_status
@@ -179,9 +217,10 @@ def test_uploaded_photo_and_custom_spec(app, tmp_path):
     image = rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)
     path = str(tmp_path / "mine.png")
     Image.fromarray(image).save(path)
-    status, _, overlays, _, run_id = run(client, upload=path, methods=["clip"], use_custom=True,
-                                         custom="qq:entmax:1.5:layers=1")
-    assert "mine.png" in status and len(overlays) == 2, status
+    status, _, overlays, _, details, run_id = run(client, upload=path, methods=["clip"], use_custom=True,
+                                                  custom="qq:entmax:1.5:layers=1")
+    assert "mine.png" in status and list(detail_means(details)) == ["clip", "qq:entmax:1.5:layers=1"], status
+    assert np.asarray(Image.open(overlays)).shape == (96, 2 * 128 + 8, 3)  # both overlays, side by side
     base = Predictor.from_config("demo", opts=TINY)
     pred = base.variant("qq:entmax:1.5:layers=1")(image, parse_vocabulary(CLASSES))
     labels = [f for f in downloads(client, run_id)[1] if os.path.basename(f).startswith("labels_1_")]
@@ -210,9 +249,9 @@ def test_bad_input_gets_a_message_and_the_server_keeps_serving(app, tmp_path):
         (dict(background="sofa"), "background 'sofa' is none of the classes"),
     ]
     for kwargs, message in cases:
-        status, shown, overlays, probs, run_id = run(client, **kwargs)
+        status, shown, overlays, probs, details, run_id = run(client, **kwargs)
         assert status.startswith("**Error:**") and message in status, (kwargs, status)
-        assert "Traceback" not in status and shown is None and not run_id
+        assert "Traceback" not in status and shown is None and overlays is None and not details and not run_id
     status, *_ = attention(client, "no-such-run", 1, 1)
     assert status.startswith("**Error:** no result to look at"), status
     status, files = downloads(client, "no-such-run")
@@ -296,3 +335,25 @@ def test_run_folders_follow_the_kept_runs(photo):
     finally:
         engine.close()
     assert not os.path.exists(engine.output_dir)
+
+
+def test_tiles_by_hand():
+    """The overlay and probability pictures are laid out as written here: rows as full as
+    possible, cells as wide as their column's widest tile, white between and after."""
+    from sparseclip_d2.app import grid_columns, tile_images
+
+    assert [grid_columns(n) for n in range(1, 9)] == [1, 2, 3, 2, 3, 3, 3, 3]
+    with pytest.raises(ValueError, match="at least one tile"):
+        grid_columns(0)
+    a = np.full((2, 3, 3), 10, np.uint8)
+    b = np.full((4, 1, 3), 20, np.uint8)
+    c = np.full((1, 2, 3), 30, np.uint8)
+    got = tile_images([a, b, c], columns=2, gap=1)
+    want = np.full((4 + 1 + 1, 3 + 1 + 1, 3), 255, np.uint8)  # rows 4 and 1 high, columns 3 and 1 wide
+    want[0:2, 0:3] = 10
+    want[0:4, 4:5] = 20
+    want[5:6, 0:2] = 30
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(tile_images([a], columns=3, gap=8), a)
+    with pytest.raises(ValueError, match="tile 1 must be"):
+        tile_images([a, a[..., 0]], columns=2)

@@ -2,7 +2,7 @@
 
 Upload a photo, type classes, run, click a patch; the overlays and the attention panel
 must appear, and the attention panel (figure, table) must change with the click; the
-probability panels are there, and "Prepare downloads" lists the label PNGs and probabilities. Every
+probability picture is there, and "Prepare downloads" lists the label PNGs and probabilities. Every
 wait is on a page condition with a generous timeout, never a sleep. Screenshots go to
 ``$SPARSECLIP_APP_SCREENSHOTS`` (default: the test's tmp folder); ``docs/app.png`` is
 the last one of this test (copied by hand when the page changes).
@@ -60,7 +60,13 @@ def test_upload_run_click_in_chromium(server, tmp_path):
             assert "Error" not in status and "RANDOM WEIGHTS" in status, status
             overlays = page.locator("#overlays img")
             overlays.first.wait_for(state="visible")
-            assert overlays.count() == 2  # the two default methods, side by side
+            # One picture with the two default methods' 500x375 overlays side by side, 8 px apart.
+            assert overlays.count() == 1
+            page.wait_for_function("() => document.querySelector('#overlays img').naturalWidth > 0")
+            assert page.evaluate("() => [document.querySelector('#overlays img').naturalWidth,"
+                                 " document.querySelector('#overlays img').naturalHeight]") == [1008, 375]
+            details = page.locator("#details").inner_text()
+            assert "cfg = " in details and "clip = " in details and "Mean probabilities" in details, details
             page.screenshot(path=os.path.join(shots, "app_run.png"))
 
             photo_img = page.locator("#photo img")
@@ -87,8 +93,8 @@ def test_upload_run_click_in_chromium(server, tmp_path):
             page.screenshot(path=os.path.join(shots, "app_click2.png"), full_page=True)
             page.locator("#attention").screenshot(path=os.path.join(shots, "app_attention.png"))
 
-            # One probability panel per method; the downloads are written when asked for.
-            assert page.locator("#probs img").count() == 2
+            # One picture with a probability panel per method; the downloads are written when asked for.
+            assert page.locator("#probs img").count() == 1
 
             def files_text():  # the page breaks a name before its extension
                 return re.sub(r"\s", "", page.locator("#files").inner_text())

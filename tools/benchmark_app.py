@@ -3,20 +3,28 @@
 
 Starts the app in-process on a free local port, sends ``--repeats`` identical ``/run``
 requests through ``gradio_client`` (the sample VOC photo, the classes below, the chosen
-methods; the client fetches every file the request returns, as a caller does), and times, on
-the same photo and vocabulary, the plain ``Predictor`` calls the request makes (one per
-method, ``attention=True``). Each repeat sends the request twice: with gradio_client's
-defaults, and with ``ssl_verify=False``. The URL is plain http, so nothing is verified either
-way, but the default client loads the CA bundle into a new SSL context for every file it
-fetches (``httpx.stream`` per file; encode/httpx#2298), which costs about 0.1 to 0.2 s a file
-on the loaded development machine. Requests and calls alternate, so a change of the
-machine's load hits all columns alike. The first request and call of each (model build, text embeddings) are
-warm-ups and are not counted. Prints the medians, the overhead (goal: <= 10 %), the median of
-the per-pair ratios, the overhead inside each request (from the Predictor seconds in its
-status line), the seconds of the on-demand ``/downloads`` request (label PNGs and
-probabilities; not part of ``/run``), and the load average.
+methods; the client fetches every file the request returns, as a caller does: three a
+request), and times, on the same photo and vocabulary, the plain ``Predictor`` calls the
+request makes (one per method, ``attention=True``). Each repeat sends the request twice: with
+gradio_client's defaults, and with ``ssl_verify=False``. The URL is plain http, so nothing is
+verified either way, but the default client loads the CA bundle into a new SSL context for
+every file it fetches and for its queue calls (``httpx.stream`` / ``httpx.post`` per call;
+encode/httpx#2298), which costs up to 0.2 s a file on a loaded machine.
 
-  python tools/benchmark_app.py --methods cfg clip sclip --repeats 7 \\
+Interleaved, so that machine load hits every column alike: each repeat runs one default
+request, the Predictor calls, and one ``ssl_verify=False`` request, in the order default,
+calls, fast on odd repeats and fast, calls, default on even ones (a drift of the load
+during a repeat then favours neither client). The first repeat (model build, text
+embeddings) is a warm-up and is not counted. Each repeat's line carries the 1-minute load
+average. Prints the medians, the overhead (goal: <= 10 %), the median of the per-repeat
+ratios (each request against the calls of its own repeat), the overhead inside each request
+(the request's time minus its own Predictor seconds, from its status line: immune to load
+changes between request and calls), the CPU seconds of this process (server and client
+threads) per request and per calls (robust to load, blind to waiting), the seconds of the
+on-demand ``/downloads`` request
+(label PNGs and probabilities; not part of ``/run``), and the load averages.
+
+  OMP_NUM_THREADS=1 python tools/benchmark_app.py --methods cfg clip sclip --repeats 7 \\
       --opts MODEL.SPARSECLIP.CLIP.PRETRAINED none MODEL.DEVICE cpu MODEL.SPARSECLIP.TEXT.CACHE_DIR off
 """
 import argparse
@@ -62,67 +70,88 @@ def main(argv=None):
     try:
         clients = {"default": Client(f"http://127.0.0.1:{port}/", verbose=False),
                    "ssl_verify=False": Client(f"http://127.0.0.1:{port}/", verbose=False, ssl_verify=False)}
-        client = clients["default"]
         request = (None, args.sample, args.classes, "", "", list(args.methods), False, "")
         engine = demo.engine
         image = sample_photo(args.sample)
         vocab = parse_vocabulary(args.classes)
         load_start = _load()
-        app_times, pred_times, inside, dl_times = [], [], [], []
-        fast_times, fast_inside = [], []
+        names = ("default", "ssl_verify=False")
+        times = {n: [] for n in names}
+        inside = {n: [] for n in names}
+        cpu = {n: [] for n in names + ("calls",)}
+        pred_times, dl_times, loads = [], [], []
 
-        def request_once(c):
-            t0 = time.perf_counter()
-            out = c.predict(*request, api_name="/run")
-            dt = time.perf_counter() - t0
+        def request_once(name):
+            c0, t0 = time.process_time(), time.perf_counter()
+            out = clients[name].predict(*request, api_name="/run")
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if out[0].startswith("**Error:**"):
                 raise SystemExit(out[0])
             # The status line gives the seconds of the Predictor calls inside this request.
             inner = sum(float(v) for v in re.findall(r" ([0-9.]+) s[,.]", out[0].split("Predictor:")[1]))
-            return out, dt, inner
+            return out, dt, inner, dc
 
-        for i in range(args.repeats + 1):
-            out, dt, inner = request_once(client)
+        def calls():
             predictors = [engine.predictor(m) for m in args.methods]  # the app's own, already built
-            t1 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for p in predictors:
                 p(image, vocab, attention=True)
-            dp = time.perf_counter() - t1
-            t2 = time.perf_counter()
-            status, _ = client.predict(out[-1], api_name="/downloads")
-            dd = time.perf_counter() - t2
+            return time.perf_counter() - t0, time.process_time() - c0
+
+        for i in range(args.repeats + 1):
+            order = ("default", "calls", "ssl_verify=False") if i % 2 == 0 else ("ssl_verify=False", "calls", "default")
+            got = {}
+            for step in order:
+                got[step] = calls() if step == "calls" else request_once(step)
+            run_id = got["default"][0][-1]
+            t0 = time.perf_counter()
+            status, _ = clients["default"].predict(run_id, api_name="/downloads")
+            dd = time.perf_counter() - t0
             if status.startswith("**Error:**"):
                 raise SystemExit(status)
-            _, df, inner_f = request_once(clients["ssl_verify=False"])
+            load = os.getloadavg()[0]
+            dp, cp = got["calls"]
             if i:
-                app_times.append(dt)
                 pred_times.append(dp)
-                inside.append(inner)
                 dl_times.append(dd)
-                fast_times.append(df)
-                fast_inside.append(inner_f)
-            print(f"{'warm-up' if not i else f'repeat {i}'}: app request {dt:.3f} s (ssl_verify=False: {df:.3f} s), "
-                  f"Predictor calls {dp:.3f} s ({100 * (dt - dp) / dp:+.1f} %, {100 * (df - dp) / dp:+.1f} %), "
-                  f"{_load()}", flush=True)
+                loads.append(load)
+                cpu["calls"].append(cp)
+                for n in names:
+                    times[n].append(got[n][1])
+                    inside[n].append(got[n][2])
+                    cpu[n].append(got[n][3])
+            da, df = got["default"][1], got["ssl_verify=False"][1]
+            print(f"{'warm-up' if not i else f'repeat {i}'} (load {load:.2f}; order {', '.join(order)}): "
+                  f"app request {da:.3f} s, ssl_verify=False {df:.3f} s; Predictor calls {dp:.3f} s "
+                  f"({100 * (da - dp) / dp:+.1f} %, {100 * (df - dp) / dp:+.1f} %); inside the requests "
+                  f"{got['default'][2]:.3f}, {got['ssl_verify=False'][2]:.3f} s; CPU seconds {got['default'][3]:.3f}, "
+                  f"{got['ssl_verify=False'][3]:.3f}, calls {cp:.3f}", flush=True)
         clip = engine.cfg.MODEL.SPARSECLIP.CLIP
         b = statistics.median(pred_times)
         print(f"model {clip.NAME} ({clip.PRETRAINED}), device {engine.cfg.MODEL.DEVICE}, photo {args.sample} "
               f"{image.shape[1]}x{image.shape[0]}, short side {engine.cfg.INPUT.MIN_SIZE_TEST}, {len(vocab)} classes, "
               f"methods {' '.join(args.methods)}, torch threads {__import__('torch').get_num_threads()}, "
               f"{args.repeats} repeats")
-        print(f"at the start: {load_start}; at the end: {_load()}")
+        print(f"at the start: {load_start}; at the end: {_load()}; 1-min load after each repeat: median "
+              f"{statistics.median(loads):.2f} (min {min(loads):.2f}, max {max(loads):.2f})")
         print(f"Predictor calls the request wraps: median {b:.3f} s  (runs: {_runs(pred_times)})")
-        for name, times, inner in (("default", app_times, inside), ("ssl_verify=False", fast_times, fast_inside)):
-            a = statistics.median(times)
-            print(f"app request (gradio_client /run, client {name}): median {a:.3f} s  (runs: {_runs(times)})")
+        for name in names:
+            a = statistics.median(times[name])
+            print(f"app request (gradio_client /run, client {name}): median {a:.3f} s  (runs: {_runs(times[name])})")
             print(f"  app overhead: {a - b:+.3f} s = {100 * (a - b) / b:+.1f} % (goal <= 10 %)")
-            ratios = [100 * (t - p) / p for t, p in zip(times, pred_times)]
-            print(f"  per request and the calls next to it: median {statistics.median(ratios):+.1f} % "
-                  f"(pairs: {', '.join(f'{r:+.1f}' for r in ratios)})")
-            c = statistics.median([t - n for t, n in zip(times, inner)])
+            ratios = [100 * (t - p) / p for t, p in zip(times[name], pred_times)]
+            print(f"  per repeat, the request against the calls of its repeat: median {statistics.median(ratios):+.1f} % "
+                  f"(repeats: {', '.join(f'{r:+.1f}' for r in ratios)})")
+            c = statistics.median([t - n for t, n in zip(times[name], inside[name])])
             print(f"  within each request (request - its own Predictor calls, from the status line): median "
-                  f"{c:+.3f} s = {100 * c / statistics.median(inner):+.1f} % of them")
-        print(f"downloads on demand (gradio_client /downloads, after each run): median "
+                  f"{c:+.3f} s = {100 * c / statistics.median(inside[name]):+.1f} % of them")
+        c = statistics.median(cpu["calls"])
+        print(f"CPU seconds of this process (server and client threads; load-independent, but blind to waiting): "
+              f"Predictor calls median {c:.3f} s (runs: {_runs(cpu['calls'])})")
+        for name in names:
+            a = statistics.median(cpu[name])
+            print(f"  request, client {name}: median {a:.3f} s = {100 * (a - c) / c:+.1f} %  (runs: {_runs(cpu[name])})")
+        print(f"downloads on demand (gradio_client /downloads, after each repeat): median "
               f"{statistics.median(dl_times):.3f} s  (runs: {_runs(dl_times)})")
     finally:
         demo.close()

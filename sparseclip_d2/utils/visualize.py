@@ -15,6 +15,7 @@ state) and returns ``(H, W, 3)`` uint8 RGB arrays; :func:`save_png` writes them.
 Class colours are fixed per class index (:func:`class_colors`), so panels of one figure and
 figures of one vocabulary agree.
 """
+import functools
 import logging
 import math
 import os
@@ -52,15 +53,25 @@ RANDOM_WEIGHTS_BANNER = "RANDOM WEIGHTS - not meaningful"
 BANNER_COLOR = "#c00000"
 
 
+@functools.lru_cache(maxsize=1)
+def _base_palette() -> np.ndarray:
+    """detectron2's palette without its repeated entries, black and white, ``(K, 3)`` float64
+    (computed once: the de-duplication is quadratic; read-only)."""
+    base, seen = [], set()
+    for c in colormap(rgb=True, maximum=255).round().astype(np.int64):
+        if tuple(c) not in seen and 0 < c.sum() < 3 * 255:  # no repeats, no black/white
+            seen.add(tuple(c))
+            base.append(c)
+    base = np.array(base, dtype=np.float64)
+    base.setflags(write=False)
+    return base
+
+
 def class_colors(num_classes: int) -> np.ndarray:
     """``(num_classes, 3)`` uint8 RGB colours, deterministic: detectron2's palette without
     its repeated entries, black and white, then the same colours lightened / darkened, then seeded random
     colours (beyond about 350 classes)."""
-    base = []
-    for c in colormap(rgb=True, maximum=255).round().astype(np.int64):
-        if tuple(c) not in {tuple(b) for b in base} and 0 < c.sum() < 3 * 255:  # no repeats, no black/white
-            base.append(c)
-    base = np.array(base, dtype=np.float64)
+    base = _base_palette()
     shifts = (0.0, 0.45, -0.45, 0.75, -0.7)
     out = np.empty((num_classes, 3), dtype=np.float64)
     for i in range(num_classes):
