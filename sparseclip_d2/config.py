@@ -174,6 +174,21 @@ def add_sparseclip_config(cfg):
     # (mc-lan/ProxyCLIP proxyclip_segmentor.py defaults beta=1.2, gamma=3.0).
     _C.MODEL.SPARSECLIP.PROXY.BETA = 1.2
     _C.MODEL.SPARSECLIP.PROXY.GAMMA = 3.0
+    # FSA's feedback attention on the proxy last block (sparseclip_d2/proxy/fsa.py; chi-chi-zx/FSA
+    # @ dbd2da5 open_clip/transformer.py custom_attn / FSA / SparseAtten / attend_v_ens).
+    _C.MODEL.SPARSECLIP.PROXY.FSA = CN()
+    _C.MODEL.SPARSECLIP.PROXY.FSA.ENABLED = False
+    # Top-p nucleus of each row of the KL similarity (SparseAtten(sim, p=0.45)), in (0, 1].
+    _C.MODEL.SPARSECLIP.PROXY.FSA.TOP_P = 0.45
+    # Scores sim * exp(LAMBDA * sim) (FSA_Proxy_segmentor.py lamda=3.0; hyper_param.txt: MAE 4.5).
+    _C.MODEL.SPARSECLIP.PROXY.FSA.LAMBDA = 3.0
+    # Cosine-logit scales of the proxy-attention output and of the uniform-attention output
+    # (custom_attn: compute_logits(..., logits_scale=20) and logits_scale=35).
+    _C.MODEL.SPARSECLIP.PROXY.FSA.PATCH_SCALE = 20.0
+    _C.MODEL.SPARSECLIP.PROXY.FSA.UNIFORM_SCALE = 35.0
+    # Normaliser of the FSA scores: "" = ATTENTION.NORMALIZER (upstream: softmax), or any
+    # registered one (entmax uses ATTENTION.ALPHA).
+    _C.MODEL.SPARSECLIP.PROXY.FSA.NORMALIZER = ""
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
