@@ -311,3 +311,20 @@ def test_fsa_configs_select_upstreams_values():
         "_mae": ("vit_base_patch16_224.mae", 4.5, 0.0, 336, 336, 112),
         "_sam": ("samvit_base_patch16", 3.0, 0.0, 336, 336, 112),
     }
+
+
+def test_demo_and_predictor_variants_keep_and_name_the_proxy(caplog):
+    """A Predictor's attention variants (the demo's --compare) keep the second backbone (and FSA),
+    and the demo's "attention:" line and titles name the proxy, not CLIP's q-k."""
+    from sparseclip_d2.cli.demo import build_predictors, describe_attention
+
+    cfg = tiny_cfg(**_ON)
+    cfg.MODEL.SPARSECLIP.TEXT.TEMPLATES = "single"
+    variant = AttentionSpec(normalizer="entmax", alpha=1.2, residual=False, ffn=False)
+    base, other = build_predictors(cfg, [("cfg", AttentionSpec.from_config(cfg)), ("entmax", variant)])
+    assert isinstance(other.model.encoder, FSAEncoder) and other.model.encoder.proxy is base.model.encoder.proxy
+    assert other.model.encoder.fsa == base.model.encoder.fsa and other.model.encoder.spec.normalizer == "entmax"
+    line = describe_attention(other, variant)
+    assert line.startswith(f"proxy {DINO} tokens of block -1: cosine (S - 1.2 mean S) x 3, negatives -inf, "
+                           "entmax \u03b1=1.2") and "FSA: top-p 0.45" in line
+    assert other.describe() == f"sparseclip-tiny-vit: {line}"

@@ -23,7 +23,7 @@ from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
 from .backbone import ProxyBackbone, lcm, to_proxy_input
 
-__all__ = ["ProxyCLIPEncoder", "check_proxy_spec"]
+__all__ = ["ProxyCLIPEncoder", "check_proxy_spec", "describe_proxy_block"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,16 @@ def check_proxy_spec(spec: AttentionSpec) -> None:
     if bad:
         raise ValueError("MODEL.SPARSECLIP.PROXY.NAME is set, so the last block takes its attention from the proxy; "
                          "refused: " + "; ".join(bad))
+
+
+def describe_proxy_block(opts, spec: AttentionSpec, beta: float, gamma: float) -> str:
+    """``"proxy vit_base_patch8_224.dino tokens of block -1: cosine (S - 1.2 mean S) x 3, negatives
+    -inf, softmax, no residual/FFN"`` (:func:`~sparseclip_d2.clip.describe_spec`'s style)."""
+    from ..clip.spec import describe_spec
+
+    rest = describe_spec(spec).split(", ", 1)[1]  # the normaliser onwards (the proxy replaces the source)
+    return (f"proxy {opts.name} {opts.feature} of block {opts.layer}: cosine (S - {beta:g} mean S) x {gamma:g}, "
+            f"negatives -inf, {rest}")
 
 
 class ProxyCLIPEncoder(DenseCLIPEncoder):
@@ -98,6 +108,20 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", proxy={self.proxy.name}, beta={self.beta:g}, gamma={self.gamma:g}"
+
+    def _init_kwargs(self) -> Dict:
+        """The keyword arguments (besides visual, spec, proxy) this encoder was built with."""
+        return dict(beta=self.beta, gamma=self.gamma, crop_size=self.crop_size, pos_embed_interp=self.pos_embed_interp,
+                    attn_pool_dense=self.attn_pool_dense)
+
+    def with_spec(self, spec: AttentionSpec) -> "ProxyCLIPEncoder":
+        """The same encoder (the same tower and proxy, not copied) with another attention spec
+        (the demo's and the Predictor's variants)."""
+        return type(self)(self.visual, spec, self.proxy, **self._init_kwargs())
+
+    def describe(self) -> str:
+        """One line for titles and logs: the proxy, its scores, the normaliser, the block."""
+        return describe_proxy_block(self.proxy.opts, self.spec, self.beta, self.gamma)
 
     def grid_for(self, height: int, width: int) -> Tuple[int, int]:
         """CLIP's patch grid of a window; raises unless its sides are multiples of ``patch_size``."""

@@ -131,6 +131,17 @@ class FSAEncoder(ProxyCLIPEncoder):
         return super().extra_repr() + (f", fsa(top_p={f.top_p:g}, lambda={f.lamda:g}, scales={f.patch_scale:g}/"
                                        f"{f.uniform_scale:g}, normalizer={f.normalizer or self.spec.normalizer})")
 
+    def _init_kwargs(self):
+        return dict(super()._init_kwargs(), fsa=self.fsa)
+
+    def describe(self) -> str:
+        f = self.fsa
+        norm = f.normalizer or self.spec.normalizer
+        if norm in ("entmax", "random_matched"):
+            norm = f"{norm} \u03b1={self.spec.alpha:g}"
+        return (super().describe() + f"; FSA: top-p {f.top_p:g} of 1 / (1 + KL) (scales {f.patch_scale:g} / "
+                f"{f.uniform_scale:g}), sim exp({f.lamda:g} sim), {norm}, ensembled with the proxy attention")
+
     def _classify(self, branch: torch.Tensor, text_emb: torch.Tensor, scale: float) -> torch.Tensor:
         """``scale * cos(final_norm(branch) projected, text)``: ``(B, n, C)`` -> ``(B, n, S)`` float32
         (upstream ``compute_logits(..., soft_max=False)``)."""
