@@ -412,8 +412,8 @@ def check_sparseclip_config(cfg) -> None:
 
 
 # Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no
-# alpha, sparsemax is alpha-entmax at alpha = 2 whatever ALPHA says).
-_NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax")
+# alpha, sparsemax is alpha-entmax at alpha = 2 whatever ALPHA says; attention/nucleus.py: top_p).
+_NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax", "top_p")
 _DEFAULT_ALPHA = 1.2  # add_sparseclip_config's ATTENTION.ALPHA
 
 
@@ -428,7 +428,9 @@ def _warn_ignored_values(cfg) -> None:
     """Warnings (once per process each) for values that are valid but do not do what they
     seem to: an ALPHA its NORMALIZER ignores, a MAX_SIZE_TEST below MIN_SIZE_TEST."""
     att = cfg.MODEL.SPARSECLIP.ATTENTION
-    if att.NORMALIZER in _NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA:
+    fsa = cfg.MODEL.SPARSECLIP.PROXY.FSA  # FSA's own normaliser reads ALPHA too (proxy/fsa.py)
+    fsa_alpha = bool(fsa.ENABLED and fsa.NORMALIZER and fsa.NORMALIZER not in _NORMALIZERS_WITHOUT_ALPHA)
+    if att.NORMALIZER in _NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA and not fsa_alpha:
         _warn_once("MODEL.SPARSECLIP.ATTENTION.ALPHA = %g is ignored by NORMALIZER %s; it applies to "
                    "NORMALIZER entmax (and the random_matched control)%s", att.ALPHA, att.NORMALIZER,
                    "; NORMALIZER sparsemax is alpha 2" if att.NORMALIZER == "sparsemax" else "")

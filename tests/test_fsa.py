@@ -328,3 +328,24 @@ def test_demo_and_predictor_variants_keep_and_name_the_proxy(caplog):
     assert line.startswith(f"proxy {DINO} tokens of block -1: cosine (S - 1.2 mean S) x 3, negatives -inf, "
                            "entmax \u03b1=1.2") and "FSA: top-p 0.45" in line
     assert other.describe() == f"sparseclip-tiny-vit: {line}"
+
+
+def test_alpha_warning_knows_fsas_own_normaliser(caplog, monkeypatch):
+    """ALPHA with NORMALIZER softmax is reported as ignored, unless FSA's own normaliser reads it;
+    top_p ignores ALPHA like softmax."""
+    import logging
+
+    import sparseclip_d2.config as config_module
+
+    def warnings(**opts):
+        monkeypatch.setattr(config_module, "_WARNED", set())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=config_module.__name__):
+            config_module.check_sparseclip_config(tiny_cfg(**opts))
+        return [r.getMessage() for r in caplog.records if r.name == config_module.__name__ and "ALPHA" in r.getMessage()]
+
+    alpha = {"MODEL.SPARSECLIP.ATTENTION.ALPHA": "1.5"}
+    assert len(warnings(**_ON, **alpha)) == 1
+    assert warnings(**_ON, **alpha, **{"MODEL.SPARSECLIP.PROXY.FSA.NORMALIZER": "entmax"}) == []
+    lines = warnings(**alpha, **{"MODEL.SPARSECLIP.ATTENTION.NORMALIZER": "top_p"})
+    assert len(lines) == 1 and "ignored by NORMALIZER top_p" in lines[0]
