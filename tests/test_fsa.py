@@ -104,7 +104,12 @@ def kl_similarity_reference(patch, uniform):
     return out
 
 
-def test_kl_similarity_scores_and_ensemble_match_float64():
+@pytest.mark.parametrize("block_bytes", [None, 2 * 7 * 4 * 4])  # one block; blocks of 2 rows (the last of 1)
+def test_kl_similarity_scores_and_ensemble_match_float64(block_bytes, monkeypatch):
+    import sparseclip_d2.proxy.fsa as fsa_module
+
+    if block_bytes:
+        monkeypatch.setattr(fsa_module, "_KL_BLOCK_BYTES", block_bytes)
     g = torch.Generator().manual_seed(5)
     patch = torch.randn(2, 7, 4, generator=g, dtype=torch.float64) * 3
     uniform = torch.randn(2, 1, 4, generator=g, dtype=torch.float64) * 3
