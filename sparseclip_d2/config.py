@@ -174,6 +174,21 @@ def add_sparseclip_config(cfg):
     # (mc-lan/ProxyCLIP proxyclip_segmentor.py defaults beta=1.2, gamma=3.0).
     _C.MODEL.SPARSECLIP.PROXY.BETA = 1.2
     _C.MODEL.SPARSECLIP.PROXY.GAMMA = 3.0
+    # FSA's feedback attention on the proxy last block (sparseclip_d2/proxy/fsa.py; chi-chi-zx/FSA
+    # @ dbd2da5 open_clip/transformer.py custom_attn / FSA / SparseAtten / attend_v_ens).
+    _C.MODEL.SPARSECLIP.PROXY.FSA = CN()
+    _C.MODEL.SPARSECLIP.PROXY.FSA.ENABLED = False
+    # Top-p nucleus of each row of the KL similarity (SparseAtten(sim, p=0.45)), in (0, 1].
+    _C.MODEL.SPARSECLIP.PROXY.FSA.TOP_P = 0.45
+    # Scores sim * exp(LAMBDA * sim) (FSA_Proxy_segmentor.py lamda=3.0; hyper_param.txt: MAE 4.5).
+    _C.MODEL.SPARSECLIP.PROXY.FSA.LAMBDA = 3.0
+    # Cosine-logit scales of the proxy-attention output and of the uniform-attention output
+    # (custom_attn: compute_logits(..., logits_scale=20) and logits_scale=35).
+    _C.MODEL.SPARSECLIP.PROXY.FSA.PATCH_SCALE = 20.0
+    _C.MODEL.SPARSECLIP.PROXY.FSA.UNIFORM_SCALE = 35.0
+    # Normaliser of the FSA scores: "" = ATTENTION.NORMALIZER (upstream: softmax), or any
+    # registered one (entmax uses ATTENTION.ALPHA).
+    _C.MODEL.SPARSECLIP.PROXY.FSA.NORMALIZER = ""
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
@@ -397,8 +412,8 @@ def check_sparseclip_config(cfg) -> None:
 
 
 # Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no
-# alpha, sparsemax is alpha-entmax at alpha = 2 whatever ALPHA says).
-_NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax")
+# alpha, sparsemax is alpha-entmax at alpha = 2 whatever ALPHA says; attention/nucleus.py: top_p).
+_NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax", "top_p")
 _DEFAULT_ALPHA = 1.2  # add_sparseclip_config's ATTENTION.ALPHA
 
 
@@ -413,7 +428,9 @@ def _warn_ignored_values(cfg) -> None:
     """Warnings (once per process each) for values that are valid but do not do what they
     seem to: an ALPHA its NORMALIZER ignores, a MAX_SIZE_TEST below MIN_SIZE_TEST."""
     att = cfg.MODEL.SPARSECLIP.ATTENTION
-    if att.NORMALIZER in _NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA:
+    fsa = cfg.MODEL.SPARSECLIP.PROXY.FSA  # FSA's own normaliser reads ALPHA too (proxy/fsa.py)
+    fsa_alpha = bool(fsa.ENABLED and fsa.NORMALIZER and fsa.NORMALIZER not in _NORMALIZERS_WITHOUT_ALPHA)
+    if att.NORMALIZER in _NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA and not fsa_alpha:
         _warn_once("MODEL.SPARSECLIP.ATTENTION.ALPHA = %g is ignored by NORMALIZER %s; it applies to "
                    "NORMALIZER entmax (and the random_matched control)%s", att.ALPHA, att.NORMALIZER,
                    "; NORMALIZER sparsemax is alpha 2" if att.NORMALIZER == "sparsemax" else "")

@@ -270,8 +270,11 @@ class Predictor:
             encoder = base
         else:
             try:
-                encoder = DenseCLIPEncoder(base.visual, spec, pos_embed_interp=base.pos_embed_interp,
-                                           attn_pool_dense=base.attn_pool_dense)
+                if hasattr(base, "with_spec"):  # a second backbone's encoder keeps it (proxy/encoder.py)
+                    encoder = base.with_spec(spec)
+                else:
+                    encoder = DenseCLIPEncoder(base.visual, spec, pos_embed_interp=base.pos_embed_interp,
+                                               attn_pool_dense=base.attn_pool_dense)
             except ValueError as e:
                 raise ValueError(f"attention spec {self.method!r}: {e}") from e
         self.model = SparseCLIP(**dict(self._kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE))
@@ -299,7 +302,8 @@ class Predictor:
 
     def describe(self) -> str:
         """``"<model name>: <attention>"`` for titles and logs."""
-        return f"{self.cfg.MODEL.SPARSECLIP.CLIP.NAME}: {describe_spec(self.spec)}"
+        describe = getattr(self.model.encoder, "describe", None)  # a proxy encoder names its proxy
+        return f"{self.cfg.MODEL.SPARSECLIP.CLIP.NAME}: {describe() if describe else describe_spec(self.spec)}"
 
     def prepare(self, image_rgb: np.ndarray, classes: List[str], background: Optional[int]) -> Dict:
         """The META_ARCH input of one ``(H, W, 3)`` RGB photo: resized as the test mapper

@@ -13,6 +13,7 @@ from .mixing import check_mix_scale, check_mix_weight, mix_attention
 from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
 from .priors import PRIOR_REGISTRY, build_prior, get_prior
 from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, paper_source_name, parse_source
+from .nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask, nucleus_prune  # registers the top_p normaliser
 
 __all__ = [
     "alpha_entmax",
@@ -46,4 +47,8 @@ __all__ = [
     "check_feedback_precision",
     "feedback_prior",
     "patch_labels",
+    "TOP_P_DEFAULT",
+    "check_top_p",
+    "nucleus_mask",
+    "nucleus_prune",
 ]

@@ -214,6 +214,13 @@ def resolve_vocabulary(args) -> Tuple[List[str], Optional[int], str]:
     return classes, background, f"vocabulary {args.vocabulary}"
 
 
+def describe_attention(predictor: Predictor, spec: AttentionSpec) -> str:
+    """``describe_spec(spec)``, or the line of an encoder that describes itself (a second
+    backbone's encoder names its proxy, sparseclip_d2/proxy/encoder.py ``describe``)."""
+    describe = getattr(predictor.model.encoder, "describe", None)
+    return describe() if describe else describe_spec(spec)
+
+
 def build_predictors(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> List[Predictor]:
     """One :class:`~sparseclip_d2.predictor.Predictor` per spec, all sharing ONE CLIP model
     (built once from ``cfg``; random weights drawn with torch seed ``cfg.SEED``)."""
@@ -365,12 +372,12 @@ def process_image(path: str, stem: str, args, cfg, specs, predictors, vocabulary
                                                      title=None if not args.compare else text),
                                   out(f"_probs{suffix}.png")))
         if not args.compare:
-            title = f"{clip.NAME}: {describe_spec(spec)}"
+            title = f"{clip.NAME}: {describe_attention(predictor, spec)}"
             files.append(save_png(draw_overlay(image, result.labels, names, colors=colors, alpha=args.opacity,
                                                banner=banner, title=title), out("_overlay.png")))
         else:
             label_maps.append(result.labels)
-            titles.append(f"{text}\n{describe_spec(spec)}")
+            titles.append(f"{text}\n{describe_attention(predictor, spec)}")
         del result
     if args.compare:
         fig = compare_figure(image, label_maps, titles, names, colors=colors, banner=banner,
@@ -398,10 +405,10 @@ def run(args) -> Dict[str, List[str]]:
         raise ValueError(f"--opacity must be in [0, 1], got {args.opacity}")
     logger.info("vocabulary (%s): %d classes: %s%s", vocab_source, len(vocabulary), ", ".join(names),
                 f"; background class {names[background]!r}" if background is not None else "")
-    logger.info("%d image(s); attention: %s", len(paths), "; ".join(f"{t} = {describe_spec(s)}" for t, s in specs))
-
     start = time.perf_counter()
     predictors = build_predictors(cfg, specs)
+    logger.info("%d image(s); attention: %s", len(paths),
+                "; ".join(f"{t} = {describe_attention(p, s)}" for (t, s), p in zip(specs, predictors)))
     random_weights = predictors[0].random_weights
     clip = cfg.MODEL.SPARSECLIP.CLIP
     logger.info("built %s (%s) with %d attention variant(s) on %s in %.1fs", clip.NAME, clip.PRETRAINED,

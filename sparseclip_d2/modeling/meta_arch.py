@@ -347,6 +347,8 @@ class SparseCLIP(nn.Module):
             kwargs["feedback"] = lambda first: first_segmentation_prior(
                 first, images, text_emb, self.logit_scale, self.feedback, int(self.encoder.patch_size),
                 int(self.encoder.num_prefix_tokens))
+        if getattr(self.encoder, "needs_text", False):  # a last block that classifies (FSA, proxy/fsa.py)
+            kwargs["text_emb"] = text_emb
         if self.feature_surgery:  # CLIP Surgery's text-side feature surgery (clip/surgery.py)
             tokens, grid, attn = self.encoder.forward_tokens(images, **kwargs)
             if attention_sink is not None:

@@ -6,6 +6,8 @@ give the last CLIP block its attention (ProxyCLIP and the methods built on it).
 - :mod:`.attention`: pure-torch parts: :func:`proxy_cosine_scores` (ProxyCLIP's score source),
   :func:`resample_grid` (CLIP's values on the proxy grid).
 - :mod:`.encoder`: :class:`ProxyCLIPEncoder`, the ``DenseCLIPEncoder`` with the proxy last block.
+- :mod:`.fsa`: FSA's feedback attention on that block (:class:`FSAEncoder`, :func:`kl_similarity`,
+  :func:`fsa_scores`, :func:`fsa_ensemble`).
 - :mod:`.config`: ``MODEL.SPARSECLIP.PROXY.*`` read and validated (no detectron2 import).
 
 See docs/architecture.md ("The second backbone").
@@ -14,9 +16,11 @@ from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
 from .backbone import (PROXY_FEATURES, PROXY_MODELS, ProxyBackbone, ProxyOptions, build_proxy,
                        check_proxy_options, load_proxy_state_dict, to_proxy_input)
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
+from .fsa import FSAEncoder, FSASettings, check_fsa_settings, fsa_ensemble, fsa_scores, kl_similarity
 
 __all__ = [
     "PROXY_FEATURES", "PROXY_MODELS", "ProxyBackbone", "ProxyOptions", "build_proxy", "check_proxy_options",
     "load_proxy_state_dict", "to_proxy_input", "proxy_cosine_scores", "resample_grid", "check_beta_gamma",
     "ProxyCLIPEncoder", "check_proxy_spec",
+    "FSAEncoder", "FSASettings", "check_fsa_settings", "kl_similarity", "fsa_scores", "fsa_ensemble",
 ]

@@ -6,8 +6,10 @@ from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma
 from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
+from .fsa import FSAEncoder, FSASettings, check_fsa_settings
 
-__all__ = ["PROXY_KEY_DEFAULTS", "proxy_options_from_config", "check_proxy_config", "build_proxy_encoder"]
+__all__ = ["PROXY_KEY_DEFAULTS", "FSA_KEY_DEFAULTS", "proxy_options_from_config", "fsa_settings_from_config",
+           "check_proxy_config", "build_proxy_encoder"]
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +18,8 @@ KEY = "MODEL.SPARSECLIP.PROXY"
 #: keep them (a key set without a proxy would change nothing and is refused).
 PROXY_KEY_DEFAULTS = {"WEIGHTS": "none", "LAYER": -1, "FEATURE": "tokens", "INPUT_SIZE": 0,
                       "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32", "BETA": 1.2, "GAMMA": 3.0}
+#: ``add_sparseclip_config``'s values of ``PROXY.FSA.*``: with ``ENABLED False`` the others must keep them.
+FSA_KEY_DEFAULTS = {"TOP_P": 0.45, "LAMBDA": 3.0, "PATCH_SCALE": 20.0, "UNIFORM_SCALE": 35.0, "NORMALIZER": ""}
 
 
 def proxy_options_from_config(cfg) -> Optional[ProxyOptions]:
@@ -35,6 +39,21 @@ def _node(cfg):
         raise ValueError(f"config lacks {KEY} ({e}); call sparseclip_d2.add_sparseclip_config(cfg) first") from e
 
 
+def fsa_settings_from_config(cfg) -> Optional[FSASettings]:
+    """The validated :class:`~.fsa.FSASettings` of ``cfg``, or None when ``PROXY.FSA.ENABLED`` is
+    False (then every other ``PROXY.FSA`` key must keep its default)."""
+    f = _node(cfg).FSA
+    if not f.ENABLED:
+        changed = [f"{KEY}.FSA.{k} = {f[k]!r}" for k, v in FSA_KEY_DEFAULTS.items() if f[k] != v]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.FSA.ENABLED is False: enable FSA or "
+                             "leave these keys at their defaults")
+        return None
+    return check_fsa_settings(FSASettings(top_p=f.TOP_P, lamda=f.LAMBDA, patch_scale=f.PATCH_SCALE,
+                                          uniform_scale=f.UNIFORM_SCALE, normalizer=str(f.NORMALIZER).strip().lower()),
+                              f"{KEY}.FSA")
+
+
 def check_proxy_config(cfg) -> Optional[ProxyOptions]:
     """Validate the PROXY keys (and what they need of the rest of ``cfg``) before any model is built.
 
@@ -49,11 +68,19 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
     opts = proxy_options_from_config(cfg)
     if opts is None:
         changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in PROXY_KEY_DEFAULTS.items() if p[k] != v]
+        if p.FSA.ENABLED:
+            changed.append(f"{KEY}.FSA.ENABLED = True")
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
         return None
     check_beta_gamma(p.BETA, p.GAMMA, KEY)
+    if fsa_settings_from_config(cfg) is not None:
+        for bad, why in ((cfg.TEST.TTA.MODE, f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r}"),
+                         (cfg.MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED, "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED")):
+            if bad:
+                raise ValueError(f"{why} with {KEY}.FSA.ENABLED: FSA's last block needs the class texts, which that "
+                                 "path does not pass to the encoder; turn one of them off")
     check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
     if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
         raise ValueError(f"MODEL.META_ARCHITECTURE SparseCLIPFGOVD with {KEY}.NAME {opts.name!r}: its RoIAlign maps "
@@ -72,14 +99,18 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
 
 
 def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool_dense: str) -> ProxyCLIPEncoder:
-    """The :class:`ProxyCLIPEncoder` of ``cfg`` around ``visual``: the proxy built on ``device``
-    (random weights logged loudly), the spec of ``cfg``, ``PROXY.BETA`` / ``GAMMA``."""
+    """The :class:`ProxyCLIPEncoder` of ``cfg`` around ``visual`` (an :class:`~.fsa.FSAEncoder`
+    with ``PROXY.FSA.ENABLED``): the proxy built on ``device`` (random weights logged loudly),
+    the spec of ``cfg``, ``PROXY.BETA`` / ``GAMMA``, ``PROXY.FSA.*``."""
     opts = check_proxy_config(cfg)
     if opts is None:
         raise ValueError(f"{KEY}.NAME is empty: no proxy encoder to build")
     p = _node(cfg)
+    fsa = fsa_settings_from_config(cfg)
     proxy = build_proxy(opts, device=device, key=KEY)
     sw = cfg.TEST.SLIDING_WINDOW
-    return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, beta=p.BETA, gamma=p.GAMMA,
-                            crop_size=sw.CROP_SIZE if sw.ENABLED else None, pos_embed_interp=pos_embed_interp,
-                            attn_pool_dense=attn_pool_dense)
+    kw = dict(beta=p.BETA, gamma=p.GAMMA, crop_size=sw.CROP_SIZE if sw.ENABLED else None,
+              pos_embed_interp=pos_embed_interp, attn_pool_dense=attn_pool_dense)
+    if fsa is not None:
+        return FSAEncoder(visual, AttentionSpec.from_config(cfg), proxy, fsa=fsa, **kw)
+    return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)

@@ -23,7 +23,7 @@ from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
 from .backbone import ProxyBackbone, lcm, to_proxy_input
 
-__all__ = ["ProxyCLIPEncoder", "check_proxy_spec"]
+__all__ = ["ProxyCLIPEncoder", "check_proxy_spec", "describe_proxy_block"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,24 @@ def check_proxy_spec(spec: AttentionSpec) -> None:
         bad.append(f"ATTENTION.MIX.LAYERS {list(spec.mix_layers)} (mixing needs CLIP's grid; valid with a proxy: [])")
     if spec.cls_weight:
         bad.append(f"BLOCK.CLS_WEIGHT {spec.cls_weight:g} (the proxy block outputs patch tokens only; valid: 0)")
+    if spec.feedback:
+        bad.append("FEEDBACK.ENABLED True (the semantic feedback prior lives on CLIP's grid; valid with a proxy: False)")
+    if spec.parallel_layers:
+        bad.append(f"PARALLEL.LAYERS {spec.parallel_layers} (the proxy block replaces the last block on the main "
+                   "stream; valid with a proxy: 0)")
     if bad:
         raise ValueError("MODEL.SPARSECLIP.PROXY.NAME is set, so the last block takes its attention from the proxy; "
                          "refused: " + "; ".join(bad))
+
+
+def describe_proxy_block(opts, spec: AttentionSpec, beta: float, gamma: float) -> str:
+    """``"proxy vit_base_patch8_224.dino tokens of block -1: cosine (S - 1.2 mean S) x 3, negatives
+    -inf, softmax, no residual/FFN"`` (:func:`~sparseclip_d2.clip.describe_spec`'s style)."""
+    from ..clip.spec import describe_spec
+
+    rest = describe_spec(spec).split(", ", 1)[1]  # the normaliser onwards (the proxy replaces the source)
+    return (f"proxy {opts.name} {opts.feature} of block {opts.layer}: cosine (S - {beta:g} mean S) x {gamma:g}, "
+            f"negatives -inf, {rest}")
 
 
 class ProxyCLIPEncoder(DenseCLIPEncoder):
@@ -94,6 +109,20 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", proxy={self.proxy.name}, beta={self.beta:g}, gamma={self.gamma:g}"
 
+    def _init_kwargs(self) -> Dict:
+        """The keyword arguments (besides visual, spec, proxy) this encoder was built with."""
+        return dict(beta=self.beta, gamma=self.gamma, crop_size=self.crop_size, pos_embed_interp=self.pos_embed_interp,
+                    attn_pool_dense=self.attn_pool_dense)
+
+    def with_spec(self, spec: AttentionSpec) -> "ProxyCLIPEncoder":
+        """The same encoder (the same tower and proxy, not copied) with another attention spec
+        (the demo's and the Predictor's variants)."""
+        return type(self)(self.visual, spec, self.proxy, **self._init_kwargs())
+
+    def describe(self) -> str:
+        """One line for titles and logs: the proxy, its scores, the normaliser, the block."""
+        return describe_proxy_block(self.proxy.opts, self.spec, self.beta, self.gamma)
+
     def grid_for(self, height: int, width: int) -> Tuple[int, int]:
         """CLIP's patch grid of a window; raises unless its sides are multiples of ``patch_size``."""
         ph, pw = self._window_patch
@@ -117,14 +146,15 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
         weights = get_normalizer(spec.normalizer)(scores, alpha=spec.alpha, generator=generator).float()
         return weights, (int(feats.shape[-2]), int(feats.shape[-1]))
 
-    def forward_pass(self, images: torch.Tensor, tap_layers: Sequence[int] = ()) -> EncoderPass:
+    def forward_pass(self, images: torch.Tensor, tap_layers: Sequence[int] = (), **block_kw) -> EncoderPass:
         """One forward: the proxy's weights, CLIP's blocks, the proxy last block.
 
         Returns an :class:`~sparseclip_d2.clip.encoder.EncoderPass` whose ``tokens`` are
         ``(B, h'*w', C)`` (the proxy grid's patches, **no** prefix tokens, after the final
         norm), ``grid`` the proxy grid, ``attn`` ``(B, heads, h'*w', h'*w')``, ``taps`` as for
         ``DenseCLIPEncoder`` (index ``depth``: the last block's output on the proxy grid) and
-        no tap attention.
+        no tap attention. ``block_kw`` go to :meth:`attend` (none for ProxyCLIP; a subclass's
+        last block may take more, e.g. FSA's ``text_emb``).
         """
         want = check_pass_inputs(images, tap_layers, self.depth)
         B, _, H, W = images.shape
@@ -152,12 +182,7 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
         y = tower.norm1(blk, x)
         _, _, v = tower.qkv(blk, y, rope)
         v = resample_grid(v[:, :, P:], grid, pgrid)  # (B, heads, N', d)
-        heads, n = v.shape[1], v.shape[2]
-        # one (N', N') matrix per image is shared by every head: weights @ (v of all heads side
-        # by side) is the heads' outputs concatenated, in float32, without an (N', N') per head
-        out = torch.matmul(weights, v.float().transpose(1, 2).reshape(B, n, -1)).to(v.dtype)
-        attn = weights.unsqueeze(1).expand(B, heads, n, n)  # a view, for return_attention
-        out = tower.attn_out(blk, resample_grid(y[:, P:], grid, pgrid), out)
+        out, attn = self.attend(blk, resample_grid(y[:, P:], grid, pgrid), v, weights, **block_kw)
         x = resample_grid(x[:, P:], grid, pgrid) + out if spec.residual else out
         if spec.ffn:
             x = x + tower.ffn(blk, x)
@@ -165,9 +190,29 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
             taps[self.depth] = x
         return EncoderPass(tower.final_norm(x), pgrid, attn, taps, {})
 
-    def forward_tokens(self, images: torch.Tensor):
+    def attend(self, blk: nn.Module, y: torch.Tensor, v: torch.Tensor,
+               weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The last block's attention branch on the proxy grid (ProxyCLIP's ``attend_v``).
+
+        Args:
+            blk: the tower's last block.
+            y: ``(B, N', C)`` its normed input resampled to the proxy grid (for towers whose
+                output projection reads it).
+            v: ``(B, heads, N', d)`` CLIP's values resampled to the proxy grid.
+            weights: ``(B, N', N')`` float32 proxy weights, shared by every head.
+        Returns:
+            ``((B, N', C) branch output, (B, heads, N', N') float32 weights)``.
+        """
+        B, heads, n = v.shape[0], v.shape[1], v.shape[2]
+        # one (N', N') matrix per image is shared by every head: weights @ (v of all heads side
+        # by side) is the heads' outputs concatenated, in float32, without an (N', N') per head
+        out = torch.matmul(weights, v.float().transpose(1, 2).reshape(B, n, -1)).to(v.dtype)
+        attn = weights.unsqueeze(1).expand(B, heads, n, n)  # a view, for return_attention
+        return self._tower.attn_out(blk, y, out), attn
+
+    def forward_tokens(self, images: torch.Tensor, **block_kw):
         """``(tokens (B, h'*w', C), (h', w'), attn)``: see :meth:`forward_pass` (no prefix tokens)."""
-        p = self.forward_pass(images)
+        p = self.forward_pass(images, **block_kw)
         return p.tokens, p.grid, p.attn
 
     def pooled_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -179,10 +224,11 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
             return tokens @ self.visual.proj
         return self._tower.dense_from_patches(tokens)
 
-    def forward(self, images: torch.Tensor, return_attention: bool = False):
+    def forward(self, images: torch.Tensor, return_attention: bool = False, **block_kw):
         """Dense patch embeddings ``(B, D, h', w')`` on the proxy grid (model dtype, not
-        L2-normalised); with ``return_attention`` also ``(B, heads, h'*w', h'*w')`` float32."""
-        tokens, (h, w), attn = self.forward_tokens(images)
+        L2-normalised); with ``return_attention`` also ``(B, heads, h'*w', h'*w')`` float32.
+        ``block_kw``: see :meth:`forward_pass`."""
+        tokens, (h, w), attn = self.forward_tokens(images, **block_kw)
         B = tokens.shape[0]
         feats = self._dense_patches(tokens).reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous()
         if return_attention:
