@@ -39,6 +39,14 @@ def test_a_directory_that_is_not_the_repository_is_refused(tmp_path, capsys):
     assert "no such directory" in msg and "WalBouss/GEM" in msg
 
 
+def test_proxyclip_needs_the_dino_checkout_its_hub_call_loads(tmp_path, capsys):
+    (tmp_path / "proxyclip_segmentor.py").write_text("")
+    msg = _refusal(capsys, ["--methods", "proxyclip", "--proxyclip", str(tmp_path)])
+    assert "--proxyclip-dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
+    msg = _refusal(capsys, ["--methods", "proxyclip", "--proxyclip", str(tmp_path), "--proxyclip-dino", str(tmp_path)])
+    assert "not a checkout of facebookresearch/dino (it has no hubconf.py)" in msg
+
+
 def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
     (tmp_path / "gem").mkdir()
     (tmp_path / "gem" / "gem_wrapper.py").write_text("")

