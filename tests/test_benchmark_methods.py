@@ -1,0 +1,90 @@
+"""tools/benchmark_methods.py without any upstream checkout: its argument checks, the refusal of
+a path that is missing or is not the named repository, and the project side on the tiny tower."""
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("benchmark_methods", os.path.join(ROOT, "tools", "benchmark_methods.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _refusal(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        _tool().parse_args(argv)
+    return str(e.value.code) + capsys.readouterr().err
+
+
+def test_missing_upstream_path_is_refused_with_how_to_fetch(capsys):
+    msg = _refusal(capsys, ["--methods", "resclip"])
+    assert "--resclip" in msg and "yvhangyang/ResCLIP" in msg and "git clone https://github.com/yvhangyang/ResCLIP" in msg
+    assert "0e085f7" in msg and "--project-only" in msg
+
+
+def test_a_directory_that_is_not_the_repository_is_refused(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("not ITACLIP")
+    msg = _refusal(capsys, ["--methods", "itaclip", "--itaclip", str(tmp_path)])
+    assert str(tmp_path) in msg and "not a checkout of m-arda-aydn/ITACLIP" in msg and "itaclip_segmentor.py" in msg
+    # a checkout of another method's repository is not this one either
+    (tmp_path / "resclip_segmentor.py").write_text("")
+    msg = _refusal(capsys, ["--methods", "itaclip", "--itaclip", str(tmp_path)])
+    assert "not a checkout of m-arda-aydn/ITACLIP" in msg
+    msg = _refusal(capsys, ["--methods", "gem", "--gem", str(tmp_path / "absent")])
+    assert "no such directory" in msg and "WalBouss/GEM" in msg
+
+
+def test_proxyclip_needs_the_dino_checkout_its_hub_call_loads(tmp_path, capsys):
+    (tmp_path / "proxyclip_segmentor.py").write_text("")
+    msg = _refusal(capsys, ["--methods", "proxyclip", "--proxyclip", str(tmp_path)])
+    assert "--proxyclip-dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
+    msg = _refusal(capsys, ["--methods", "proxyclip", "--proxyclip", str(tmp_path), "--proxyclip-dino", str(tmp_path)])
+    assert "not a checkout of facebookresearch/dino (it has no hubconf.py)" in msg
+
+
+def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
+    (tmp_path / "gem").mkdir()
+    (tmp_path / "gem" / "gem_wrapper.py").write_text("")
+    args = _tool().parse_args(["--methods", "gem", "--gem", str(tmp_path)])
+    assert args.paths == {"gem": str(tmp_path)}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--methods", "sclip", "--project-only"], ["unknown method", "'sclip'", "itaclip, resclip, gem, clipsurgery"]),
+    (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
+    (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
+    (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
+    (["--project-only", "--short-side", "sclip=224"], ["--short-side 'sclip=224'", "itaclip, resclip"]),
+    (["--project-only", "--short-side", "gem=-4"], ["--short-side 'gem=-4'", "positive integer"]),
+    (["--project-only", "--weights", "/nonexistent/w.pt"], ["--weights /nonexistent/w.pt", "no such file"]),
+    (["--project-only", "MODEL.DEVICE"], ["KEY VALUE pairs", "MODEL.DEVICE"]),
+    (["--methods", "gem", "--gem", ROOT, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none"], ["cannot be overridden"]),
+])
+def test_bad_arguments_are_refused_by_name(capsys, argv, words):
+    msg = _refusal(capsys, argv)
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_project_side_on_the_tiny_tower(tmp_path, capsys):
+    """--project-only times the project's ResCLIP config (RCS + SFR, sliding window) on the tiny
+    tower: one row, a measured positive time per rep, no upstream figure."""
+    out = tmp_path / "rows.json"
+    rows = _tool().main([
+        "--project-only", "--methods", "resclip", "--reps", "2", "--short-side", "resclip=48", "--json", str(out),
+        "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS", "[0]", "TEST.SLIDING_WINDOW.CROP_SIZE", "32",
+        "TEST.SLIDING_WINDOW.STRIDE", "16"])
+    (row,) = rows
+    assert row["method"] == "resclip" and row["config"] == "resclip_b16_voc21.yaml"
+    assert row["input"] == "64x48"  # the 500 x 375 photo at short side 48 (mmcv's rescale rule)
+    assert len(row["project_all_s"]) == 2 and all(t > 0 for t in row["project_all_s"])
+    assert row["upstream_s"] is None and row["ratio"] is None and row["threads"] == 1
+    table = capsys.readouterr().out
+    assert "| resclip | `resclip_b16_voc21.yaml` | 64x48 |" in table and "| - | - | 1 |" in table
+    assert out.exists()

