@@ -267,7 +267,11 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
     holds the working-resolution logits, one band and the (H, W) label map, never the
     (C, H, W) probabilities."""
     with torch.no_grad():
-        maps, _ = predictor.predict_input(inputs)
+        voted = None
+        if getattr(predictor.model, "cluster_vote", None) is not None:  # CLIPtrase's cluster vote
+            maps, voted = predictor.model.cluster_vote_maps(inputs)
+        else:
+            maps, _ = predictor.predict_input(inputs)
         num_classes, height, width = maps.shape
         labels = np.empty((height, width), dtype=label_map_dtype(num_classes))
         step = max(1, -(-max(height, width) // thumb_side))
@@ -294,6 +298,8 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
             if writer is not None:
                 writer.close()
         model = predictor.model
+        if voted is not None:  # the cluster vote's labels replace the score maps' (as the model's forward)
+            labels = voted.cpu().numpy().astype(labels.dtype)
         if getattr(model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as the model's forward does
             from ..modeling.tta import close_labels
 
