@@ -254,3 +254,38 @@ def test_cliptrase_keys_are_refused_before_the_model_is_built(opts, match):
 
     with pytest.raises(ValueError, match=match):
         check_sparseclip_config(tiny_cfg(**opts))
+
+
+def test_center_crop_evaluator_scores_the_cropped_ground_truth(tmp_path):
+    """With INPUT.CENTER_CROP_TEST the evaluator compares the prediction with the ground truth
+    resized (nearest) and centre-cropped as torchvision does; a prediction equal to that crop
+    scores 100 mIoU, one of the full size is refused naming both sizes."""
+    from PIL import Image
+    from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Resize
+
+    from sparseclip_d2.evaluation import build_evaluator
+
+    from conftest import register_sem_seg, tiny_cfg
+
+    rng = np.random.default_rng(1)
+    gt = rng.integers(0, 3, (30, 45), dtype=np.uint8)
+    gt[:3, :3] = 255
+    Image.fromarray(gt).save(tmp_path / "gt.png")
+    Image.fromarray(rng.integers(0, 256, (30, 45, 3), dtype=np.uint8)).save(tmp_path / "img.png")
+    dicts = [{"file_name": str(tmp_path / "img.png"), "sem_seg_file_name": str(tmp_path / "gt.png"),
+              "height": 30, "width": 45}]
+    register_sem_seg("sparseclip_test_center_crop", dicts, ["a", "b", "c"])
+    crop = np.asarray(Compose([Resize(16, interpolation=InterpolationMode.NEAREST), CenterCrop(16)])(
+        Image.fromarray(gt))).astype(np.int64)
+    ev = build_evaluator(tiny_cfg(**{"INPUT.CENTER_CROP_TEST": "16"}), "sparseclip_test_center_crop")
+    ev.reset()
+    pred = torch.from_numpy(np.where(crop == 255, 0, crop))
+    ev.process(dicts, [{"sem_seg_labels": pred}])
+    assert ev.evaluate()["sem_seg"]["mIoU"] == pytest.approx(100.0)
+    ev.reset()
+    wrong = pred.clone()
+    wrong[crop == 1] = 2  # class b predicted as c on the crop: IoU(b) = 0
+    ev.process(dicts, [{"sem_seg_labels": wrong}])
+    assert ev.evaluate()["sem_seg"]["IoU-b"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match=r"prediction \(30, 45\) and centre-cropped ground truth \(16, 16\)"):
+        ev.process(dicts, [{"sem_seg_labels": torch.zeros(30, 45, dtype=torch.long)}])

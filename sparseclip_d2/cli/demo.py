@@ -351,6 +351,10 @@ def process_image(path: str, stem: str, args, cfg, specs, predictors, vocabulary
     t0 = time.perf_counter()
     image = read_image_rgb(path)
     inputs = predictors[0].prepare(image, vocabulary, background)
+    if int(cfg.INPUT.CENTER_CROP_TEST):  # the label maps are of the centre crop: the figures show the crop
+        from ..data.center_crop import CenterCropResize
+
+        image = CenterCropResize(int(cfg.INPUT.CENTER_CROP_TEST)).get_transform(image).apply_image(image)
     files = []
     out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
     label_maps, titles, slugs = [], [], set()
