@@ -167,7 +167,7 @@ class SparseCLIPTestMapper:
     def from_config(cls, cfg, dataset_name: str):
         augs = build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
         return {"dataset_name": dataset_name, "augmentations": augs, "image_format": cfg.INPUT.FORMAT,
-                "center_crop": cfg.INPUT.CENTER_CROP_TEST}
+                "center_crop": cfg.INPUT.get("CENTER_CROP_TEST", 0)}
 
     def __call__(self, dataset_dict: Dict) -> Dict:
         d = copy.deepcopy(dataset_dict)

@@ -148,7 +148,7 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
 def sem_seg(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
     """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`."""
     return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder,
-                                     center_crop=cfg.INPUT.CENTER_CROP_TEST)
+                                     center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0)
 
 
 def build_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
