@@ -20,7 +20,7 @@ require_detectron2("sparseclip_d2.config")
 
 from detectron2.config import CfgNode as CN
 
-__all__ = ["add_sparseclip_config", "check_sparseclip_config", "merge_config"]
+__all__ = ["add_sparseclip_config", "check_sparseclip_config", "merge_config", "check_cluster_vote_config"]
 
 logger = logging.getLogger(__name__)
 _WARNED = set()  # config warnings already logged in this process (one line each)
@@ -347,6 +347,27 @@ def add_sparseclip_config(cfg):
     # Evaluate only the first N images of each test dataset (0 = all). Recorded in
     # results.json so a partial number is never mistaken for a full one.
     _C.TEST.MAX_IMAGES = 0
+
+    # CLIPtrase's post-processing (sparseclip_d2/modeling/cluster_vote.py), usable with any method:
+    # DBSCAN over the rows of block LAYER's CLS-denoised Q-Q/K-K/V-V cosine map, cluster maps
+    # upsampled UPSAMPLE x and median-filtered (MEDIAN_SIZE), each cluster's pixels take its
+    # majority label. Whole-image inference only; outputs are "sem_seg_labels".
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE = CN()
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED = False
+    # Block of the self-correlation map, 0-based, negative from the end (CLIPtrase: -2 = layer 11 of 12).
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER = -2
+    # DBSCAN eps and min_samples (leaves162/CLIPtrase clip_self_correlation.py: 0.7 / 3 at 224, 1.1 / 7 at 336).
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.EPS = 0.7
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES = 3
+    # Upsampling factor before the median filter and the filter's side (CLIPtrase: ratio 4, 2*4-1).
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE = 4
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE = 7
+    # Patch logits times the window's CLS logits, per synonym (CLIPtrase's VOC20 rule).
+    _C.MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT = False
+    # Centre-crop evaluation protocol (CLIPtrase; sparseclip_d2/data/center_crop.py): N > 0 resizes
+    # image and ground truth to short side N and scores the centre N x N crop only; 0 disables
+    # (replaces INPUT.MIN_SIZE_TEST / RESIZE_MODE when on).
+    _C.INPUT.CENTER_CROP_TEST = 0
     return cfg
 
 
@@ -408,7 +429,51 @@ def check_sparseclip_config(cfg) -> None:
     from .proxy.config import check_proxy_config
 
     check_proxy_config(cfg)  # MODEL.SPARSECLIP.PROXY.*
+    _check_number("INPUT.CENTER_CROP_TEST", cfg.INPUT.CENTER_CROP_TEST, 0, inf, integer=True)
+    check_cluster_vote_config(cfg)  # MODEL.SPARSECLIP.CLUSTER_VOTE.*, CLS_LOGIT_PRODUCT
     _warn_ignored_values(cfg)
+
+
+def check_cluster_vote_config(cfg) -> None:
+    """Validate CLIPtrase's post-processing keys (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``,
+    ``CLS_LOGIT_PRODUCT``; ``modeling/cluster_vote.py``) and the paths they cannot join;
+    ``ValueError`` naming the key, its value and the valid choices."""
+    inf = math.inf
+    sc = cfg.MODEL.SPARSECLIP
+    c = sc.CLUSTER_VOTE
+    for key, value in (("MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED", c.ENABLED),
+                       ("MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT", sc.CLS_LOGIT_PRODUCT)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} = {value!r} is invalid; valid: True, False")
+    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER", c.LAYER, -inf, inf, integer=True)
+    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.EPS", c.EPS, 0, inf, low_open=True)
+    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES", c.MIN_SAMPLES, 1, inf, integer=True)
+    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE", c.UPSAMPLE, 1, inf, integer=True)
+    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE", c.MEDIAN_SIZE, 1, inf, integer=True)
+    others = []
+    if cfg.TEST.TTA.MODE:
+        others.append(("TEST.TTA.MODE", cfg.TEST.TTA.MODE, "''"))
+    if sc.FEATURE_SURGERY.ENABLED:
+        others.append(("MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED", True, "False"))
+    if cfg.TEST.ATTENTION_STATS.ENABLED:
+        others.append(("TEST.ATTENTION_STATS.ENABLED", True, "False"))
+    for on, name in ((c.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED"),
+                     (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT")):
+        if on and others:
+            key, value, valid = others[0]
+            raise ValueError(f"{name} True cannot be combined with {key} = {value!r} (that path computes its logits "
+                             f"its own way); valid: {key} {valid}")
+    if not c.ENABLED:
+        return
+    if cfg.TEST.SLIDING_WINDOW.ENABLED:
+        raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True clusters the patches of one whole-image forward; "
+                         "TEST.SLIDING_WINDOW.ENABLED = True is invalid with it; valid: False")
+    if sc.PATCH_REMAINDER != "pad_crop":
+        raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True maps the clusters back with symmetric padding; "
+                         f"MODEL.SPARSECLIP.PATCH_REMAINDER = {sc.PATCH_REMAINDER!r} is invalid with it; valid: pad_crop")
+    if sc.LABEL_CLOSING:
+        raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True returns the voted label map; "
+                         f"MODEL.SPARSECLIP.LABEL_CLOSING = {sc.LABEL_CLOSING!r} is invalid with it; valid: 0")
 
 
 # Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no

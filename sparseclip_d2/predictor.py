@@ -310,7 +310,13 @@ class Predictor:
         does, channels in ``INPUT.FORMAT``, output size = the original size."""
         h, w = image_rgb.shape[:2]
         image = image_rgb
-        for aug in self._resize:
+        crop = int(self.cfg.INPUT.CENTER_CROP_TEST)
+        if crop:  # CLIPtrase's centre-crop protocol (data/center_crop.py): the output is the crop
+            from .data.center_crop import CenterCropResize
+
+            image = CenterCropResize(crop).get_transform(image).apply_image(image)
+            h = w = crop
+        for aug in ([] if crop else self._resize):
             image = aug.get_transform(image).apply_image(image)
         short = min(image.shape[:2])
         min_size = self.cfg.INPUT.MIN_SIZE_TEST
@@ -354,8 +360,14 @@ class Predictor:
         for i, image in enumerate(items):
             label = image if isinstance(image, (str, os.PathLike)) else f"image {i}"
             rgb = to_rgb_image(image, str(label))
-            maps, record = self.predict_input(self.prepare(rgb, classes, bg), attention=attention)
-            labels = maps.labels()
+            inputs = self.prepare(rgb, classes, bg)
+            if getattr(self.model, "cluster_vote", None) is not None:  # CLIPtrase's cluster vote, as forward does
+                with torch.no_grad():
+                    maps, labels = self.model.cluster_vote_maps(inputs)
+                record = None  # attention records are refused with the cluster vote
+            else:
+                maps, record = self.predict_input(inputs, attention=attention)
+                labels = maps.labels()
             if getattr(self.model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as forward does
                 labels = close_labels(labels, self.model.label_closing)
             labels = labels.cpu().numpy()

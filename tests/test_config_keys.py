@@ -143,3 +143,31 @@ def test_pixel_mean_matching_pixel_norm_is_accepted():
     assert model.pixel_mean.flatten().tolist() == ref.pixel_mean.flatten().tolist()
     fg = _model(**{"MODEL.META_ARCHITECTURE": "SparseCLIPFGOVD", "MODEL.SPARSECLIP.PIXEL_NORM": "imagenet"})
     assert [round(float(v), 3) for v in fg.pixel_mean.flatten()] == [123.675, 116.28, 103.53]
+
+
+# Keys outside the Base config (issue 23, CLIPtrase's post-processing): each takes effect on the
+# model or the loader built from it, or is refused naming itself (tests/test_cliptrase.py has
+# the refusals and the numeric checks).
+CLIPTRASE_EFFECTS = {
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": ("True", lambda m: m.cluster_vote is not None),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER": ("-1", lambda m: m.cluster_vote.layer == -1),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.EPS": ("1.1", lambda m: m.cluster_vote.eps == 1.1),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES": ("7", lambda m: m.cluster_vote.min_samples == 7),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE": ("2", lambda m: m.cluster_vote.upsample == 2),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE": ("3", lambda m: m.cluster_vote.median_size == 3),
+    "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT": ("True", lambda m: m.cls_logit_product is True),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CLIPTRASE_EFFECTS))
+def test_cliptrase_keys_take_effect(key):
+    value, check = CLIPTRASE_EFFECTS[key]
+    extra = {} if key.endswith("ENABLED") or not key.startswith("MODEL.SPARSECLIP.CLUSTER_VOTE") else {
+        "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": "True"}
+    model = _model(**{key: value}, **extra)
+    assert check(model), f"{key} = {value} did not take effect"
+
+
+def test_center_crop_key_takes_effect_on_the_loader():
+    batch = next(iter(_loader(**{"INPUT.CENTER_CROP_TEST": "48"})))[0]
+    assert tuple(batch["image"].shape[-2:]) == (48, 48) and (batch["height"], batch["width"]) == (48, 48)

@@ -80,6 +80,7 @@ BASELINES = {
     "maskclip": ("maskclip", "maskclip", "maskclip", "mmseg", "imagenet", "size", "pad_corner", 5),
     "gem": ("gem", "single", "", "detectron2", "clip", "size_antialias", "pad_crop", 8),
     "clipsurgery": ("clipsurgery", "maskclip", "", "detectron2", "clip", "bilinear", "pad_crop", 8),
+    "cliptrase": ("cliptrase", "openai_imagenet", "cliptrase", "detectron2", "clip", "scale_factor", "pad_crop", 7),
 }
 
 
@@ -133,3 +134,19 @@ def test_paper_configs_keep_the_project_conventions():
         assert (cfg.INPUT.RESIZE_MODE, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP, sc.PATCH_REMAINDER, sc.CLASS_NAMES,
                 sc.PAMR.STEPS, sc.CLIP.VISION_ACT, sc.CLIP.VISION_LN_EPS) == (
             "detectron2", "clip", "size", "pad_crop", "", 0, "", 0.0), path
+
+
+def test_cliptrase_configs_hold_its_two_protocols():
+    """leaves162/CLIPtrase @ 2b7de61 clip_self_correlation.py self_clip_test: 224 px with DBSCAN
+    eps 0.7 / min 3 and 336 px with 1.1 / 7; the CLS-logit product on VOC20 only."""
+    c = lambda name: load(os.path.join(ROOT, "configs", "baselines", name + ".yaml"))  # noqa: E731
+    for name, size, eps, mn in (("cliptrase_b16", 224, 0.7, 3), ("cliptrase_b16_voc20", 224, 0.7, 3),
+                                ("cliptrase_b16_336", 336, 1.1, 7), ("cliptrase_b16_336_voc20", 336, 1.1, 7)):
+        cfg = c(name)
+        v = cfg.MODEL.SPARSECLIP.CLUSTER_VOTE
+        assert (cfg.INPUT.CENTER_CROP_TEST, v.ENABLED, v.EPS, v.MIN_SAMPLES, v.LAYER, v.UPSAMPLE, v.MEDIAN_SIZE) == (
+            size, True, eps, mn, -2, 4, 7), name
+        voc20 = name.endswith("voc20")
+        assert cfg.MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT is voc20, name
+        assert ("sparseclip_voc20_val" in cfg.DATASETS.TEST) is voc20, name
+        assert (cfg.MODEL.SPARSECLIP.LOGIT_SCALE, cfg.TEST.SLIDING_WINDOW.ENABLED) == (0.0, False), name

@@ -274,7 +274,11 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
     holds the working-resolution logits, one band and the (H, W) label map, never the
     (C, H, W) probabilities."""
     with torch.no_grad():
-        maps, _ = predictor.predict_input(inputs)
+        voted = None
+        if getattr(predictor.model, "cluster_vote", None) is not None:  # CLIPtrase's cluster vote
+            maps, voted = predictor.model.cluster_vote_maps(inputs)
+        else:
+            maps, _ = predictor.predict_input(inputs)
         num_classes, height, width = maps.shape
         labels = np.empty((height, width), dtype=label_map_dtype(num_classes))
         step = max(1, -(-max(height, width) // thumb_side))
@@ -301,6 +305,8 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
             if writer is not None:
                 writer.close()
         model = predictor.model
+        if voted is not None:  # the cluster vote's labels replace the score maps' (as the model's forward)
+            labels = voted.cpu().numpy().astype(labels.dtype)
         if getattr(model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as the model's forward does
             from ..modeling.tta import close_labels
 
@@ -352,6 +358,10 @@ def process_image(path: str, stem: str, args, cfg, specs, predictors, vocabulary
     t0 = time.perf_counter()
     image = read_image_rgb(path)
     inputs = predictors[0].prepare(image, vocabulary, background)
+    if int(cfg.INPUT.CENTER_CROP_TEST):  # the label maps are of the centre crop: the figures show the crop
+        from ..data.center_crop import CenterCropResize
+
+        image = CenterCropResize(int(cfg.INPUT.CENTER_CROP_TEST)).get_transform(image).apply_image(image)
     files = []
     out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
     label_maps, titles, slugs = [], [], set()

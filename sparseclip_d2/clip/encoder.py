@@ -372,6 +372,25 @@ class DenseCLIPEncoder(nn.Module):
             taps[self.depth] = x
         return EncoderPass(tower.final_norm(x), grid, attn, taps, tap_attention)
 
+    def block_qkv(self, layer: int, x: torch.Tensor, grid: Tuple[int, int]):
+        """The per-head ``q, k, v`` ``(B, heads, L, d)`` that block ``layer`` (0-based; negative
+        counts from the end) computes from ``x``, its input tokens ``(B, L, C)`` (e.g.
+        ``forward_pass(..., tap_layers=[layer]).taps[layer]``), with the block's own norm and
+        projections (and rotary embeddings for ``grid`` on EVA towers). Used by CLIPtrase's
+        self-correlation map (``modeling/cluster_vote.py``)."""
+        index = self.block_index(layer)
+        blk = self._tower.blocks[index]
+        rope = self._tower.rope_embed(grid, x.device) if hasattr(self._tower, "rope_embed") else None
+        return self._tower.qkv(blk, self._tower.norm1(blk, x), rope)
+
+    def block_index(self, layer: int) -> int:
+        """``layer`` as a 0-based block index (negative counts from the end: -1 = the last block);
+        ``ValueError`` naming the valid range otherwise."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -self.depth <= layer < self.depth:
+            raise ValueError(f"block {layer!r} is not a block of this {self.depth}-block tower; valid: "
+                             f"{-self.depth}..{self.depth - 1} (0-based, negative from the end)")
+        return layer % self.depth
+
     def _dense_from_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         """``(B, P + h*w, C)`` final-normed tokens -> ``(B, D, h, w)`` dense features."""
         h, w = grid

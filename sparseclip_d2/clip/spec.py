@@ -506,6 +506,15 @@ PRESETS["gem"] = AttentionSpec(source="vv+kk+qq", normalizer="softmax", sum_mode
                                parallel_cls="parallel", residual=True, ffn=False)
 PRESETS["clipsurgery"] = AttentionSpec(source="vv", normalizer="softmax", parallel_layers=6, parallel_cls="main",
                                        residual=True, ffn=False)
+#: - ``cliptrase``: CLIPtrase's last block (leaves162/CLIPtrase @ 2b7de61 ``clip_utils/attn2.py``
+#:   ``multi_head_attention_forward`` with ``self_qk_weight=True``, set for block 12 in
+#:   ``clip_utils/model.py`` ``VisionTransformer.forward``): ``softmax(QQ^T s) + softmax(KK^T s) +
+#:   softmax(VV^T s)``, ``s = d**-0.5``, rows summing to 3 (``normalize_then_sum``), residual and FFN
+#:   kept (``ResidualAttentionBlock.forward`` unchanged). Its layer-11 self-correlation, DBSCAN
+#:   cluster vote and VOC20 CLS-logit product are post-processing keys
+#:   (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``, ``CLS_LOGIT_PRODUCT``; ``modeling/cluster_vote.py``).
+PRESETS["cliptrase"] = AttentionSpec(source="qq+kk+vv", normalizer="softmax", sum_mode="normalize_then_sum",
+                                     residual=True, ffn=True)
 
 
 # ------------------------------------------------------------------------------ the grammar

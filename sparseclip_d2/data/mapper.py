@@ -150,16 +150,24 @@ class SparseCLIPTestMapper:
     """
 
     @configurable
-    def __init__(self, *, dataset_name: str, augmentations: List, image_format: str = "RGB"):
+    def __init__(self, *, dataset_name: str, augmentations: List, image_format: str = "RGB", center_crop: int = 0):
         check_input_format(image_format)
         self.dataset_name = dataset_name
         self.augmentations = T.AugmentationList(augmentations)
         self.image_format = image_format
+        # INPUT.CENTER_CROP_TEST (CLIPtrase's protocol, data/center_crop.py): the crop replaces the
+        # resize and the output size is the crop's
+        self.center_crop = int(center_crop)
+        if self.center_crop:
+            from .center_crop import CenterCropResize
+
+            self.augmentations = T.AugmentationList([CenterCropResize(self.center_crop)])
 
     @classmethod
     def from_config(cls, cfg, dataset_name: str):
         augs = build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
-        return {"dataset_name": dataset_name, "augmentations": augs, "image_format": cfg.INPUT.FORMAT}
+        return {"dataset_name": dataset_name, "augmentations": augs, "image_format": cfg.INPUT.FORMAT,
+                "center_crop": cfg.INPUT.get("CENTER_CROP_TEST", 0)}
 
     def __call__(self, dataset_dict: Dict) -> Dict:
         d = copy.deepcopy(dataset_dict)
@@ -176,6 +184,8 @@ class SparseCLIPTestMapper:
         aug_input = T.AugInput(image)
         self.augmentations(aug_input)
         d["image"] = torch.as_tensor(np.ascontiguousarray(aug_input.image.transpose(2, 0, 1)))
+        if self.center_crop:  # the prediction is made and scored on the crop
+            d["height"] = d["width"] = self.center_crop
         d["dataset_name"] = self.dataset_name
         return d
 

@@ -64,7 +64,8 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
     - ``evaluate`` renames the per-class keys to display names (first synonym).
     """
 
-    def __init__(self, dataset_name: str, distributed: bool = True, output_dir: Optional[str] = None):
+    def __init__(self, dataset_name: str, distributed: bool = True, output_dir: Optional[str] = None,
+                 center_crop: int = 0):
         meta = MetadataCatalog.get(dataset_name)
         if meta.get("reduce_zero_label", False):
             raise ValueError(
@@ -76,6 +77,8 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
         self._num_gt_classes = len(meta.stuff_classes)
         self._gt_ignore = int(meta.ignore_label)
         self._display = {name: display_name(name) for name in meta.stuff_classes}
+        # INPUT.CENTER_CROP_TEST (data/center_crop.py): the ground truth is cropped as the image was
+        self._center_crop = int(center_crop)
 
     def process(self, inputs, outputs):
         for input, output in zip(inputs, outputs):
@@ -83,6 +86,9 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
                 raise KeyError(f"{input['file_name']!r} is not an image of this evaluator's dataset")
             gt_file = self.input_file_to_gt_file[input["file_name"]]
             gt = load_sem_seg_gt(gt_file, num_classes=self._num_gt_classes, ignore_label=self._gt_ignore)
+            if self._center_crop:
+                self._process_cropped(input, output, gt)
+                continue
             if "sem_seg" in output:
                 pred_size = tuple(output["sem_seg"].shape[-2:])
             else:
@@ -94,6 +100,35 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
             if "sem_seg" not in output:
                 output = {"sem_seg": label_map_scores(output["sem_seg_labels"])}
             super().process([input], [output])
+
+    def _process_cropped(self, input, output, gt):
+        """``process`` of one image under the centre-crop protocol: the ground truth cropped
+        (``data.center_crop.center_crop_labels``) is written to a temporary label PNG that
+        ``SemSegEvaluator.process`` reads in place of the original file."""
+        import tempfile
+
+        import numpy as np
+        from PIL import Image
+
+        from ..data.center_crop import center_crop_labels
+
+        gt = center_crop_labels(gt.astype(np.int32), self._center_crop)
+        pred = output["sem_seg"] if "sem_seg" in output else output["sem_seg_labels"]
+        if tuple(pred.shape[-2:]) != tuple(gt.shape):
+            raise ValueError(f"prediction {tuple(pred.shape[-2:])} and centre-cropped ground truth {tuple(gt.shape)} "
+                             f"of {input['file_name']!r} differ in size (INPUT.CENTER_CROP_TEST = {self._center_crop})")
+        if "sem_seg" not in output:
+            output = {"sem_seg": label_map_scores(output["sem_seg_labels"])}
+        mode = "L" if gt.max(initial=0) <= 255 else "I"
+        original = self.input_file_to_gt_file[input["file_name"]]
+        with tempfile.TemporaryDirectory(prefix="sparseclip_center_crop_") as tmp:
+            path = f"{tmp}/gt.png"
+            Image.fromarray(gt.astype(np.uint8) if mode == "L" else gt, mode=mode).save(path)
+            self.input_file_to_gt_file[input["file_name"]] = path
+            try:
+                super().process([input], [output])
+            finally:
+                self.input_file_to_gt_file[input["file_name"]] = original
 
     def evaluate(self):
         results = super().evaluate()
@@ -112,7 +147,8 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
 @EVALUATOR_REGISTRY.register()
 def sem_seg(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
     """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`."""
-    return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder)
+    return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder,
+                                     center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0)
 
 
 def build_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:

@@ -37,6 +37,7 @@ from ..common.cache import LRUCache
 from ..common.synonyms import split_class_name
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
+from .cluster_vote import ClusterVoteSettings, cluster_assignment, encode_window_logits, majority_vote
 from ..clip.definitions import load_definitions, mix_definitions
 from ..clip.surgery import check_surgery_options, check_surgery_scale, feature_surgery
 from .backbone import build_clip_parts
@@ -92,6 +93,8 @@ class SparseCLIP(nn.Module):
         feature_surgery: bool = False,
         feature_surgery_scale: float = 2.0,
         feedback: Optional[FeedbackSettings] = None,
+        cluster_vote: Optional[ClusterVoteSettings] = None,
+        cls_logit_product: bool = False,
     ):
         """
         Args:
@@ -135,6 +138,10 @@ class SparseCLIP(nn.Module):
                 window's logits (``clip.surgery``), its CLS factor.
             feedback: how the first segmentation of an ``encoder.spec.feedback`` spec (ResCLIP's
                 SFR) is made (``modeling.feedback``); None = ``FeedbackSettings()``.
+            cluster_vote: CLIPtrase's DBSCAN cluster vote (``modeling.cluster_vote``), or None;
+                outputs are then ``{"sem_seg_labels": (H, W) long}``.
+            cls_logit_product: multiply each window's patch logits by its CLS logits (CLIPtrase's
+                VOC20 rule).
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -200,6 +207,14 @@ class SparseCLIP(nn.Module):
         if getattr(getattr(encoder, "spec", None), "feedback", False) and tta_mode:
             raise ValueError(f"TEST.TTA.MODE = {tta_mode!r} cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED "
                              "(the TTA views have no first segmentation); valid: TEST.TTA.MODE ''")
+        self.cluster_vote = cluster_vote
+        self.cls_logit_product = bool(cls_logit_product)
+        if (cluster_vote is not None or self.cls_logit_product) and (tta_mode or feature_surgery or attention_stats):
+            raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE / CLS_LOGIT_PRODUCT cannot be combined with TEST.TTA.MODE, "
+                             "FEATURE_SURGERY.ENABLED or TEST.ATTENTION_STATS.ENABLED")
+        if cluster_vote is not None and (sliding_window or patch_remainder != "pad_crop" or label_closing):
+            raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE needs whole-image inference (TEST.SLIDING_WINDOW.ENABLED "
+                             "False), PATCH_REMAINDER pad_crop and LABEL_CLOSING 0")
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -255,6 +270,8 @@ class SparseCLIP(nn.Module):
             "feature_surgery": sc.FEATURE_SURGERY.ENABLED,
             "feature_surgery_scale": sc.FEATURE_SURGERY.CLS_SCALE,
             "feedback": feedback,
+            "cluster_vote": ClusterVoteSettings.from_config(cfg),
+            "cls_logit_product": sc.CLS_LOGIT_PRODUCT,
         }
 
     @property
@@ -349,6 +366,9 @@ class SparseCLIP(nn.Module):
                 int(self.encoder.num_prefix_tokens))
         if getattr(self.encoder, "needs_text", False):  # a last block that classifies (FSA, proxy/fsa.py)
             kwargs["text_emb"] = text_emb
+        if self.cls_logit_product:  # CLIPtrase's VOC20 rule (modeling/cluster_vote.py)
+            return encode_window_logits(self.encoder, images, text_emb, self.logit_scale, cls_product=True,
+                                        feedback=kwargs.get("feedback"))[0]
         if self.feature_surgery:  # CLIP Surgery's text-side feature surgery (clip/surgery.py)
             tokens, grid, attn = self.encoder.forward_tokens(images, **kwargs)
             if attention_sink is not None:
@@ -398,6 +418,9 @@ class SparseCLIP(nn.Module):
         outputs = []
         with torch.no_grad():
             for x in batched_inputs:
+                if self.cluster_vote is not None:  # CLIPtrase's cluster vote (modeling/cluster_vote.py)
+                    outputs.append({"sem_seg_labels": self.cluster_vote_maps(x)[1]})
+                    continue
                 sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
                 maps = self.score_maps(x, sink)
                 num_classes, out_h, out_w = maps.shape
@@ -449,6 +472,48 @@ class SparseCLIP(nn.Module):
             background_index=background_index,
             out_size=(out_h, out_w),
         )
+
+    def cluster_vote_maps(self, x: Dict) -> Tuple[ScoreMaps, torch.Tensor]:
+        """``(score maps, (height, width) long labels)`` of one input with CLIPtrase's cluster
+        vote: the whole image encoded once (block ``cluster_vote.layer``'s self-correlation from
+        the same pass), the labels of the score maps' rules, then DBSCAN clusters and the vote
+        (``modeling.cluster_vote``); the score maps are those before the vote."""
+        from .sliding_window import symmetric_pad
+
+        settings = self.cluster_vote
+        vocabulary, background_index = self._vocabulary(x)
+        emb, class_index = self.text_classifier_for(vocabulary, background_index=background_index)
+        image = self.normalize_image(x["image"])
+        p = int(self.encoder.patch_size)
+        corr: List[torch.Tensor] = []
+
+        def logits_fn(crops):
+            feedback = None
+            if getattr(getattr(self.encoder, "spec", None), "feedback", False):
+                def feedback(first):
+                    return first_segmentation_prior(first, crops, emb, self.logit_scale, self.feedback, p,
+                                                    int(self.encoder.num_prefix_tokens))
+            logits, c = encode_window_logits(self.encoder, crops, emb, self.logit_scale,
+                                             cls_product=self.cls_logit_product, correlation_layer=settings.layer,
+                                             feedback=feedback)
+            corr.extend(c.unbind(0))
+            return logits
+
+        logits = dense_logits(image, logits_fn, patch_size=p, batch_size=1, patch_remainder="pad_crop")
+        out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
+        if self.pamr_steps:
+            logits = self.refine_pamr(image, logits, (out_h, out_w))
+        maps = ScoreMaps(logits, class_index, len(vocabulary), prob_threshold=self.prob_threshold,
+                         area_threshold=self.area_threshold, background_index=background_index,
+                         out_size=(out_h, out_w))
+        labels = maps.labels()
+        H, W = image.shape[-2:]
+        pad = symmetric_pad(H, W, p)
+        grid = ((H + pad[2] + pad[3]) // p, (W + pad[0] + pad[1]) // p)
+        assignment = cluster_assignment(corr[0], grid, settings, (out_h, out_w), pad=pad, patch_size=p)
+        if assignment is None:  # every patch is DBSCAN noise: the labels stay (as upstream)
+            return maps, labels
+        return maps, majority_vote(labels, assignment.to(labels.device))
 
     def refine_pamr(self, image: torch.Tensor, logits: torch.Tensor, out_size: Tuple[int, int]) -> torch.Tensor:
         """PAMR-refined ``(S, out_h, out_w)`` logits from ``(S, h, w)`` logits and the ``(3, h, w)``

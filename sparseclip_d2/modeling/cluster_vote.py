@@ -1,0 +1,191 @@
+"""CLIPtrase's post-processing as parts any method can use: the DBSCAN cluster vote (with its
+median filter) and the CLS-logit product.
+
+Cluster vote (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``), per image, whole-image inference:
+
+1. the patch self-correlation map of block ``LAYER`` (``attention.self_correlation``: head mean
+   of the Q-Q / K-K / V-V cosine maps, CLS row subtracted, clamped at 0), ``(N, N)``;
+2. DBSCAN (scikit-learn, euclidean, ``eps = EPS``, ``min_samples = MIN_SAMPLES``) over its
+   rows; when every patch is noise nothing changes;
+3. per cluster (noise excluded) the mean of its rows, a ``(h, w)`` map; bilinearly upsampled to
+   ``UPSAMPLE * (h, w)``, each map median-filtered (scipy, ``MEDIAN_SIZE`` square, mode
+   ``reflect``), bilinearly resized to the output size; each pixel takes the cluster of its
+   largest map;
+4. every pixel of a cluster takes the cluster's most frequent label (ties: the lower label).
+
+leaves162/CLIPtrase @ 2b7de61 ``clip_self_correlation.py`` ``self_clip``: ``DBSCAN(eps=eps,
+min_samples=min)``, ``ratio = 4``, ``median_filter(..., size=ratio*2-1)``, ``F.interpolate(...,
+mode='bilinear', align_corners=False)``, the vote ``unique_val[counts.argmax()]``. DBSCAN is
+deterministic given its input; a distance within float noise of ``eps`` can still flip a point.
+
+CLS-logit product (``MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT``): each window's patch logits are
+multiplied, per synonym, by the window's CLS logits ``LOGIT_SCALE * cos(CLS embedding, text)``
+(CLIPtrase's VOC20 rule: ``patch_logits*cls_logits``).
+"""
+import dataclasses
+import logging
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..attention.self_correlation import cls_denoised_correlation, self_correlation_map
+
+__all__ = ["ClusterVoteSettings", "cluster_assignment", "majority_vote", "encode_window_logits"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterVoteSettings:
+    """The cluster vote's values (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``; defaults: CLIPtrase at 224 px).
+
+    Fields:
+        layer: block whose q / k / v give the self-correlation map (0-based, negative from the
+            end; CLIPtrase: layer 11 of 12, ``attn_weights[-2]`` = -2).
+        eps, min_samples: DBSCAN's (CLIPtrase ``self_clip_test``: 0.7 / 3 at 224, 1.1 / 7 at 336).
+        upsample: the cluster maps' upsampling factor before the median filter (``ratio = 4``).
+        median_size: the median filter's side (``ratio*2-1`` = 7).
+    """
+
+    layer: int = -2
+    eps: float = 0.7
+    min_samples: int = 3
+    upsample: int = 4
+    median_size: int = 7
+
+    def __post_init__(self):
+        for name in ("layer", "min_samples", "upsample", "median_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.{name.upper()} = {value!r} is invalid; valid: an integer")
+        if not (isinstance(self.eps, (int, float)) and not isinstance(self.eps, bool) and np.isfinite(self.eps)
+                and self.eps > 0):
+            raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.EPS = {self.eps!r} is invalid; valid: a number > 0")
+        if self.min_samples < 1:
+            raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES = {self.min_samples!r} is invalid; valid: an "
+                             "integer >= 1")
+        if self.upsample < 1:
+            raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE = {self.upsample!r} is invalid; valid: an integer "
+                             ">= 1")
+        if self.median_size < 1:
+            raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE = {self.median_size!r} is invalid; valid: an "
+                             "integer >= 1 (1 = no median filter)")
+
+    @classmethod
+    def from_config(cls, cfg) -> Optional["ClusterVoteSettings"]:
+        """The settings of ``cfg``, or None when ``CLUSTER_VOTE.ENABLED`` is False (the keys and the
+        paths they cannot join are checked by ``config.check_cluster_vote_config``)."""
+        c = cfg.MODEL.SPARSECLIP.CLUSTER_VOTE
+        if not c.ENABLED:
+            return None
+        return cls(layer=c.LAYER, eps=float(c.EPS), min_samples=c.MIN_SAMPLES, upsample=c.UPSAMPLE,
+                   median_size=c.MEDIAN_SIZE)
+
+
+def _median_filter(maps: np.ndarray, size: int) -> np.ndarray:
+    from scipy.ndimage import median_filter
+
+    out = np.empty_like(maps)
+    for i in range(maps.shape[0]):
+        out[i] = median_filter(maps[i], size=size)  # mode 'reflect', scipy's default
+    return out
+
+
+def cluster_assignment(corr: torch.Tensor, grid: Tuple[int, int], settings: ClusterVoteSettings,
+                       out_size: Tuple[int, int], pad: Tuple[int, int, int, int] = (0, 0, 0, 0),
+                       patch_size: int = 16) -> Optional[torch.Tensor]:
+    """The cluster of every output pixel, or None when DBSCAN finds no cluster.
+
+    Args:
+        corr: ``(N, N)`` the CLS-denoised self-correlation of the ``N = h*w`` patches.
+        grid: ``(h, w)``.
+        settings: eps, min_samples, upsample, median_size.
+        out_size: ``(H_out, W_out)`` output size.
+        pad: ``(left, right, top, bottom)`` pixels the encoded image was padded by (symmetric
+            padding of ``PATCH_REMAINDER pad_crop``); the cluster maps are then resized to the
+            padded image, cropped, and resized to ``out_size`` when it differs.
+        patch_size: pixels per patch side (with ``pad``).
+    Returns:
+        ``(H_out, W_out)`` long cluster indices ``0..n-1`` on ``corr``'s device, or None.
+    """
+    from sklearn.cluster import DBSCAN
+
+    h, w = int(grid[0]), int(grid[1])
+    if corr.dim() != 2 or corr.shape != (h * w, h * w):
+        raise ValueError(f"corr must be ({h * w}, {h * w}) for a {h}x{w} grid, got {tuple(corr.shape)}")
+    rows = corr.detach().float()
+    labels = DBSCAN(eps=float(settings.eps), min_samples=int(settings.min_samples)).fit_predict(rows.cpu().numpy())
+    clusters = sorted(int(c) for c in np.unique(labels) if c >= 0)
+    if not clusters:
+        return None
+    labels_t = torch.from_numpy(labels).to(rows.device)
+    maps = torch.stack([rows[labels_t == c].mean(dim=0) for c in clusters]).reshape(1, len(clusters), h, w)
+    r = int(settings.upsample)
+    maps = F.interpolate(maps, size=(r * h, r * w), mode="bilinear", align_corners=False)[0]
+    if settings.median_size > 1:
+        maps = torch.from_numpy(_median_filter(maps.cpu().numpy(), int(settings.median_size))).to(rows.device)
+    left, right, top, bottom = (int(p) for p in pad)
+    out_size = (int(out_size[0]), int(out_size[1]))
+    if not any(pad):
+        maps = F.interpolate(maps[None], size=out_size, mode="bilinear", align_corners=False)[0]
+    else:
+        ph, pw = h * patch_size, w * patch_size
+        maps = F.interpolate(maps[None], size=(ph, pw), mode="bilinear", align_corners=False)
+        maps = maps[:, :, top:ph - bottom, left:pw - right]
+        if tuple(maps.shape[-2:]) != out_size:
+            maps = F.interpolate(maps, size=out_size, mode="bilinear", align_corners=False)
+        maps = maps[0]
+    return maps.argmax(dim=0)
+
+
+def majority_vote(labels: torch.Tensor, assignment: torch.Tensor) -> torch.Tensor:
+    """Every pixel of each cluster takes the cluster's most frequent label (ties: the lower label).
+
+    Args:
+        labels: ``(H, W)`` long labels (>= 0).
+        assignment: ``(H, W)`` long cluster indices.
+    Returns:
+        ``(H, W)`` long.
+    """
+    if labels.shape != assignment.shape:
+        raise ValueError(f"labels {tuple(labels.shape)} and cluster assignment {tuple(assignment.shape)} differ in size")
+    out = labels.clone()
+    flat, where = labels.reshape(-1), assignment.reshape(-1)
+    minlength = int(flat.max()) + 1 if flat.numel() else 1
+    for c in torch.unique(where).tolist():
+        mask = where == c
+        counts = torch.bincount(flat[mask], minlength=minlength)
+        out.reshape(-1)[mask] = int(counts.argmax())  # argmax: the first (lowest) label among ties
+    return out
+
+
+def encode_window_logits(encoder, images: torch.Tensor, text_emb: torch.Tensor, logit_scale: float, *,
+                         cls_product: bool = False, correlation_layer: Optional[int] = None,
+                         feedback: Optional[Callable] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Patch logits of windows, optionally times the CLS logits, and the windows' self-correlation.
+
+    Args:
+        encoder: a ``DenseCLIPEncoder``.
+        images: ``(N, 3, h*p, w*p)`` normalised windows.
+        text_emb: ``(S, D)`` L2-normalised synonym embeddings.
+        logit_scale: logits = ``logit_scale * cos``.
+        cls_product: multiply each window's patch logits by its CLS logits (per synonym).
+        correlation_layer: also return the CLS-denoised self-correlation of this block's q/k/v.
+        feedback: the first-segmentation callable of a feedback spec (``forward_pass``).
+    Returns:
+        ``(logits (N, S, h, w) float32, corr (N, h*w, h*w) float32 or None)``.
+    """
+    taps = () if correlation_layer is None else (encoder.block_index(correlation_layer),)
+    p = encoder.forward_pass(images, tap_layers=taps, feedback=feedback)
+    feats = F.normalize(encoder.dense_embedding(p.tokens, p.grid).float(), dim=1)
+    logits = logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb.float())
+    if cls_product:
+        cls = F.normalize(encoder.pooled_embedding(p.tokens).float(), dim=-1)
+        logits = logits * (logit_scale * (cls @ text_emb.float().T))[:, :, None, None]
+    corr = None
+    if correlation_layer is not None:
+        q, k, v = encoder.block_qkv(taps[0], p.taps[taps[0]], p.grid)
+        corr = cls_denoised_correlation(self_correlation_map(q, k, v), int(encoder.num_prefix_tokens))
+    return logits, corr
