@@ -457,6 +457,8 @@ def check_cluster_vote_config(cfg) -> None:
         others.append(("MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED", True, "False"))
     if cfg.TEST.ATTENTION_STATS.ENABLED:
         others.append(("TEST.ATTENTION_STATS.ENABLED", True, "False"))
+    if sc.PROXY.NAME:  # the vote's pass is the CLIP encoder's own (forward_pass), not the proxy block
+        others.append(("MODEL.SPARSECLIP.PROXY.NAME", sc.PROXY.NAME, "''"))
     for on, name in ((c.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED"),
                      (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT")):
         if on and others:

@@ -246,6 +246,8 @@ def test_cluster_vote_through_the_model_is_the_vote_of_its_own_labels():
      "CLS_LOGIT_PRODUCT True cannot be combined with MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED"),
     ({"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": "True", "TEST.TTA.MODE": "itaclip"},
      "CLUSTER_VOTE.ENABLED True cannot be combined with TEST.TTA.MODE = 'itaclip'"),
+    ({"MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT": "True", "MODEL.SPARSECLIP.PROXY.NAME": "vit_base_patch8_224.dino"},
+     "CLS_LOGIT_PRODUCT True cannot be combined with MODEL.SPARSECLIP.PROXY.NAME = 'vit_base_patch8_224.dino'"),
 ])
 def test_cliptrase_keys_are_refused_before_the_model_is_built(opts, match):
     from sparseclip_d2.config import check_sparseclip_config
