@@ -13,6 +13,8 @@ from .mixing import check_mix_scale, check_mix_weight, mix_attention
 from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
 from .priors import PRIOR_REGISTRY, build_prior, get_prior
 from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, paper_source_name, parse_source
+from .outliers import OUTLIER_DETECTOR_REGISTRY, detect_outliers, lof_scores, repair_outliers
+from .similarity import cosine_similarity_map, similarity_aggregate, similarity_scores
 
 __all__ = [
     "alpha_entmax",
@@ -46,4 +48,11 @@ __all__ = [
     "check_feedback_precision",
     "feedback_prior",
     "patch_labels",
+    "OUTLIER_DETECTOR_REGISTRY",
+    "detect_outliers",
+    "lof_scores",
+    "repair_outliers",
+    "cosine_similarity_map",
+    "similarity_aggregate",
+    "similarity_scores",
 ]
