@@ -80,6 +80,7 @@ BASELINES = {
     "maskclip": ("maskclip", "maskclip", "maskclip", "mmseg", "imagenet", "size", "pad_corner", 5),
     "gem": ("gem", "single", "", "detectron2", "clip", "size_antialias", "pad_crop", 8),
     "clipsurgery": ("clipsurgery", "maskclip", "", "detectron2", "clip", "bilinear", "pad_crop", 8),
+    "scclip": ("scclip", "openai_imagenet", "sclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
 }
 
 
