@@ -362,3 +362,31 @@ def test_dataset_configs_carry_the_upstream_values():
                                                                                                   short), name
         assert (sw.ENABLED, sw.CROP_SIZE, sw.STRIDE, cfg.DATASETS.TEST) == (True, 224, 112, (ds,)), name
         assert AttentionSpec.from_config(cfg) == PRESETS["scclip"], name
+
+
+def test_meta_arch_runs_the_calibrated_block_and_window_batches_do_not_mix():
+    """Through ``SparseCLIP`` (sliding windows encoded 4 at a time vs one at a time) on the tiny
+    2-block CLIP with every calibrated part on (taps 0 / 1 stand for SC-CLIP's 4 / 9)."""
+    from detectron2.modeling import build_model
+
+    from conftest import tiny_cfg
+
+    opts = {"MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR": "lof", "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_NEIGHBORS": "5",
+            "MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_LAYER": "1", "MODEL.SPARSECLIP.CALIBRATION.POST_SIMILARITY_LAYER": "0",
+            "MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS": "[0, 1]", "MODEL.SPARSECLIP.ATTENTION.SOURCE": "kk",
+            "MODEL.SPARSECLIP.ATTENTION.SUM_MODE": "normalize_then_mean", "MODEL.SPARSECLIP.BLOCK.RESIDUAL": "False",
+            "MODEL.SPARSECLIP.BLOCK.FFN": "False", "MODEL.SPARSECLIP.BLOCK.CLS_WEIGHT": "0.3",
+            "MODEL.SPARSECLIP.ATTENTION.NORMALIZER": "entmax", "TEST.SLIDING_WINDOW.ENABLED": "True",
+            "TEST.SLIDING_WINDOW.CROP_SIZE": "64", "TEST.SLIDING_WINDOW.STRIDE": "32"}
+    g = torch.Generator().manual_seed(7)
+    x = {"image": torch.randint(0, 256, (3, 96, 128), generator=g, dtype=torch.uint8),
+         "vocabulary": ["cat", "dog", "sky", "grass"]}
+    model = build_model(tiny_cfg(**opts, **{"TEST.SLIDING_WINDOW.BATCH_SIZE": "4"}))
+    assert model.encoder.spec.outlier_detector == "lof" and model.encoder.spec.normalizer == "entmax"
+    out = {}
+    for bs in (4, 1):
+        model.window_batch_size = bs  # the same weights, windows encoded 4 at a time or one by one
+        with torch.no_grad():
+            out[bs] = model([x])[0]["sem_seg"]
+    assert out[4].shape == (4, 96, 128)
+    torch.testing.assert_close(out[4], out[1], atol=1e-5, rtol=1e-5)
