@@ -261,7 +261,8 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.CALIBRATION = CN()
     # Outlier patch tokens of the last block's input (and of SIMILARITY_LAYER's tokens), each
     # replaced by the mean of its inlier 3x3 neighbours: "none" or "lof" (SC-CLIP's local
-    # outlier factor with NEIGHBORS nearest tokens, tokens above the 1 - CONTAMINATION quantile).
+    # outlier factor with NEIGHBORS nearest tokens, tokens above the 1 - CONTAMINATION quantile),
+    # "l2" or "som" (SFP, below).
     _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR = "none"
     _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_NEIGHBORS = 30
     _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CONTAMINATION = 0.05
@@ -278,6 +279,18 @@ def add_sparseclip_config(cfg):
     # Taps summed (prefix tokens included) and run through the last block again, the result
     # added to its output (multi-level fusion); [] = off.
     _C.MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS = []
+    # SFP's detectors: "l2" (the OUTLIER_COUNT tokens of largest norm) and "som" (patches whose
+    # CLS attention in the block before the last, its CLS row x OUTLIER_CLS_SCALE, exceeds their
+    # self-attention; at most OUTLIER_COUNT). SFP: 10 and 0.3 x 5.0 = 1.5.
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_COUNT = 10
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CLS_SCALE = 1.5
+    # How the fusion branch attends: "last" (the last block's weights, SC-CLIP) or "similarity"
+    # (the normalised SIMILARITY_LAYER term alone, SFP's sinkhorn_attn).
+    _C.MODEL.SPARSECLIP.CALIBRATION.FUSION_ATTENTION = "last"
+    # The attention term (and the "similarity" fusion attention) reads S with its entries below
+    # SIMILARITY_THRESHOLD set to 0 (SFP thresholds pre_sim in place before custom_attn) instead
+    # of the unthresholded S (SC-CLIP's mid_simi copy).
+    _C.MODEL.SPARSECLIP.CALIBRATION.THRESHOLD_SIMILARITY_TERM = False
 
     # FG-OVD region retrieval (META_ARCHITECTURE "SparseCLIPFGOVD").
     _C.MODEL.SPARSECLIP.FGOVD = CN()

@@ -156,6 +156,10 @@ CALIBRATION_EFFECTS = {
     "MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_THRESHOLD": ("0.3", "similarity_threshold", 0.3),
     "MODEL.SPARSECLIP.CALIBRATION.POST_SIMILARITY_LAYER": ("0", "post_similarity_layer", 0),
     "MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS": ("[0, 1]", "fusion_layers", (0, 1)),
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_COUNT": ("4", "outlier_count", 4),
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CLS_SCALE": ("2.0", "outlier_cls_scale", 2.0),
+    "MODEL.SPARSECLIP.CALIBRATION.FUSION_ATTENTION": ("similarity", "fusion_attention", "similarity"),
+    "MODEL.SPARSECLIP.CALIBRATION.THRESHOLD_SIMILARITY_TERM": ("True", "threshold_similarity_term", True),
 }
 
 
@@ -168,7 +172,7 @@ def test_calibration_keys_take_effect_and_bad_values_are_refused_before_the_buil
     assert is_calibrated(model.encoder.spec) and not is_calibrated(_model().encoder.spec)
     for key, value, match in [
         ("MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR", "zscore", "MODEL.SPARSECLIP.CALIBRATION: unknown "
-                                                                    "outlier_detector 'zscore'; valid: none, lof"),
+                                                                    "outlier_detector 'zscore'; valid: none, l2, lof, som"),
         ("MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_LAYER", "-3", "SIMILARITY_LAYER.*must be -1 \\(off\\) or a 0-based"),
         ("MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS", "[5]", "\\[5\\] are not block inputs of a tower of depth 2"),
     ]:

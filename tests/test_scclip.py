@@ -1,4 +1,4 @@
-"""SC-CLIP's parts (issue 29): LOF outlier-token repair, the similarity-thresholded
+"""SC-CLIP's and SFP's parts (issue 29): LOF / L2 / SOM outlier-token repair, the similarity-thresholded
 aggregation, the intermediate layer's similarity as a score term, multi-level fusion; their
 spec fields, config keys and preset; each checked against float64 computations written here
 (loops, not the vectorised code under test)."""
@@ -96,7 +96,7 @@ def test_lof_scores_match_the_loop_definition_and_find_a_planted_outlier():
         lof_scores(x, neighbors=30)
     with pytest.raises(ValueError, match=r"outlier_contamination=1.5 is invalid; valid: a share in \(0, 1\)"):
         detect_outliers("lof", x, contamination=1.5)
-    with pytest.raises(ValueError, match="unknown outlier_detector 'zscore'; valid: none, lof"):
+    with pytest.raises(ValueError, match="unknown outlier_detector .zscore.; valid: none, l2, lof, som"):
         detect_outliers("zscore", x)
 
 
@@ -143,9 +143,23 @@ def test_similarity_aggregation_and_scores_by_hand():
 
 
 # ----------------------------------------------------------------------------- the composition
+def _som_mask64(att, count, cls_scale):
+    """att (H, 1 + N, 1 + N): patches whose head-mean CLS attention x cls_scale exceeds their
+    head-mean self-attention, the `count` largest of those (loops)."""
+    H, L, _ = att.shape
+    c = [sum(float(att[h, 0, 1 + j]) * cls_scale for h in range(H)) / H for j in range(L - 1)]
+    d = [sum(float(att[h, 1 + j, 1 + j]) for h in range(H)) / H for j in range(L - 1)]
+    salient = sorted(((c[j], j) for j in range(L - 1) if c[j] > d[j]), reverse=True)[:count]
+    mask = torch.zeros(L - 1, dtype=torch.bool)
+    for _, j in salient:
+        mask[j] = True
+    return mask
+
+
 @torch.no_grad()
 def _calibrated64(visual, images, *, alpha, outlier_k, contamination, sim_layer, post_layer, fusion, beta, scale,
-                  cls_weight, source):
+                  cls_weight, source, detector="lof", count=10, cls_scale=1.5, fusion_similarity_only=False,
+                  threshold_term=False):
     """SC-CLIP's forward in float64 on any depth: native blocks; LOF + repair of the last block's
     input patches; the repaired tap ``sim_layer`` similarity aggregating them and as an attention
     term; the last block on patches only (mean of the entmax of the similarity term and of each
@@ -160,6 +174,7 @@ def _calibrated64(visual, images, *, alpha, outlier_k, contamination, sim_layer,
         taps[i] = x
         q, k, v = _qkv(blk, x)
         a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1)
+        producing = a
         o = (a @ v).transpose(1, 2).reshape(B, -1, x.shape[-1])
         x = x + o @ blk.attn.out_proj.weight.double().T + blk.attn.out_proj.bias.double()
         x = x + _mlp64(blk, x)
@@ -168,29 +183,38 @@ def _calibrated64(visual, images, *, alpha, outlier_k, contamination, sim_layer,
     feats = []
     for b in range(B):
         p = x[b, 1:]
-        mask = _lof_mask64(p, outlier_k, contamination)
+        if detector == "lof":
+            mask = _lof_mask64(p, outlier_k, contamination)
+        elif detector == "l2":
+            order = sorted(((float(p[j].norm()), j) for j in range(N)), reverse=True)[:count]
+            mask = torch.zeros(N, dtype=torch.bool)
+            mask[[j for _, j in order]] = True
+        else:
+            mask = _som_mask64(producing[b], count, cls_scale)
         p = _repair64(p, mask, gh, gw)
         s = _cos64(_repair64(taps[sim_layer][b, 1:], mask, gh, gw))
         p = _aggregate64(p, s, beta)
-        t = (s - s.mean()) * scale
+        st = torch.where(s < beta, torch.zeros_like(s), s) if threshold_term else s
+        t = (st - st.mean()) * scale
         t = torch.where(t < 0, torch.full_like(t, float("-inf")), t)
         s_post = _cos64(taps[post_layer][b, 1:])
 
-        def block(z):
+        def block(z, similarity_only=False):
             q, k, v = _qkv(last, z[None])
             d = q.shape[-1]
             pick = {"q": q, "k": k}
             w = _entmax64(t.expand(q.shape[1], N, N), alpha)
-            for term in source.split("+"):
-                w = w + _entmax64(pick[term[0]] @ pick[term[1]].transpose(-1, -2) / math.sqrt(d), alpha)
-            w = w / (1 + len(source.split("+")))
+            if not similarity_only:
+                for term in source.split("+"):
+                    w = w + _entmax64(pick[term[0]] @ pick[term[1]].transpose(-1, -2) / math.sqrt(d), alpha)
+                w = w / (1 + len(source.split("+")))
             o = (w @ v).transpose(1, 2).reshape(1, N, -1)
             return (o @ last.attn.out_proj.weight.double().T + last.attn.out_proj.bias.double())[0]
 
         y = block(p) + cls_weight * x[b, :1]
         y = _aggregate64(y, s_post, beta)
         fused = sum(taps[i][b] for i in fusion)
-        y = y + _aggregate64(block(fused[1:]) + cls_weight * fused[:1], s_post, beta)
+        y = y + _aggregate64(block(fused[1:], fusion_similarity_only) + cls_weight * fused[:1], s_post, beta)
         out = _ln(torch.cat([x[b, :1], y])[None], visual.ln_post)[0, 1:] @ visual.proj.double()
         feats.append(out.reshape(gh, gw, -1).permute(2, 0, 1))
     return torch.stack(feats)
@@ -276,7 +300,7 @@ def test_preset_is_the_published_setting():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(outlier_detector="zscore"), r"unknown outlier_detector 'zscore'; valid: none, lof "
+    (dict(outlier_detector="zscore"), r"unknown outlier_detector 'zscore'; valid: none, l2, lof, som "
                                       r"\(MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR\)"),
     (dict(outlier_detector="lof", outlier_neighbors=0), r"outlier_neighbors=0 is invalid; valid: an integer >= 1"),
     (dict(outlier_detector="lof", outlier_contamination=0.0), r"outlier_contamination=0.0 is invalid; valid: a "
@@ -302,7 +326,7 @@ def test_depth_tower_and_inert_checks(deep_visual):
                                          r"indices 0..3"):
         DenseCLIPEncoder(deep_visual, AttentionSpec.preset("scclip", **{**SMALL, "fusion_layers": (1, 4)}))
     inert = AttentionSpec(outlier_neighbors=7, similarity_scale=2.0, similarity_threshold=0.5).inert_settings()
-    assert any("outlier_neighbors=7 changes nothing without an outlier_detector" in m for m in inert)
+    assert any("outlier_neighbors=7 changes nothing without outlier_detector lof" in m for m in inert)
     assert any("similarity_scale=2 changes nothing without similarity_layer" in m for m in inert)
     assert any("similarity_threshold=0.5 changes nothing" in m for m in inert)
     enc = DenseCLIPEncoder(deep_visual, AttentionSpec.preset("scclip", **{**SMALL, "outlier_neighbors": 40}))
@@ -329,7 +353,7 @@ def test_grammar_and_config_keys_reach_the_spec():
     assert AttentionSpec.from_config(cfg) == PRESETS["scclip"]
     cfg.merge_from_list(["MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR", "zscore"])
     with pytest.raises(ValueError, match=r"MODEL.SPARSECLIP.CALIBRATION: unknown outlier_detector 'zscore'; valid: "
-                                         r"none, lof"):
+                                         r"none, l2, lof, som"):
         AttentionSpec.from_config(cfg)
 
 
@@ -390,3 +414,110 @@ def test_meta_arch_runs_the_calibrated_block_and_window_batches_do_not_mix():
             out[bs] = model([x])[0]["sem_seg"]
     assert out[4].shape == (4, 96, 128)
     torch.testing.assert_close(out[4], out[1], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- SFP
+def test_l2_and_som_detectors_by_hand():
+    p = torch.zeros(2, 5, 3, dtype=torch.float64)
+    p[0, :, 0] = torch.tensor([1.0, 5.0, 2.0, 4.0, 3.0])
+    p[1, :, 1] = torch.tensor([9.0, 1.0, 1.0, 8.0, 1.0])
+    assert detect_outliers("l2", p, count=2).tolist() == [[False, True, False, True, False],
+                                                          [True, False, False, True, False]]
+    # SOM: 2 heads, CLS + 3 patches; head means of the CLS row (x 1.5) vs the diagonal
+    att = torch.zeros(1, 2, 4, 4, dtype=torch.float64)
+    att[0, :, 0, 1:] = torch.tensor([[0.2, 0.1, 0.4], [0.2, 0.3, 0.2]])  # means 0.2, 0.2, 0.3 -> x 1.5: .3 .3 .45
+    att[0, :, 1, 1] = 0.25   # 0.30 > 0.25: salient
+    att[0, :, 2, 2] = 0.35   # 0.30 < 0.35: not (it would be without the 1.5: 0.2 < 0.35 anyway)
+    att[0, :, 3, 3] = 0.40   # 0.45 > 0.40: salient only thanks to the CLS scale (0.3 < 0.4)
+    pp = torch.zeros(1, 3, 2, dtype=torch.float64)
+    assert detect_outliers("som", pp, attention=att, count=10, cls_scale=1.5).tolist() == [[True, False, True]]
+    # without the CLS scale no patch is salient (0.2 < 0.25, 0.2 < 0.35, 0.3 < 0.4)
+    assert detect_outliers("som", pp, attention=att, count=10, cls_scale=1.0).tolist() == [[False, False, False]]
+    assert detect_outliers("som", pp, attention=att, count=1, cls_scale=1.5).tolist() == [[False, False, True]]
+    assert _som_mask64(att[0], 10, 1.5).tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="outlier_detector 'som' reads the CLS token's attention"):
+        detect_outliers("som", pp, attention=att, num_prefix_tokens=0)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.2])
+def test_sfp_layout_matches_float64_reference_with_softmax_and_entmax(rect_visual, alpha):
+    """SFP's preset (SOM on the block before the last, (KK + QQ + S) / 3, the fusion branch
+    attended by the similarity term alone) on the 4-block tower, softmax and entmax 1.2."""
+    extra = {} if alpha == 1.0 else dict(normalizer="entmax", alpha=alpha)
+    small = dict(SMALL, outlier_count=4)
+    del small["outlier_neighbors"], small["outlier_contamination"]
+    spec = AttentionSpec.preset("sfp", **small, **extra)
+    images = torch.randn(2, 3, 80, 96, generator=torch.Generator().manual_seed(8))
+    enc = DenseCLIPEncoder(rect_visual, spec)
+    with torch.no_grad():
+        feats = enc(images)
+        single = enc(images[:1])
+    ref = _calibrated64(rect_visual, images, alpha=alpha, outlier_k=0, contamination=0, sim_layer=2, post_layer=1,
+                        fusion=(1, 2, 3), beta=0.4, scale=3.0, cls_weight=0.3, source="qq+kk", detector="som",
+                        count=4, cls_scale=1.5, fusion_similarity_only=True, threshold_term=True)
+    torch.testing.assert_close(feats.double(), ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(single, feats[:1], atol=1e-5, rtol=1e-5)
+    for change in (dict(outlier_detector="l2"), dict(fusion_attention="last"), dict(threshold_similarity_term=False)):
+        with torch.no_grad():
+            other = DenseCLIPEncoder(rect_visual, spec.replace(**change))(images)
+        assert (other - feats).abs().max() > 1e-3, change
+    ref_l2 = _calibrated64(rect_visual, images, alpha=alpha, outlier_k=0, contamination=0, sim_layer=2, post_layer=1,
+                           fusion=(1, 2, 3), beta=0.4, scale=3.0, cls_weight=0.3, source="qq+kk", detector="l2",
+                           count=4, fusion_similarity_only=True, threshold_term=True)
+    with torch.no_grad():
+        l2 = DenseCLIPEncoder(rect_visual, spec.replace(outlier_detector="l2"))(images)
+    torch.testing.assert_close(l2.double(), ref_l2, atol=2e-5, rtol=2e-5)
+
+
+def test_sfp_preset_fields_and_errors():
+    s = PRESETS["sfp"]
+    # Kimsure/SFP @ 2804f5b SFP_ICCV/configs/base_config.py and clip/model.py
+    assert (s.source, s.sum_mode, s.outlier_detector, s.outlier_count, s.outlier_cls_scale) == (
+        "qq+kk", "normalize_then_mean", "som", 10, 1.5)
+    assert (s.similarity_layer, s.post_similarity_layer, s.fusion_layers, s.fusion_attention) == (
+        9, 4, (4, 5, 6, 7, 8, 9, 10), "similarity")
+    assert s.threshold_similarity_term and not PRESETS["scclip"].threshold_similarity_term
+    assert s.inert_settings() == [] and s.rows_sum_to == 1
+    with pytest.raises(ValueError, match=r"unknown fusion_attention 'mean' \(MODEL.SPARSECLIP.CALIBRATION."
+                                         r"FUSION_ATTENTION\); valid: last, similarity"):
+        s.replace(fusion_attention="mean")
+    with pytest.raises(ValueError, match="fusion_attention 'similarity' .* needs similarity_layer >= 0"):
+        s.replace(similarity_layer=-1)
+    with pytest.raises(ValueError, match=r"outlier_count=0 is invalid; valid: an integer >= 1"):
+        s.replace(outlier_count=0)
+    with pytest.raises(ValueError, match=r"outlier_cls_scale=-1 is invalid; valid: a finite number > 0"):
+        s.replace(outlier_cls_scale=-1)
+    inert = PRESETS["scclip"].replace(outlier_count=3).inert_settings()
+    assert inert == ["outlier_count=3 changes nothing without outlier_detector l2 or som"]
+
+
+def test_sfp_dataset_configs_carry_the_upstream_values():
+    """Kimsure/SFP @ 2804f5b SFP_ICCV/configs/cfg_*.py over base_config.py / the segmentor defaults."""
+    from detectron2.config import get_cfg
+
+    import sparseclip_d2
+    from sparseclip_d2.data.class_names import load_class_names
+
+    want = {  # config: (logit scale, prob_thd, area_thd, short side, dataset)
+        "sfp_b16": (40.0, 0.0, 0.0, 384, "sparseclip_ade20k_val"),
+        "sfp_b16_voc21": (50.0, 0.15, 0.1, 336, "sparseclip_voc21_val"),
+        "sfp_b16_voc20": (40.0, 0.0, 0.0, 336, "sparseclip_voc20_val"),
+        "sfp_b16_context60": (40.0, 0.15, 0.0, 336, "sparseclip_context60_val"),
+        "sfp_b16_context59": (40.0, 0.0, 0.0, 336, "sparseclip_context59_val"),
+        "sfp_b16_coco_object": (55.0, 0.35, 0.0, 336, "sparseclip_coco_object_val"),
+        "sfp_b16_coco_stuff": (40.0, 0.0, 0.0, 336, "sparseclip_coco_stuff_val"),
+        "sfp_b16_cityscapes": (40.0, 0.0, 0.0, 560, "sparseclip_cityscapes_val"),
+    }
+    for name, (scale, prob, area, short, ds) in want.items():
+        cfg = get_cfg()
+        sparseclip_d2.add_sparseclip_config(cfg)
+        cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "baselines", name + ".yaml"))
+        sc, sw = cfg.MODEL.SPARSECLIP, cfg.TEST.SLIDING_WINDOW
+        assert (sc.LOGIT_SCALE, sc.PROB_THRESHOLD, sc.AREA_THRESHOLD, cfg.INPUT.MIN_SIZE_TEST) == (scale, prob, area,
+                                                                                                  short), name
+        assert (sw.ENABLED, sw.CROP_SIZE, sw.STRIDE, cfg.DATASETS.TEST, sc.CLASS_NAMES) == (True, 224, 112, (ds,),
+                                                                                           "sfp"), name
+        assert AttentionSpec.from_config(cfg) == PRESETS["sfp"], name
+    # SFP's vocabulary: SCLIP's but "people" for "person" (SFP_ICCV/configs/cls_voc21.txt line 16)
+    assert load_class_names("voc21", class_set="sfp")[15].startswith("people, people in shirt")
+    assert load_class_names("voc21", class_set="sclip")[15].startswith("person, person in shirt")

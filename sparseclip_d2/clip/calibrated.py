@@ -15,11 +15,17 @@ of layer ``i`` counted from 1)::
     y    = block(p; A) + cls_weight * x[:, :1]         the last block on the patches only
     y    = aggregate(y, S_post >= similarity_threshold),  S_post = cos(tap[post_similarity_layer][:, P:])
     f    = sum_l tap[l] over fusion_layers (prefix included)
-    y    = y + aggregate(block(f[:, P:]; A) + cls_weight * f[:, :1], S_post ...)
+    y    = y + aggregate(block(f[:, P:]; A') + cls_weight * f[:, :1], S_post ...)
 
 ``block(z; A)`` is the last block's attention branch on ``z`` (its ``ln_1``, q / k / v and
 output projection) with weights ``A``, plus ``z`` with ``residual`` and the FFN with ``ffn``.
-``combine`` joins the similarity term to the source's terms by ``sum_mode``:
+With ``threshold_similarity_term`` the term (and SFP's fusion attention) reads ``S`` with its
+entries below ``similarity_threshold`` set to 0 (SFP thresholds ``pre_sim`` in place before
+``custom_attn``; SC-CLIP keeps an unthresholded copy, ``mid_simi``).
+``A' = A`` (``fusion_attention = "last"``, SC-CLIP) or the normalised similarity term alone
+(``"similarity"``, SFP's ``sinkhorn_attn``, which despite its name applies one softmax).
+The ``som`` detector reads the softmax attention of the block before the last, computed from
+that block's own input (its q, k) while the block runs unchanged. ``combine`` joins the similarity term to the source's terms by ``sum_mode``:
 ``normalize_then_mean`` (SC-CLIP: ``(N(S) + N(KK)) / 2``; SFP: ``(N(S) + N(QQ) + N(KK)) / 3``)
 or ``normalize_then_sum``; ``N`` is the spec's normaliser, so ``NORMALIZER entmax`` reaches
 every softmax of the method. The spec's temperature and prior act on the source terms (the
@@ -38,7 +44,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from ..attention import apply_attention, attention_weights, build_prior, get_normalizer
-from ..attention.outliers import detect_outliers, repair_outliers
+from ..attention.outliers import detect_outliers, needs_attention, repair_outliers
 from ..attention.similarity import cosine_similarity_map, similarity_aggregate, similarity_scores
 
 __all__ = ["is_calibrated", "check_calibrated", "calibrated_layers", "run_calibrated", "calibrated_attention"]
@@ -102,12 +108,19 @@ def calibrated_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out
 
 
-def _block(tower, blk, z: torch.Tensor, spec, sim, prior, generator) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The last block on patch tokens ``z`` (B, N, C) with the calibrated weights."""
+def _block(tower, blk, z: torch.Tensor, spec, sim, prior, generator, similarity_only: bool = False
+           ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The last block on patch tokens ``z`` (B, N, C) with the calibrated weights (with
+    ``similarity_only``, the normalised similarity term alone: SFP's fusion branch)."""
     B, N, _ = z.shape
     y = tower.norm1(blk, z)
     q, k, v = tower.qkv(blk, y, None)
-    weights = calibrated_attention(spec, q, k, v, sim, prior, generator)
+    if similarity_only:
+        norm = get_normalizer(spec.normalizer)
+        weights = norm(similarity_scores(sim, spec.similarity_scale), alpha=spec.alpha, generator=generator).float()
+        weights = weights.expand(B, q.shape[1], N, N)
+    else:
+        weights = calibrated_attention(spec, q, k, v, sim, prior, generator)
     out = tower.attn_out(blk, y, apply_attention(weights, v).transpose(1, 2).reshape(B, N, -1))
     z = z + out if spec.residual else out
     if spec.ffn:
@@ -137,9 +150,13 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
     P = tower.num_prefix_tokens
     need = set(calibrated_layers(spec)) | set(want)
     taps: Dict[int, torch.Tensor] = {}
+    producing = None  # the softmax attention of the block before the last (SFP's SOM detector reads it)
     for i, blk in enumerate(blocks[:-1]):
         if i in need:
             taps[i] = x
+        if i == depth - 2 and needs_attention(spec.outlier_detector):
+            q, k, v = tower.qkv(blk, tower.norm1(blk, x), rope)
+            producing = attention_weights(q, k, v, source="qk", normalizer="softmax")
         x = tower.run_native(blk, x, rope)
     if depth - 1 in need:
         taps[depth - 1] = x
@@ -149,7 +166,8 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
     mask = None
     if spec.outlier_detector != "none":
         mask = detect_outliers(spec.outlier_detector, patches, neighbors=spec.outlier_neighbors,
-                               contamination=spec.outlier_contamination)
+                               contamination=spec.outlier_contamination, count=spec.outlier_count,
+                               cls_scale=spec.outlier_cls_scale, attention=producing, num_prefix_tokens=P)
         patches = repair_outliers(patches, mask, grid)
     sim = None
     if spec.similarity_layer >= 0:
@@ -158,6 +176,8 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
             ref = repair_outliers(ref, mask, grid)
         sim = cosine_similarity_map(ref)
         patches = similarity_aggregate(patches, sim, spec.similarity_threshold).to(x.dtype)
+        if spec.threshold_similarity_term:  # SFP: the attention term reads the thresholded map
+            sim = sim.masked_fill(sim < spec.similarity_threshold, 0.0)
     post = None
     if spec.post_similarity_layer >= 0:
         post = cosine_similarity_map(taps[spec.post_similarity_layer][:, P:])
@@ -172,7 +192,8 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
         fused = None
         for i in spec.fusion_layers:
             fused = taps[i] if fused is None else fused + taps[i]
-        extra, _ = _block(tower, blk, fused[:, P:], spec, sim, prior, generator)
+        extra, _ = _block(tower, blk, fused[:, P:], spec, sim, prior, generator,
+                          similarity_only=spec.fusion_attention == "similarity")
         if spec.cls_weight:
             extra = extra + spec.cls_weight * fused[:, :1]
         if post is not None:

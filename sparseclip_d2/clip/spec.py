@@ -22,7 +22,8 @@ from ..attention import (
     paper_source_name,
     parse_source,
 )
-from ..attention.outliers import check_contamination, check_neighbors, check_outlier_detector
+from ..attention.outliers import (check_cls_scale, check_contamination, check_count, check_neighbors,
+                                  check_outlier_detector)
 from ..attention.similarity import check_similarity_scale, check_similarity_threshold
 
 __all__ = ["AttentionSpec", "PRESETS", "SPEC_KEYS", "parse_attention_spec", "parse_attention_specs",
@@ -133,6 +134,10 @@ class AttentionSpec:
     similarity_threshold: float = 0.4
     post_similarity_layer: int = -1
     fusion_layers: Tuple[int, ...] = ()
+    outlier_count: int = 10
+    outlier_cls_scale: float = 1.5
+    fusion_attention: str = "last"
+    threshold_similarity_term: bool = False
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -338,7 +343,10 @@ class AttentionSpec:
             kwargs.update(outlier_detector=cal.OUTLIER_DETECTOR, outlier_neighbors=cal.OUTLIER_NEIGHBORS,
                           outlier_contamination=cal.OUTLIER_CONTAMINATION, similarity_layer=cal.SIMILARITY_LAYER,
                           similarity_scale=cal.SIMILARITY_SCALE, similarity_threshold=cal.SIMILARITY_THRESHOLD,
-                          post_similarity_layer=cal.POST_SIMILARITY_LAYER, fusion_layers=cal.FUSION_LAYERS)
+                          post_similarity_layer=cal.POST_SIMILARITY_LAYER, fusion_layers=cal.FUSION_LAYERS,
+                          outlier_count=cal.OUTLIER_COUNT, outlier_cls_scale=cal.OUTLIER_CLS_SCALE,
+                          fusion_attention=cal.FUSION_ATTENTION,
+                          threshold_similarity_term=cal.THRESHOLD_SIMILARITY_TERM)
         except (AttributeError, KeyError) as e:
             raise ValueError(
                 f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK/PARALLEL/FEEDBACK key ({e}); call "
@@ -455,12 +463,16 @@ def _parallel_inert(spec: "AttentionSpec") -> List[str]:
 # (SC-CLIP, SFP; sparseclip_d2/clip/calibrated.py): outlier repair, similarity layers, fusion
 
 _CALIBRATION_FIELDS = ("outlier_detector", "outlier_neighbors", "outlier_contamination", "similarity_layer",
-                       "similarity_scale", "similarity_threshold", "post_similarity_layer", "fusion_layers")
+                       "similarity_scale", "similarity_threshold", "post_similarity_layer", "fusion_layers",
+                       "outlier_count", "outlier_cls_scale", "fusion_attention", "threshold_similarity_term")
+#: How the fusion branch attends: with the last block's weights (SC-CLIP) or the similarity term alone (SFP).
+FUSION_ATTENTIONS = ("last", "similarity")
 #: Error messages of these fields start with the field name (or "unknown <field>").
-_CALIBRATION_PREFIXES = _CALIBRATION_FIELDS + ("unknown outlier_detector", "the calibrated")
+_CALIBRATION_PREFIXES = _CALIBRATION_FIELDS + ("unknown outlier_detector", "the calibrated", "unknown fusion_attention")
 _CALIBRATION_KINDS = {"outlier_detector": str, "outlier_neighbors": int, "outlier_contamination": float,
                       "similarity_layer": int, "similarity_scale": float, "similarity_threshold": float,
-                      "post_similarity_layer": int, "fusion_layers": tuple}
+                      "post_similarity_layer": int, "fusion_layers": tuple, "outlier_count": int,
+                      "outlier_cls_scale": float, "fusion_attention": str, "threshold_similarity_term": bool}
 #: The config key of each field (MODEL.SPARSECLIP.CALIBRATION.*), named in the errors.
 _CALIBRATION_KEYS = {name: "MODEL.SPARSECLIP.CALIBRATION." + name.upper() for name in _CALIBRATION_FIELDS}
 
@@ -476,6 +488,10 @@ def _calibration_value(field: str, raw: str, text: str) -> Any:
         if not _is_number(raw):
             raise ValueError(f"spec {text!r}: {field}={raw!r} is not a number")
         return float(raw)
+    if kind is bool:
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ValueError(f"spec {text!r}: {field}={raw!r} is not a boolean (use true/false, 1/0, on/off)")
     if kind is tuple:
         parts = [p.strip() for p in raw.split(",")] if raw.strip() else []
         if not all(p.lstrip("-").isdigit() for p in parts):
@@ -513,6 +529,21 @@ def _validate_calibration(spec: "AttentionSpec", set_) -> None:
         set_("fusion_layers", _layers("fusion_layers", spec.fusion_layers))
     except ValueError as e:
         raise ValueError(f"{e} ({_CALIBRATION_KEYS['fusion_layers']})") from None
+    set_("outlier_count", named("outlier_count", check_count, spec.outlier_count))
+    set_("outlier_cls_scale", named("outlier_cls_scale", check_cls_scale, spec.outlier_cls_scale))
+    fa = spec.fusion_attention.strip().lower() if isinstance(spec.fusion_attention, str) else spec.fusion_attention
+    if fa not in FUSION_ATTENTIONS:
+        raise ValueError(f"unknown fusion_attention {spec.fusion_attention!r} ({_CALIBRATION_KEYS['fusion_attention']}); "
+                         f"valid: {', '.join(FUSION_ATTENTIONS)}")
+    set_("fusion_attention", fa)
+    try:
+        set_("threshold_similarity_term", _boolean("threshold_similarity_term", spec.threshold_similarity_term))
+    except ValueError as e:
+        raise ValueError(f"{e} ({_CALIBRATION_KEYS['threshold_similarity_term']})") from None
+    if fa == "similarity" and spec.fusion_layers and spec.similarity_layer < 0:
+        raise ValueError("fusion_attention 'similarity' (MODEL.SPARSECLIP.CALIBRATION.FUSION_ATTENTION) attends the "
+                         "fusion branch with the similarity term, which needs similarity_layer >= 0; valid: "
+                         "fusion_attention 'last', or set SIMILARITY_LAYER")
     calibrated = (spec.outlier_detector != "none" or spec.similarity_layer >= 0 or spec.post_similarity_layer >= 0
                   or bool(spec.fusion_layers))
     if not calibrated:
@@ -534,12 +565,18 @@ def _calibration_inert(spec: "AttentionSpec") -> List[str]:
     """The :meth:`AttentionSpec.inert_settings` messages of the calibrated-block fields."""
     out = []
     d = AttentionSpec()
-    if spec.outlier_detector == "none":
-        for name in ("outlier_neighbors", "outlier_contamination"):
-            if getattr(spec, name) != getattr(d, name):
-                out.append(f"{name}={getattr(spec, name)!r} changes nothing without an outlier_detector")
+    reads = {"outlier_neighbors": ("lof",), "outlier_contamination": ("lof",), "outlier_count": ("l2", "som"),
+             "outlier_cls_scale": ("som",)}
+    for name, detectors in reads.items():
+        if spec.outlier_detector not in detectors and getattr(spec, name) != getattr(d, name):
+            out.append(f"{name}={getattr(spec, name)!r} changes nothing without outlier_detector "
+                       f"{' or '.join(detectors)}")
+    if not spec.fusion_layers and spec.fusion_attention != d.fusion_attention:
+        out.append(f"fusion_attention={spec.fusion_attention!r} changes nothing without fusion_layers")
     if spec.similarity_layer < 0 and spec.similarity_scale != d.similarity_scale:
         out.append(f"similarity_scale={spec.similarity_scale:g} changes nothing without similarity_layer")
+    if spec.similarity_layer < 0 and spec.threshold_similarity_term:
+        out.append("threshold_similarity_term=True changes nothing without similarity_layer")
     if (spec.similarity_layer < 0 and spec.post_similarity_layer < 0
             and spec.similarity_threshold != d.similarity_threshold):
         out.append(f"similarity_threshold={spec.similarity_threshold:g} changes nothing without similarity_layer or "
@@ -549,16 +586,20 @@ def _calibration_inert(spec: "AttentionSpec") -> List[str]:
 
 def _describe_calibration(spec: "AttentionSpec") -> List[str]:
     parts = []
-    if spec.outlier_detector != "none":
-        parts.append(f"{spec.outlier_detector} outlier repair (k={spec.outlier_neighbors}, "
-                     f"contamination {spec.outlier_contamination:g})")
+    if spec.outlier_detector == "lof":
+        parts.append(f"lof outlier repair (k={spec.outlier_neighbors}, contamination {spec.outlier_contamination:g})")
+    elif spec.outlier_detector != "none":
+        scale = f", CLS x {spec.outlier_cls_scale:g}" if spec.outlier_detector == "som" else ""
+        parts.append(f"{spec.outlier_detector} outlier repair (top {spec.outlier_count}{scale})")
     if spec.similarity_layer >= 0:
-        parts.append(f"tap {spec.similarity_layer} similarity as a term ((S - mean) x {spec.similarity_scale:g}) and "
+        term = "S thresholded" if spec.threshold_similarity_term else "S"
+        parts.append(f"tap {spec.similarity_layer} similarity as a term (({term} - mean) x {spec.similarity_scale:g}) and "
                      f"aggregator (S >= {spec.similarity_threshold:g})")
     if spec.post_similarity_layer >= 0:
         parts.append(f"post-aggregation by tap {spec.post_similarity_layer} similarity")
     if spec.fusion_layers:
-        parts.append(f"fusion of taps {','.join(str(i) for i in spec.fusion_layers)}")
+        how = " attended by the similarity term" if spec.fusion_attention == "similarity" else ""
+        parts.append(f"fusion of taps {','.join(str(i) for i in spec.fusion_layers)}{how}")
     return parts
 
 
@@ -646,7 +687,8 @@ SPEC_KEYS.update({"parallel": "parallel_layers", "parallel_layers": "parallel_la
                   "qkv_norm": "qkv_norm", "cosine_scale": "cosine_scale", "self_iterations": "self_iterations"})
 SPEC_KEYS.update({name: name for name in ("outlier_detector", "outlier_neighbors", "outlier_contamination",
                                           "similarity_layer", "similarity_scale", "similarity_threshold",
-                                          "post_similarity_layer", "fusion_layers")})
+                                          "post_similarity_layer", "fusion_layers", "outlier_count",
+                                          "outlier_cls_scale", "fusion_attention", "threshold_similarity_term")})
 _ALPHA_NORMALIZERS = ("entmax", "random_matched")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -865,3 +907,18 @@ PRESETS["scclip"] = AttentionSpec(source="kk", normalizer="softmax", sum_mode="n
                                   outlier_contamination=0.05, similarity_layer=9, similarity_scale=3.0,
                                   similarity_threshold=0.4, post_similarity_layer=4,
                                   fusion_layers=(4, 5, 6, 7, 8, 9, 10))
+#: - ``sfp``: SFP (Kimsure/SFP @ 2804f5b ``SFP_ICCV/clip/model.py`` ``VisionTransformer``, the
+#:   ``configs/base_config.py`` setting ``pm='SOM'``, ``purify=True``, ``res_cls=0.3``): SC-CLIP's
+#:   calibrated block with the SOM detector on layer 11's attention (``attn_map[:,:,0,1:] *=
+#:   self.res_cls * self.res_scale``, 0.3 x 5.0; ``cls_to_patch > patch_self``, the first 10 of the
+#:   descending sort), the last block ``(softmax(KK) + softmax(QQ) + softmax(S)) / 3``
+#:   (``custom_attn``) and the fusion branch attended by ``softmax(S)`` alone (``sinkhorn_attn``
+#:   with ``pre_sim``), both reading ``pre_sim`` after its in-place threshold (``pre_sim[pre_sim <
+#:   0.4] = 0.0`` precedes them); similarity of layer 9 (``hidden_states[8]``), post-aggregation by layer 4
+#:   (``hidden_states[3]``), fusion of layers 4-10 (``hidden_states[3:10]``), threshold 0.4, scale 3.
+PRESETS["sfp"] = AttentionSpec(source="qq+kk", normalizer="softmax", sum_mode="normalize_then_mean", residual=False,
+                               ffn=False, cls_weight=0.3, outlier_detector="som", outlier_count=10,
+                               outlier_cls_scale=1.5, similarity_layer=9, similarity_scale=3.0,
+                               similarity_threshold=0.4, post_similarity_layer=4,
+                               fusion_layers=(4, 5, 6, 7, 8, 9, 10), fusion_attention="similarity",
+                               threshold_similarity_term=True)
