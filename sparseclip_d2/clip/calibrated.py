@@ -25,7 +25,8 @@ entries below ``similarity_threshold`` set to 0 (SFP thresholds ``pre_sim`` in p
 ``A' = A`` (``fusion_attention = "last"``, SC-CLIP) or the normalised similarity term alone
 (``"similarity"``, SFP's ``sinkhorn_attn``, which despite its name applies one softmax).
 The ``som`` detector reads the softmax attention of the block before the last, computed from
-that block's own input (its q, k) while the block runs unchanged. ``combine`` joins the similarity term to the source's terms by ``sum_mode``:
+that block's own input (its q, k) while the block runs unchanged. ``combine`` joins the
+similarity term to the source's terms by ``sum_mode``:
 ``normalize_then_mean`` (SC-CLIP: ``(N(S) + N(KK)) / 2``; SFP: ``(N(S) + N(QQ) + N(KK)) / 3``)
 or ``normalize_then_sum``; ``N`` is the spec's normaliser, so ``NORMALIZER entmax`` reaches
 every softmax of the method. The spec's temperature and prior act on the source terms (the

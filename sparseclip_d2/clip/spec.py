@@ -533,7 +533,8 @@ def _validate_calibration(spec: "AttentionSpec", set_) -> None:
     set_("outlier_cls_scale", named("outlier_cls_scale", check_cls_scale, spec.outlier_cls_scale))
     fa = spec.fusion_attention.strip().lower() if isinstance(spec.fusion_attention, str) else spec.fusion_attention
     if fa not in FUSION_ATTENTIONS:
-        raise ValueError(f"unknown fusion_attention {spec.fusion_attention!r} ({_CALIBRATION_KEYS['fusion_attention']}); "
+        raise ValueError(f"unknown fusion_attention {spec.fusion_attention!r} "
+                         f"({_CALIBRATION_KEYS['fusion_attention']}); "
                          f"valid: {', '.join(FUSION_ATTENTIONS)}")
     set_("fusion_attention", fa)
     try:
@@ -593,7 +594,8 @@ def _describe_calibration(spec: "AttentionSpec") -> List[str]:
         parts.append(f"{spec.outlier_detector} outlier repair (top {spec.outlier_count}{scale})")
     if spec.similarity_layer >= 0:
         term = "S thresholded" if spec.threshold_similarity_term else "S"
-        parts.append(f"tap {spec.similarity_layer} similarity as a term (({term} - mean) x {spec.similarity_scale:g}) and "
+        parts.append(f"tap {spec.similarity_layer} similarity as a term (({term} - mean) x "
+                     f"{spec.similarity_scale:g}) and "
                      f"aggregator (S >= {spec.similarity_threshold:g})")
     if spec.post_similarity_layer >= 0:
         parts.append(f"post-aggregation by tap {spec.post_similarity_layer} similarity")
