@@ -267,6 +267,46 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.FEEDBACK.CONNECTIVITY = True
     _C.MODEL.SPARSECLIP.FEEDBACK.SMOOTH_STD = 5.0
 
+    # The calibrated last block (SC-CLIP, SFP; sparseclip_d2/clip/calibrated.py, any source and
+    # normaliser): on when OUTLIER_DETECTOR is not "none", a SIMILARITY_LAYER or
+    # POST_SIMILARITY_LAYER is >= 0 or FUSION_LAYERS is not empty. The last block then runs on
+    # the patch tokens alone (no residual/FFN per BLOCK.*, + BLOCK.CLS_WEIGHT x CLS). Tap indices
+    # count block inputs from 0: tap i = the output of layer i counted from 1 (SC-CLIP's layer 9
+    # = 9). Needs ATTENTION.NUM_LAYERS 1, no MIX.LAYERS, PARALLEL.LAYERS 0, FEEDBACK off.
+    _C.MODEL.SPARSECLIP.CALIBRATION = CN()
+    # Outlier patch tokens of the last block's input (and of SIMILARITY_LAYER's tokens), each
+    # replaced by the mean of its inlier 3x3 neighbours: "none" or "lof" (SC-CLIP's local
+    # outlier factor with NEIGHBORS nearest tokens, tokens above the 1 - CONTAMINATION quantile),
+    # "l2" or "som" (SFP, below).
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR = "none"
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_NEIGHBORS = 30
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CONTAMINATION = 0.05
+    # Tap whose (repaired) patch cosine similarity S aggregates the last block's input (entries
+    # below SIMILARITY_THRESHOLD set to 0, rows normalised) and joins its attention as the term
+    # (S - mean S) * SIMILARITY_SCALE, negatives -inf, normalised by ATTENTION.NORMALIZER and
+    # combined with the SOURCE terms by ATTENTION.SUM_MODE; -1 = off.
+    _C.MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_LAYER = -1
+    _C.MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_SCALE = 3.0
+    _C.MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_THRESHOLD = 0.4
+    # Tap whose patch similarity (thresholded the same way) aggregates the last block's output
+    # (and the fusion branch's); -1 = off.
+    _C.MODEL.SPARSECLIP.CALIBRATION.POST_SIMILARITY_LAYER = -1
+    # Taps summed (prefix tokens included) and run through the last block again, the result
+    # added to its output (multi-level fusion); [] = off.
+    _C.MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS = []
+    # SFP's detectors: "l2" (the OUTLIER_COUNT tokens of largest norm) and "som" (patches whose
+    # CLS attention in the block before the last, its CLS row x OUTLIER_CLS_SCALE, exceeds their
+    # self-attention; at most OUTLIER_COUNT). SFP: 10 and 0.3 x 5.0 = 1.5.
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_COUNT = 10
+    _C.MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CLS_SCALE = 1.5
+    # How the fusion branch attends: "last" (the last block's weights, SC-CLIP) or "similarity"
+    # (the normalised SIMILARITY_LAYER term alone, SFP's sinkhorn_attn).
+    _C.MODEL.SPARSECLIP.CALIBRATION.FUSION_ATTENTION = "last"
+    # The attention term (and the "similarity" fusion attention) reads S with its entries below
+    # SIMILARITY_THRESHOLD set to 0 (SFP thresholds pre_sim in place before custom_attn) instead
+    # of the unthresholded S (SC-CLIP's mid_simi copy).
+    _C.MODEL.SPARSECLIP.CALIBRATION.THRESHOLD_SIMILARITY_TERM = False
+
     # FG-OVD region retrieval (META_ARCHITECTURE "SparseCLIPFGOVD").
     _C.MODEL.SPARSECLIP.FGOVD = CN()
     # "dense": RoIAlign on the modified dense features; "crop": encode each box crop

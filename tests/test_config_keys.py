@@ -171,3 +171,36 @@ def test_cliptrase_keys_take_effect(key):
 def test_center_crop_key_takes_effect_on_the_loader():
     batch = next(iter(_loader(**{"INPUT.CENTER_CROP_TEST": "48"})))[0]
     assert tuple(batch["image"].shape[-2:]) == (48, 48) and (batch["height"], batch["width"]) == (48, 48)
+# MODEL.SPARSECLIP.CALIBRATION.* (not in the Base config; the calibrated last block of SC-CLIP's
+# configs/baselines/scclip_b16*.yaml): key -> (value on the 2-block tiny tower, spec field, expected)
+CALIBRATION_EFFECTS = {
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR": ("lof", "outlier_detector", "lof"),
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_NEIGHBORS": ("5", "outlier_neighbors", 5),
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CONTAMINATION": ("0.1", "outlier_contamination", 0.1),
+    "MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_LAYER": ("1", "similarity_layer", 1),
+    "MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_SCALE": ("2.0", "similarity_scale", 2.0),
+    "MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_THRESHOLD": ("0.3", "similarity_threshold", 0.3),
+    "MODEL.SPARSECLIP.CALIBRATION.POST_SIMILARITY_LAYER": ("0", "post_similarity_layer", 0),
+    "MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS": ("[0, 1]", "fusion_layers", (0, 1)),
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_COUNT": ("4", "outlier_count", 4),
+    "MODEL.SPARSECLIP.CALIBRATION.OUTLIER_CLS_SCALE": ("2.0", "outlier_cls_scale", 2.0),
+    "MODEL.SPARSECLIP.CALIBRATION.FUSION_ATTENTION": ("similarity", "fusion_attention", "similarity"),
+    "MODEL.SPARSECLIP.CALIBRATION.THRESHOLD_SIMILARITY_TERM": ("True", "threshold_similarity_term", True),
+}
+
+
+def test_calibration_keys_take_effect_and_bad_values_are_refused_before_the_build():
+    model = _model(**{k: v for k, (v, _, _) in CALIBRATION_EFFECTS.items()})
+    for key, (value, field, want) in CALIBRATION_EFFECTS.items():
+        assert getattr(model.encoder.spec, field) == want, f"{key} = {value} did not take effect"
+    from sparseclip_d2.clip.calibrated import is_calibrated
+
+    assert is_calibrated(model.encoder.spec) and not is_calibrated(_model().encoder.spec)
+    for key, value, match in [
+        ("MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR", "zscore", "MODEL.SPARSECLIP.CALIBRATION: unknown "
+                                                                    "outlier_detector 'zscore'; valid: none, l2, lof, som"),
+        ("MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_LAYER", "-3", "SIMILARITY_LAYER.*must be -1 \\(off\\) or a 0-based"),
+        ("MODEL.SPARSECLIP.CALIBRATION.FUSION_LAYERS", "[5]", "\\[5\\] are not block inputs of a tower of depth 2"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            _model(**{key: value})

@@ -81,6 +81,8 @@ BASELINES = {
     "gem": ("gem", "single", "", "detectron2", "clip", "size_antialias", "pad_crop", 8),
     "clipsurgery": ("clipsurgery", "maskclip", "", "detectron2", "clip", "bilinear", "pad_crop", 8),
     "cliptrase": ("cliptrase", "openai_imagenet", "cliptrase", "detectron2", "clip", "scale_factor", "pad_crop", 7),
+    "scclip": ("scclip", "openai_imagenet", "sclip", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
+    "sfp": ("sfp", "openai_imagenet", "sfp", "mmseg", "clip_mmseg", "scale_factor", "truncate", 8),
 }
 
 

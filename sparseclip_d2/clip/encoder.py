@@ -15,6 +15,7 @@ from ..attention import apply_attention, attention_weights, build_prior, mix_att
 from ..attention.feedback import blend_feedback
 from ..common.cache import LRUCache
 from .parallel import check_parallel, run_parallel
+from .calibrated import check_calibrated, is_calibrated, run_calibrated
 from .spec import AttentionSpec
 from .towers import make_tower
 
@@ -202,6 +203,7 @@ class DenseCLIPEncoder(nn.Module):
             raise ValueError(f"cls_weight={spec.cls_weight:g} needs a CLS token, but this {tower.kind} tower has no "
                              "prefix tokens; use cls_weight 0")
         check_parallel(spec, tower.kind, tower.num_prefix_tokens, self.depth)
+        check_calibrated(spec, tower.kind, self.depth)
         ph, pw = tower.patch
         self._patch = (ph, pw)
         self.patch_size: Union[int, Tuple[int, int]] = ph if ph == pw else (ph, pw)
@@ -343,6 +345,9 @@ class DenseCLIPEncoder(nn.Module):
         if self.spec.parallel_layers:  # the parallel-path block mode (GEM, CLIP Surgery): clip/parallel.py
             x, attn, taps = run_parallel(tower, self.spec, tower.blocks, x, rope,
                                          self.attention_prior(grid, x.device), generator, want)
+            return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
+        if is_calibrated(self.spec):  # outlier repair / similarity layers / fusion (SC-CLIP): clip/calibrated.py
+            x, attn, taps = run_calibrated(tower, self.spec, tower.blocks, x, rope, grid, generator, want)
             return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
         first_modified = self.depth - self.spec.num_layers
         mix_layers = set(self.spec.mix_layers)

@@ -22,6 +22,9 @@ from ..attention import (
     paper_source_name,
     parse_source,
 )
+from ..attention.outliers import (check_cls_scale, check_contamination, check_count, check_neighbors,
+                                  check_outlier_detector)
+from ..attention.similarity import check_similarity_scale, check_similarity_threshold
 
 __all__ = ["AttentionSpec", "PRESETS", "SPEC_KEYS", "parse_attention_spec", "parse_attention_specs",
            "describe_spec", "SpecDepthError"]
@@ -132,6 +135,18 @@ class AttentionSpec:
     feedback_weight: float = 0.7
     feedback_scale: float = 2.2
     feedback_precision: str = "float32"
+    outlier_detector: str = "none"
+    outlier_neighbors: int = 30
+    outlier_contamination: float = 0.05
+    similarity_layer: int = -1
+    similarity_scale: float = 3.0
+    similarity_threshold: float = 0.4
+    post_similarity_layer: int = -1
+    fusion_layers: Tuple[int, ...] = ()
+    outlier_count: int = 10
+    outlier_cls_scale: float = 1.5
+    fusion_attention: str = "last"
+    threshold_similarity_term: bool = False
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -191,6 +206,7 @@ class AttentionSpec:
         if self.feedback and self.parallel_layers:
             raise ValueError(f"feedback (ResCLIP's SFR: a second run of the last block) cannot be combined with a "
                              f"parallel path (parallel_layers={self.parallel_layers}); use one or the other")
+        _validate_calibration(self, set_)
 
     @property
     def tap_normalizer(self) -> str:
@@ -234,7 +250,8 @@ class AttentionSpec:
                            "apply it to earlier blocks)")
             if self.prior != "none":
                 out.append(f"prior={self.prior!r} changes nothing on the identity source")
-        if self.sum_mode != "normalize_then_sum" and len(parse_source(self.source)) == 1:
+        if (self.sum_mode != "normalize_then_sum" and len(parse_source(self.source)) == 1
+                and self.similarity_layer < 0):  # a similarity term makes the calibrated block's source a sum
             out.append(f"sum_mode={self.sum_mode!r} changes nothing: source {self.source!r} is not a sum")
         if self.prior == "none" and self.prior_std != 5.0:
             out.append(f"prior_std={self.prior_std:g} changes nothing without a prior (prior='none')")
@@ -255,6 +272,7 @@ class AttentionSpec:
                     out.append(f"{name}={getattr(self, name)!r} changes nothing without feedback")
         elif self.source == "identity":
             out.append("feedback changes nothing on the identity source (its block outputs its values)")
+        out.extend(_calibration_inert(self))
         return out
 
     def warn_inert(self, where: str = "attention spec") -> List[str]:
@@ -275,6 +293,8 @@ class AttentionSpec:
         ``normalize_then_sum`` (SCLIP's convention), else 1; with ``mix_layers``,
         ``mix_scale * ((1 - mix_weight) * that + mix_weight * the same for mix_source)``."""
         n = len(self.terms) if self.sum_mode == "normalize_then_sum" else 1
+        if self.similarity_layer >= 0 and self.sum_mode == "normalize_then_sum":
+            n += 1  # the calibrated block's similarity term (clip/calibrated.py)
         if not self.mix_layers:
             return n
         m = len(parse_source(self.mix_source)) if self.sum_mode == "normalize_then_sum" else 1
@@ -330,6 +350,14 @@ class AttentionSpec:
             fb = cfg.MODEL.SPARSECLIP.FEEDBACK
             kwargs.update(feedback=fb.ENABLED, feedback_weight=fb.WEIGHT, feedback_scale=fb.SCALE,
                           feedback_precision=fb.PRECISION)
+            cal = cfg.MODEL.SPARSECLIP.CALIBRATION
+            kwargs.update(outlier_detector=cal.OUTLIER_DETECTOR, outlier_neighbors=cal.OUTLIER_NEIGHBORS,
+                          outlier_contamination=cal.OUTLIER_CONTAMINATION, similarity_layer=cal.SIMILARITY_LAYER,
+                          similarity_scale=cal.SIMILARITY_SCALE, similarity_threshold=cal.SIMILARITY_THRESHOLD,
+                          post_similarity_layer=cal.POST_SIMILARITY_LAYER, fusion_layers=cal.FUSION_LAYERS,
+                          outlier_count=cal.OUTLIER_COUNT, outlier_cls_scale=cal.OUTLIER_CLS_SCALE,
+                          fusion_attention=cal.FUSION_ATTENTION,
+                          threshold_similarity_term=cal.THRESHOLD_SIMILARITY_TERM)
         except (AttributeError, KeyError) as e:
             raise ValueError(
                 f"config lacks a MODEL.SPARSECLIP.ATTENTION/BLOCK/PARALLEL/FEEDBACK key ({e}); call "
@@ -339,6 +367,8 @@ class AttentionSpec:
         except ValueError as e:
             where = ("MODEL.SPARSECLIP.FEEDBACK" if str(e).startswith(("feedback", "unknown feedback"))
                      else "MODEL.SPARSECLIP.ATTENTION/BLOCK")
+            if str(e).startswith(_CALIBRATION_PREFIXES):
+                where = "MODEL.SPARSECLIP.CALIBRATION"
             raise ValueError(f"{where}: {e}") from e
         if warn:
             spec.warn_inert("MODEL.SPARSECLIP.ATTENTION")
@@ -440,6 +470,152 @@ def _parallel_inert(spec: "AttentionSpec") -> List[str]:
     return out
 
 
+# ------------------------------------------------------------------ the calibrated last block
+# (SC-CLIP, SFP; sparseclip_d2/clip/calibrated.py): outlier repair, similarity layers, fusion
+
+_CALIBRATION_FIELDS = ("outlier_detector", "outlier_neighbors", "outlier_contamination", "similarity_layer",
+                       "similarity_scale", "similarity_threshold", "post_similarity_layer", "fusion_layers",
+                       "outlier_count", "outlier_cls_scale", "fusion_attention", "threshold_similarity_term")
+#: How the fusion branch attends: with the last block's weights (SC-CLIP) or the similarity term alone (SFP).
+FUSION_ATTENTIONS = ("last", "similarity")
+#: Error messages of these fields start with the field name (or "unknown <field>").
+_CALIBRATION_PREFIXES = _CALIBRATION_FIELDS + ("unknown outlier_detector", "the calibrated", "unknown fusion_attention")
+_CALIBRATION_KINDS = {"outlier_detector": str, "outlier_neighbors": int, "outlier_contamination": float,
+                      "similarity_layer": int, "similarity_scale": float, "similarity_threshold": float,
+                      "post_similarity_layer": int, "fusion_layers": tuple, "outlier_count": int,
+                      "outlier_cls_scale": float, "fusion_attention": str, "threshold_similarity_term": bool}
+#: The config key of each field (MODEL.SPARSECLIP.CALIBRATION.*), named in the errors.
+_CALIBRATION_KEYS = {name: "MODEL.SPARSECLIP.CALIBRATION." + name.upper() for name in _CALIBRATION_FIELDS}
+
+
+def _calibration_value(field: str, raw: str, text: str) -> Any:
+    kind = _CALIBRATION_KINDS[field]
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"spec {text!r}: {field}={raw!r} is not an integer") from None
+    if kind is float:
+        if not _is_number(raw):
+            raise ValueError(f"spec {text!r}: {field}={raw!r} is not a number")
+        return float(raw)
+    if kind is bool:
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ValueError(f"spec {text!r}: {field}={raw!r} is not a boolean (use true/false, 1/0, on/off)")
+    if kind is tuple:
+        parts = [p.strip() for p in raw.split(",")] if raw.strip() else []
+        if not all(p.lstrip("-").isdigit() for p in parts):
+            raise ValueError(f"spec {text!r}: {field}={raw!r} is not a comma-separated list of block indices "
+                             "(e.g. fusion_layers=4,5,6,7,8,9,10)")
+        return tuple(int(p) for p in parts)
+    return raw
+
+
+def _tap_index(name: str, value) -> int:
+    i = _integer(name, value)
+    if i < -1:
+        raise ValueError(f"{name} ({_CALIBRATION_KEYS[name]}) must be -1 (off) or a 0-based tap index >= 0, got "
+                         f"{value!r}")
+    return i
+
+
+def _validate_calibration(spec: "AttentionSpec", set_) -> None:
+    """Check and normalise the calibrated-block fields of ``spec`` (errors name the field,
+    its config key, the value and the valid choices)."""
+    def named(name, fn, value):
+        try:
+            return fn(value)
+        except ValueError as e:
+            raise ValueError(f"{e} ({_CALIBRATION_KEYS[name]})") from None
+
+    set_("outlier_detector", named("outlier_detector", check_outlier_detector, spec.outlier_detector))
+    set_("outlier_neighbors", named("outlier_neighbors", check_neighbors, spec.outlier_neighbors))
+    set_("outlier_contamination", named("outlier_contamination", check_contamination, spec.outlier_contamination))
+    set_("similarity_layer", _tap_index("similarity_layer", spec.similarity_layer))
+    set_("post_similarity_layer", _tap_index("post_similarity_layer", spec.post_similarity_layer))
+    set_("similarity_scale", named("similarity_scale", check_similarity_scale, spec.similarity_scale))
+    set_("similarity_threshold", named("similarity_threshold", check_similarity_threshold, spec.similarity_threshold))
+    try:
+        set_("fusion_layers", _layers("fusion_layers", spec.fusion_layers))
+    except ValueError as e:
+        raise ValueError(f"{e} ({_CALIBRATION_KEYS['fusion_layers']})") from None
+    set_("outlier_count", named("outlier_count", check_count, spec.outlier_count))
+    set_("outlier_cls_scale", named("outlier_cls_scale", check_cls_scale, spec.outlier_cls_scale))
+    fa = spec.fusion_attention.strip().lower() if isinstance(spec.fusion_attention, str) else spec.fusion_attention
+    if fa not in FUSION_ATTENTIONS:
+        raise ValueError(f"unknown fusion_attention {spec.fusion_attention!r} "
+                         f"({_CALIBRATION_KEYS['fusion_attention']}); "
+                         f"valid: {', '.join(FUSION_ATTENTIONS)}")
+    set_("fusion_attention", fa)
+    try:
+        set_("threshold_similarity_term", _boolean("threshold_similarity_term", spec.threshold_similarity_term))
+    except ValueError as e:
+        raise ValueError(f"{e} ({_CALIBRATION_KEYS['threshold_similarity_term']})") from None
+    if fa == "similarity" and spec.fusion_layers and spec.similarity_layer < 0:
+        raise ValueError("fusion_attention 'similarity' (MODEL.SPARSECLIP.CALIBRATION.FUSION_ATTENTION) attends the "
+                         "fusion branch with the similarity term, which needs similarity_layer >= 0; valid: "
+                         "fusion_attention 'last', or set SIMILARITY_LAYER")
+    calibrated = (spec.outlier_detector != "none" or spec.similarity_layer >= 0 or spec.post_similarity_layer >= 0
+                  or bool(spec.fusion_layers))
+    if not calibrated:
+        return
+    clash = [f"{name}={value!r}" for name, value, off in (
+        ("num_layers", spec.num_layers, 1), ("mix_layers", spec.mix_layers, ()),
+        ("parallel_layers", spec.parallel_layers, 0), ("feedback", spec.feedback, False)) if value != off]
+    if clash:
+        raise ValueError(f"the calibrated last block (outlier_detector / similarity_layer / post_similarity_layer / "
+                         f"fusion_layers, MODEL.SPARSECLIP.CALIBRATION) cannot be combined with {', '.join(clash)}; "
+                         "valid: num_layers 1, no mix_layers, parallel_layers 0, feedback False")
+    if spec.similarity_layer >= 0 and spec.sum_mode == "sum_then_normalize":
+        raise ValueError("similarity_layer (MODEL.SPARSECLIP.CALIBRATION.SIMILARITY_LAYER) joins the source terms as a "
+                         "normalised term; sum_mode 'sum_then_normalize' is not supported with it; valid: "
+                         "normalize_then_mean (SC-CLIP, SFP), normalize_then_sum")
+
+
+def _calibration_inert(spec: "AttentionSpec") -> List[str]:
+    """The :meth:`AttentionSpec.inert_settings` messages of the calibrated-block fields."""
+    out = []
+    d = AttentionSpec()
+    reads = {"outlier_neighbors": ("lof",), "outlier_contamination": ("lof",), "outlier_count": ("l2", "som"),
+             "outlier_cls_scale": ("som",)}
+    for name, detectors in reads.items():
+        if spec.outlier_detector not in detectors and getattr(spec, name) != getattr(d, name):
+            out.append(f"{name}={getattr(spec, name)!r} changes nothing without outlier_detector "
+                       f"{' or '.join(detectors)}")
+    if not spec.fusion_layers and spec.fusion_attention != d.fusion_attention:
+        out.append(f"fusion_attention={spec.fusion_attention!r} changes nothing without fusion_layers")
+    if spec.similarity_layer < 0 and spec.similarity_scale != d.similarity_scale:
+        out.append(f"similarity_scale={spec.similarity_scale:g} changes nothing without similarity_layer")
+    if spec.similarity_layer < 0 and spec.threshold_similarity_term:
+        out.append("threshold_similarity_term=True changes nothing without similarity_layer")
+    if (spec.similarity_layer < 0 and spec.post_similarity_layer < 0
+            and spec.similarity_threshold != d.similarity_threshold):
+        out.append(f"similarity_threshold={spec.similarity_threshold:g} changes nothing without similarity_layer or "
+                   "post_similarity_layer")
+    return out
+
+
+def _describe_calibration(spec: "AttentionSpec") -> List[str]:
+    parts = []
+    if spec.outlier_detector == "lof":
+        parts.append(f"lof outlier repair (k={spec.outlier_neighbors}, contamination {spec.outlier_contamination:g})")
+    elif spec.outlier_detector != "none":
+        scale = f", CLS x {spec.outlier_cls_scale:g}" if spec.outlier_detector == "som" else ""
+        parts.append(f"{spec.outlier_detector} outlier repair (top {spec.outlier_count}{scale})")
+    if spec.similarity_layer >= 0:
+        term = "S thresholded" if spec.threshold_similarity_term else "S"
+        parts.append(f"tap {spec.similarity_layer} similarity as a term (({term} - mean) x "
+                     f"{spec.similarity_scale:g}) and "
+                     f"aggregator (S >= {spec.similarity_threshold:g})")
+    if spec.post_similarity_layer >= 0:
+        parts.append(f"post-aggregation by tap {spec.post_similarity_layer} similarity")
+    if spec.fusion_layers:
+        how = " attended by the similarity term" if spec.fusion_attention == "similarity" else ""
+        parts.append(f"fusion of taps {','.join(str(i) for i in spec.fusion_layers)}{how}")
+    return parts
+
+
 #: Training-free baselines expressed as specs (README, "Baselines"; upstream files cited per preset).
 #:
 #: - ``maskclip``: MaskCLIP as published (chongzhou96/MaskCLIP ``mmseg/models/backbones/vit.py``,
@@ -531,6 +707,10 @@ SPEC_KEYS = {
 }
 SPEC_KEYS.update({"parallel": "parallel_layers", "parallel_layers": "parallel_layers", "parallel_cls": "parallel_cls",
                   "qkv_norm": "qkv_norm", "cosine_scale": "cosine_scale", "self_iterations": "self_iterations"})
+SPEC_KEYS.update({name: name for name in ("outlier_detector", "outlier_neighbors", "outlier_contamination",
+                                          "similarity_layer", "similarity_scale", "similarity_threshold",
+                                          "post_similarity_layer", "fusion_layers", "outlier_count",
+                                          "outlier_cls_scale", "fusion_attention", "threshold_similarity_term")})
 _ALPHA_NORMALIZERS = ("entmax", "random_matched")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -555,6 +735,8 @@ def _is_number(token: str) -> bool:
 
 
 def _value(field: str, raw: str, text: str) -> Any:
+    if field in _CALIBRATION_KINDS:
+        return _calibration_value(field, raw, text)
     if field in ("parallel_layers", "self_iterations"):
         try:
             return int(raw)
@@ -729,4 +911,36 @@ def describe_spec(spec: AttentionSpec) -> str:
     if spec.feedback:
         parts.append(f"second pass with the first segmentation's prior P ({spec.feedback_precision}): "
                      f"{spec.feedback_scale:g} x ((1 - {spec.feedback_weight:g}) S + {spec.feedback_weight:g} P)")
+    parts.extend(_describe_calibration(spec))
     return ", ".join(parts)
+
+
+#: - ``scclip``: SC-CLIP (SuleBai/SC-CLIP @ 0417ba9 ``clip/model.py`` ``VisionTransformer``):
+#:   LOF on the last block's input patches (``lof_pytorch(..., n_neighbors=30,
+#:   contamination=0.05)``) repaired by ``mean_interpolation``; the similarity of the repaired
+#:   output of layer 9 (``pre_adjust_idx = 8`` into ``feats_list``, = tap 9) thresholded at
+#:   ``beta = 0.4`` aggregates the tokens and joins ``custom_attn`` as
+#:   ``(softmax((S - mean) * 3.0, negatives -inf) + softmax(KK)) / 2``; no residual, no FFN,
+#:   ``+ res_cls * cls_token`` with ``res_cls = 0.3``; post-aggregation by the output of layer 4
+#:   (``post_adjust_idx = 3``, tap 4); fusion of the outputs of layers 4-10
+#:   (``range(multi_start_idx=3, multi_end_idx=10)`` into ``feats_list``, taps 4..10).
+PRESETS["scclip"] = AttentionSpec(source="kk", normalizer="softmax", sum_mode="normalize_then_mean", residual=False,
+                                  ffn=False, cls_weight=0.3, outlier_detector="lof", outlier_neighbors=30,
+                                  outlier_contamination=0.05, similarity_layer=9, similarity_scale=3.0,
+                                  similarity_threshold=0.4, post_similarity_layer=4,
+                                  fusion_layers=(4, 5, 6, 7, 8, 9, 10))
+#: - ``sfp``: SFP (Kimsure/SFP @ 2804f5b ``SFP_ICCV/clip/model.py`` ``VisionTransformer``, the
+#:   ``configs/base_config.py`` setting ``pm='SOM'``, ``purify=True``, ``res_cls=0.3``): SC-CLIP's
+#:   calibrated block with the SOM detector on layer 11's attention (``attn_map[:,:,0,1:] *=
+#:   self.res_cls * self.res_scale``, 0.3 x 5.0; ``cls_to_patch > patch_self``, the first 10 of the
+#:   descending sort), the last block ``(softmax(KK) + softmax(QQ) + softmax(S)) / 3``
+#:   (``custom_attn``) and the fusion branch attended by ``softmax(S)`` alone (``sinkhorn_attn``
+#:   with ``pre_sim``), both reading ``pre_sim`` after its in-place threshold (``pre_sim[pre_sim <
+#:   0.4] = 0.0`` precedes them); similarity of layer 9 (``hidden_states[8]``), post-aggregation by layer 4
+#:   (``hidden_states[3]``), fusion of layers 4-10 (``hidden_states[3:10]``), threshold 0.4, scale 3.
+PRESETS["sfp"] = AttentionSpec(source="qq+kk", normalizer="softmax", sum_mode="normalize_then_mean", residual=False,
+                               ffn=False, cls_weight=0.3, outlier_detector="som", outlier_count=10,
+                               outlier_cls_scale=1.5, similarity_layer=9, similarity_scale=3.0,
+                               similarity_threshold=0.4, post_similarity_layer=4,
+                               fusion_layers=(4, 5, 6, 7, 8, 9, 10), fusion_attention="similarity",
+                               threshold_similarity_term=True)
