@@ -5,7 +5,6 @@ computations; the ``MODEL.SPARSECLIP.PROXY.FSA`` keys take effect or are refused
 model is built; the ``configs/baselines/fsa_b16*.yaml`` values. The comparison with FSA's own
 code is in docs/upstream_agreement.md ("FSA").
 """
-import copy
 import glob
 import math
 import os
@@ -21,7 +20,7 @@ from sparseclip_d2.proxy import (FSAEncoder, FSASettings, ProxyCLIPEncoder, fsa_
 
 from conftest import build_tiny_clip, tiny_cfg
 from test_entmax import entmax_bisect_reference  # noqa: E402  (float64 bisection, independent of the kernel)
-from test_proxy import DINO, _proxy, bilinear_reference, scores_reference  # noqa: E402  (float64 references)
+from test_proxy import DINO, _proxy, bilinear_reference, proxy_block_inputs64, scores_reference  # noqa: E402  (float64 references)
 
 
 def nucleus_reference(row, p):
@@ -148,26 +147,9 @@ def clip():
 def _fsa_block_reference(clip, proxy, x, text, proxy_norm, fsa_norm, lamda=3.0, top_p=0.45):
     """The FSA last block in float64, written out (custom_attn + FSA of chi-chi-zx/FSA @ dbd2da5):
     returns the (B, D, 4, 4) output and the (B, 16, 16) ensemble weights. CLIP 2 x 2 grid, DINO 4 x 4."""
-    mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-    px = ((x.double() * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1))
-          - torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)) / torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    pf, v64, v, blk = proxy_block_inputs64(clip, proxy, x)
+    B, C, H = x.shape[0], v.shape[-1], blk.attn.num_heads
     with torch.no_grad():
-        pf = proxy.model.forward_features(px.float())[:, 1:]  # timm's own forward
-    v64 = copy.deepcopy(clip.visual).double()
-    pos = ProxyCLIPEncoder(clip.visual, AttentionSpec(), proxy).positional_embedding((2, 2), "cpu", torch.float32)
-    B = x.shape[0]
-    with torch.no_grad():
-        t = v64.conv1(x.double()).flatten(2).transpose(1, 2)
-        t = torch.cat([v64.class_embedding.view(1, 1, -1).expand(B, 1, -1), t], 1) + pos.double()
-        t = v64.ln_pre(t)
-        for blk in v64.transformer.resblocks[:-1]:
-            t = blk(t)
-        blk = v64.transformer.resblocks[-1]
-        y = blk.ln_1(t)
-        W, bias = blk.attn.in_proj_weight, blk.attn.in_proj_bias
-        C = y.shape[-1]
-        v = y @ W[2 * C:].T + bias[2 * C:]
-        H = blk.attn.num_heads
         Wo, bo = blk.attn.out_proj.weight, blk.attn.out_proj.bias
         T = F.normalize(text.double(), dim=-1)
 

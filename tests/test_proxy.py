@@ -180,21 +180,22 @@ def test_dinov2_hub_and_mae_layouts_load(tmp_path):
     assert all(torch.equal(got[k], v) for k, v in mae_src.state_dict().items())
 
 
-def test_proxy_last_block_with_entmax_matches_float64_reference(clip):
-    """The whole ProxyCLIP last block with NORMALIZER entmax 1.2 (and ProxyCLIP's softmax), no
-    residual / FFN, against float64 by hand: CLIP 2 x 2 grid on a 32 px window, DINO B/8 4 x 4."""
-    proxy = _proxy(DINO)
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4)) * 0.5
+def proxy_block_inputs64(clip, proxy, x):
+    """The inputs of the ProxyCLIP last block, by hand in float64 for a 32 px window (CLIP 2 x 2
+    grid, DINO B/8 4 x 4): ``(pf, v64, v, blk)`` = the proxy's patch features (timm's own forward
+    of the image re-normalised from CLIP's mean / std to ImageNet's), the float64 tower, the last
+    block's values ``(B, 5, C)`` and that block."""
     mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)  # CLIP's (tiny tower's)
     px = ((x.double() * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1))
           - torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)) / torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
     with torch.no_grad():
-        pf = proxy.model.forward_features(px.float())[:, 1:]  # (2, 16, C'), timm's own forward
+        pf = proxy.model.forward_features(px.float())[:, 1:]  # (B, 16, C'), timm's own forward
     v64 = copy.deepcopy(clip.visual).double()
     pos = ProxyCLIPEncoder(clip.visual, AttentionSpec(), proxy).positional_embedding((2, 2), "cpu", torch.float32)
+    B = x.shape[0]
     with torch.no_grad():  # CLIP's position embeddings resized to 2 x 2 (tested in test_encoder.py)
         t = v64.conv1(x.double()).flatten(2).transpose(1, 2)
-        t = torch.cat([v64.class_embedding.view(1, 1, -1).expand(2, 1, -1), t], 1) + pos.double()
+        t = torch.cat([v64.class_embedding.view(1, 1, -1).expand(B, 1, -1), t], 1) + pos.double()
         t = v64.ln_pre(t)
         for blk in v64.transformer.resblocks[:-1]:
             t = blk(t)
@@ -202,8 +203,17 @@ def test_proxy_last_block_with_entmax_matches_float64_reference(clip):
         y = blk.ln_1(t)
         W, bias = blk.attn.in_proj_weight, blk.attn.in_proj_bias
         C = y.shape[-1]
-        v = y @ W[2 * C:].T + bias[2 * C:]  # (2, 5, C)
-        H = blk.attn.num_heads
+        v = y @ W[2 * C:].T + bias[2 * C:]  # (B, 5, C)
+    return pf, v64, v, blk
+
+
+def test_proxy_last_block_with_entmax_matches_float64_reference(clip):
+    """The whole ProxyCLIP last block with NORMALIZER entmax 1.2 (and ProxyCLIP's softmax), no
+    residual / FFN, against float64 by hand: CLIP 2 x 2 grid on a 32 px window, DINO B/8 4 x 4."""
+    proxy = _proxy(DINO)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4)) * 0.5
+    pf, v64, v, blk = proxy_block_inputs64(clip, proxy, x)
+    C, H = v.shape[-1], blk.attn.num_heads
     for normalizer in ("entmax", "softmax"):
         enc = ProxyCLIPEncoder(clip.visual, AttentionSpec(normalizer=normalizer, alpha=1.2, residual=False,
                                                          ffn=False), proxy)
