@@ -20,7 +20,10 @@ neighbours on the patch grid (SC-CLIP's anomaly-token resolution, SFP's purifica
   largest CLS attention;
 - :func:`repair_outliers`: each outlier replaced by the mean of its non-outlier 3 x 3
   neighbours (zero padding at the border; an outlier without such a neighbour is kept), as
-  ``mean_interpolation`` does upstream.
+  SC-CLIP's ``mean_interpolation`` does (SuleBai/SC-CLIP @ 0417ba9 ``clip/model.py``:
+  ``update_mask = top_indices_mask * valid_neighbor_mask``). SFP's (Kimsure/SFP @ 2804f5b
+  ``SFP_ICCV/clip/model.py``) has no such guard and sets that outlier to the zero vector, whose
+  cosine is then 0 / 0 (its NaN windows, docs/upstream_agreement.md); this rule is used for SFP too.
 
 Pure torch; no open_clip or detectron2 import.
 """
