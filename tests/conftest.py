@@ -59,6 +59,21 @@ def tiny_cfg(**opts):
     return cfg
 
 
+def baseline_cfg(name_or_path):
+    """A detectron2 config of ``configs/baselines/<name>.yaml`` (or of a config file path), read
+    as yacs reads it (``merge_from_file``), with nothing overridden."""
+    from detectron2.config import get_cfg
+
+    import sparseclip_d2
+
+    path = name_or_path if os.path.isabs(name_or_path) or name_or_path.endswith(".yaml") else os.path.join(
+        os.path.dirname(__file__), "..", "configs", "baselines", name_or_path + ".yaml")
+    cfg = get_cfg()
+    sparseclip_d2.add_sparseclip_config(cfg)
+    cfg.merge_from_file(path)
+    return cfg
+
+
 def register_sem_seg(name, dicts, classes):
     """(Re-)register an in-memory segmentation dataset ``name`` (no background class; its
     masks hold the class indices as they are, 255 = ignore) with detectron2's catalogs."""

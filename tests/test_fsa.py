@@ -265,17 +265,14 @@ def test_bad_fsa_keys_are_refused_before_any_model_is_built(opts, match, monkeyp
 def test_fsa_configs_select_upstreams_values():
     """configs/baselines/fsa_b16*.yaml: FSA's values (chi-chi-zx/FSA @ dbd2da5 FSA_Proxy_segmentor.py,
     configs/cfg_*.py, hyper_param.txt) on ProxyCLIP's protocol, each accepted by the checks."""
-    from detectron2.config import get_cfg
-
-    import sparseclip_d2
     from sparseclip_d2.proxy.config import check_proxy_config, fsa_settings_from_config
+
+    from conftest import baseline_cfg
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "baselines")
     got = {}
     for path in sorted(glob.glob(os.path.join(root, "fsa_b16*.yaml"))):
-        cfg = get_cfg()
-        sparseclip_d2.add_sparseclip_config(cfg)
-        cfg.merge_from_file(path)
+        cfg = baseline_cfg(path)
         opts = check_proxy_config(cfg)
         fsa = fsa_settings_from_config(cfg)
         sc, sw = cfg.MODEL.SPARSECLIP, cfg.TEST.SLIDING_WINDOW

@@ -352,17 +352,14 @@ def test_proxyclip_configs_select_upstreams_values():
     import glob
     import os
 
-    from detectron2.config import get_cfg
-
-    import sparseclip_d2
     from sparseclip_d2.proxy.config import check_proxy_config
+
+    from conftest import baseline_cfg
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "baselines")
     got = {}
     for path in sorted(glob.glob(os.path.join(root, "proxyclip_b16*.yaml"))):
-        cfg = get_cfg()
-        sparseclip_d2.add_sparseclip_config(cfg)
-        cfg.merge_from_file(path)
+        cfg = baseline_cfg(path)
         opts = check_proxy_config(cfg)
         sc, sw = cfg.MODEL.SPARSECLIP, cfg.TEST.SLIDING_WINDOW
         assert (sc.ATTENTION.SOURCE, sc.ATTENTION.NORMALIZER, sc.BLOCK.RESIDUAL, sc.BLOCK.FFN) == (

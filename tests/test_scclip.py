@@ -3,7 +3,6 @@ aggregation, the intermediate layer's similarity as a score term, multi-level fu
 spec fields, config keys and preset; each checked against float64 computations written here
 (loops, not the vectorised code under test)."""
 import math
-import os
 
 import pytest
 import torch
@@ -343,13 +342,9 @@ def test_grammar_and_config_keys_reach_the_spec():
     with pytest.raises(ValueError, match="outlier_contamination='x' is not a number"):
         parse_attention_spec("scclip:outlier_contamination=x")
 
-    from detectron2.config import get_cfg
+    from conftest import baseline_cfg
 
-    import sparseclip_d2
-
-    cfg = get_cfg()
-    sparseclip_d2.add_sparseclip_config(cfg)
-    cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "baselines", "scclip_b16_voc21.yaml"))
+    cfg = baseline_cfg("scclip_b16_voc21")
     assert AttentionSpec.from_config(cfg) == PRESETS["scclip"]
     cfg.merge_from_list(["MODEL.SPARSECLIP.CALIBRATION.OUTLIER_DETECTOR", "zscore"])
     with pytest.raises(ValueError, match=r"MODEL.SPARSECLIP.CALIBRATION: unknown outlier_detector 'zscore'; valid: "
@@ -359,15 +354,7 @@ def test_grammar_and_config_keys_reach_the_spec():
 
 def test_dataset_configs_carry_the_upstream_values():
     """SuleBai/SC-CLIP @ 0417ba9 configs/cfg_*.py over base_config.py / the segmentor defaults."""
-    from detectron2.config import get_cfg
-
-    import sparseclip_d2
-
-    def load(name):
-        cfg = get_cfg()
-        sparseclip_d2.add_sparseclip_config(cfg)
-        cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "baselines", name + ".yaml"))
-        return cfg
+    from conftest import baseline_cfg
 
     want = {  # config: (logit scale, prob_thd, area_thd, short side, dataset)
         "scclip_b16": (40.0, 0.0, 0.0, 336, "sparseclip_ade20k_val"),
@@ -380,7 +367,7 @@ def test_dataset_configs_carry_the_upstream_values():
         "scclip_b16_cityscapes": (40.0, 0.0, 0.0, 560, "sparseclip_cityscapes_val"),
     }
     for name, (scale, prob, area, short, ds) in want.items():
-        cfg = load(name)
+        cfg = baseline_cfg(name)
         sc, sw = cfg.MODEL.SPARSECLIP, cfg.TEST.SLIDING_WINDOW
         assert (sc.LOGIT_SCALE, sc.PROB_THRESHOLD, sc.AREA_THRESHOLD, cfg.INPUT.MIN_SIZE_TEST) == (scale, prob, area,
                                                                                                   short), name
@@ -493,10 +480,9 @@ def test_sfp_preset_fields_and_errors():
 
 def test_sfp_dataset_configs_carry_the_upstream_values():
     """Kimsure/SFP @ 2804f5b SFP_ICCV/configs/cfg_*.py over base_config.py / the segmentor defaults."""
-    from detectron2.config import get_cfg
-
-    import sparseclip_d2
     from sparseclip_d2.data.class_names import load_class_names
+
+    from conftest import baseline_cfg
 
     want = {  # config: (logit scale, prob_thd, area_thd, short side, dataset)
         "sfp_b16": (40.0, 0.0, 0.0, 384, "sparseclip_ade20k_val"),
@@ -509,9 +495,7 @@ def test_sfp_dataset_configs_carry_the_upstream_values():
         "sfp_b16_cityscapes": (40.0, 0.0, 0.0, 560, "sparseclip_cityscapes_val"),
     }
     for name, (scale, prob, area, short, ds) in want.items():
-        cfg = get_cfg()
-        sparseclip_d2.add_sparseclip_config(cfg)
-        cfg.merge_from_file(os.path.join(os.path.dirname(__file__), "..", "configs", "baselines", name + ".yaml"))
+        cfg = baseline_cfg(name)
         sc, sw = cfg.MODEL.SPARSECLIP, cfg.TEST.SLIDING_WINDOW
         assert (sc.LOGIT_SCALE, sc.PROB_THRESHOLD, sc.AREA_THRESHOLD, cfg.INPUT.MIN_SIZE_TEST) == (scale, prob, area,
                                                                                                   short), name
