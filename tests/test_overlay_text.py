@@ -69,3 +69,37 @@ def test_no_cjk_font_warns_once_naming_the_characters(caplog, monkeypatch):
         draw_overlay(image, labels, ["猫"])
     lines = [r.getMessage() for r in caplog.records if r.name == vis.__name__]
     assert len(lines) == 1 and "'猫'" in lines[0] and "U+732B" in lines[0]
+
+
+def test_wrap_to_width_by_hand():
+    chars = len  # one unit per character
+    assert vis.wrap_to_width("aa bb cc", chars, 5) == ["aa bb", "cc"]
+    assert vis.wrap_to_width("aa bb cc", chars, 100) == ["aa bb cc"]
+    assert vis.wrap_to_width("a\nbb cc dd", chars, 5) == ["a", "bb cc", "dd"]
+    assert vis.wrap_to_width("abcdefgh ij", chars, 3) == ["abc", "def", "gh", "ij"]
+    assert vis.wrap_to_width("x abcdefg", chars, 3) == ["x", "abc", "def", "g"]
+
+
+def _title_box_columns(out, plain, rows):
+    """Columns, within ``rows``, where the overlay is black and the plain blend is not."""
+    black = (out[rows].astype(int).sum(-1) == 0) & (plain[rows].astype(int).sum(-1) > 0)
+    return np.flatnonzero(black.any(0))
+
+
+def test_long_title_wraps_inside_the_image():
+    # GEM's description in the demo's title ran off the right edge of a 500 px photo.
+    h, w = 375, 500
+    image = np.full((h, w, 3), 200, np.uint8)
+    labels = np.zeros((h, w), np.int64)
+    kw = dict(alpha=0.0, legend=False, max_segment_labels=0)
+    plain = draw_overlay(image, labels, ["sky"], **kw)
+    title = ("ViT-B-16: GEM, self-self attention over q, k and v with the ensemble of the three paths, "
+             "temperature 0.1 from the token count, two iterations of the geometry-aware block")
+    out = draw_overlay(image, labels, ["sky"], title=title, **kw)
+    cols = _title_box_columns(out, plain, slice(0, h // 2))
+    assert cols.size and cols.max() < w - 2  # the box ends inside the image (before: column w - 1)
+    rows = np.flatnonzero(((out.astype(int).sum(-1) == 0) & (plain.astype(int).sum(-1) > 0)).any(1))
+    one = draw_overlay(image, labels, ["sky"], title="ViT-B-16: GEM", **kw)
+    one_rows = np.flatnonzero(((one.astype(int).sum(-1) == 0) & (plain.astype(int).sum(-1) > 0)).any(1))
+    assert rows.size > 1.5 * one_rows.size  # two lines or more (before: one line, cut at the edge)
+    assert rows.max() < h // 2

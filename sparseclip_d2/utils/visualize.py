@@ -38,6 +38,7 @@ __all__ = [
     "draw_overlay",
     "compare_figure",
     "wrap_title",
+    "wrap_to_width",
     "probability_figure",
     "save_png",
     "save_label_map",
@@ -306,10 +307,17 @@ def draw_overlay(
         reserved.append((0, 0, w, band_h))
         y = band_h + pad
     if title:
-        x0, y0, x1, y1 = draw.textbbox((0, 0), title, font=font)
-        box = (pad, y, pad + (x1 - x0) + 2 * pad, y + (y1 - y0) + 2 * pad)
+        # A long title (e.g. GEM's description) wraps to the image's width instead of running
+        # off its right edge; the lines share one black box.
+        lines = wrap_to_width(title, lambda t: draw.textlength(t, font=font), w - 4 * pad)
+        step = max(draw.textbbox((0, 0), "Ag", font=font)[3], 1) + pad // 2
+        x0, y0, _, _ = draw.textbbox((0, 0), lines[0], font=font)
+        text_w = max(draw.textbbox((0, 0), line, font=font)[2] - x0 for line in lines)
+        _, _, _, y1 = draw.textbbox((0, 0), lines[-1], font=font)
+        box = (pad, y, pad + text_w + 2 * pad, y + step * (len(lines) - 1) + (y1 - y0) + 2 * pad)
         draw.rectangle(box, fill=(0, 0, 0))
-        draw.text((box[0] + pad - x0, box[1] + pad - y0), title, font=font, fill="white")
+        for k, line in enumerate(lines):
+            draw.text((box[0] + pad - x0, box[1] + pad - y0 + k * step), line, font=font, fill="white")
         reserved.append(box)
     ids, counts = np.unique(labels, return_counts=True)
     order = np.argsort(-counts, kind="stable")
@@ -377,6 +385,33 @@ def _render(fig: Figure) -> np.ndarray:
 #: Average glyph width of the panel titles' 9 pt sans-serif, in points: a line of
 #: ``panel_width_inches * 72 / _TITLE_CHAR_PT`` characters fits a panel.
 _TITLE_CHAR_PT = 5.4
+
+
+def wrap_to_width(text: str, length, width: float) -> List[str]:
+    """``text`` split into lines, greedily at spaces (explicit newlines kept), each no
+    longer than ``width`` by ``length`` (e.g. a font's ``textlength``); a single word longer
+    than ``width`` is cut between characters. Joining the lines' words gives back the words
+    of ``text``."""
+    out: List[str] = []
+    for part in str(text).split("\n"):
+        line = ""
+        for word in part.split(" "):
+            candidate = f"{line} {word}" if line else word
+            if length(candidate) <= width:
+                line = candidate
+                continue
+            if line:
+                out.append(line)
+            line = ""
+            while word and length(word) > width:  # a word wider than the image: cut it
+                cut = 1
+                while cut < len(word) and length(word[:cut + 1]) <= width:
+                    cut += 1
+                out.append(word[:cut])
+                word = word[cut:]
+            line = word
+        out.append(line)
+    return out
 
 
 def wrap_title(title: str, width: int) -> str:
