@@ -4,9 +4,8 @@ import glob
 import os
 
 import pytest
-from detectron2.config import get_cfg
+from conftest import baseline_cfg
 
-import sparseclip_d2
 from sparseclip_d2.clip import AttentionSpec
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -18,10 +17,7 @@ CONFIGS = sorted(
 
 
 def load(path):
-    cfg = get_cfg()
-    sparseclip_d2.add_sparseclip_config(cfg)
-    cfg.merge_from_file(path)
-    return cfg
+    return baseline_cfg(path)
 
 
 def test_there_are_configs():

@@ -289,9 +289,7 @@ def test_resclip_configs_select_the_upstream_settings():
     import glob
     import os
 
-    from detectron2.config import get_cfg
-
-    import sparseclip_d2
+    from conftest import baseline_cfg
 
     root = os.path.join(os.path.dirname(__file__), "..", "configs", "baselines")
     # yvhangyang/ResCLIP @ 0e085f7 configs/cfg_<dataset>.py: (dataset, short side, slide, prob_thd, temp_thd,
@@ -309,9 +307,7 @@ def test_resclip_configs_select_the_upstream_settings():
     paths = sorted(glob.glob(os.path.join(root, "resclip_b16*.yaml")))
     assert sorted(os.path.basename(p)[:-5] for p in paths) == sorted(expected)
     for path in paths:
-        cfg = get_cfg()
-        sparseclip_d2.add_sparseclip_config(cfg)
-        cfg.merge_from_file(path)
+        cfg = baseline_cfg(path)
         sc, fb = cfg.MODEL.SPARSECLIP, cfg.MODEL.SPARSECLIP.FEEDBACK
         ds, size, slide, prob, temp, rcs, sfr = expected[os.path.basename(path)[:-5]]
         spec = AttentionSpec.from_config(cfg)

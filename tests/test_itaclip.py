@@ -203,9 +203,7 @@ def test_bad_itaclip_keys_are_named_before_the_model_is_built(key, value, messag
 
 
 def test_itaclip_configs_select_the_upstream_settings():
-    from detectron2.config import get_cfg
-
-    import sparseclip_d2
+    from conftest import baseline_cfg
 
     # m-arda-aydn/ITACLIP @ 521a33c configs/cfg_<dataset>.py
     expected = {  # file: (dataset, short side, logit scale, def_coefficient, img_eng_coefficient, prob, area)
@@ -218,9 +216,7 @@ def test_itaclip_configs_select_the_upstream_settings():
     paths = sorted(glob.glob(os.path.join(ROOT, "configs", "baselines", "itaclip_b16*.yaml")))
     assert [os.path.basename(p)[:-5] for p in paths] == sorted(expected)
     for path in paths:
-        cfg = get_cfg()
-        sparseclip_d2.add_sparseclip_config(cfg)
-        cfg.merge_from_file(path)
+        cfg = baseline_cfg(path)
         sc = cfg.MODEL.SPARSECLIP
         assert AttentionSpec.from_config(cfg) == AttentionSpec.preset("itaclip"), path
         got = (cfg.DATASETS.TEST[0], cfg.INPUT.MIN_SIZE_TEST, sc.LOGIT_SCALE, sc.TEXT.DEFINITION_WEIGHT,
