@@ -42,9 +42,31 @@ def test_a_directory_that_is_not_the_repository_is_refused(tmp_path, capsys):
 def test_proxyclip_needs_the_dino_checkout_its_hub_call_loads(tmp_path, capsys):
     (tmp_path / "proxyclip_segmentor.py").write_text("")
     msg = _refusal(capsys, ["--methods", "proxyclip", "--proxyclip", str(tmp_path)])
-    assert "--proxyclip-dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
+    assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
     msg = _refusal(capsys, ["--methods", "proxyclip", "--proxyclip", str(tmp_path), "--proxyclip-dino", str(tmp_path)])
     assert "not a checkout of facebookresearch/dino (it has no hubconf.py)" in msg
+
+
+def test_fsa_needs_the_dino_checkout_too(tmp_path, capsys):
+    """FSA's segmentor loads DINO through the same torch.hub call as ProxyCLIP's."""
+    (tmp_path / "FSA_Proxy_segmentor.py").write_text("")
+    msg = _refusal(capsys, ["--methods", "fsa", "--fsa", str(tmp_path)])
+    assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
+    (tmp_path / "hubconf.py").write_text("")
+    args = _tool().parse_args(["--methods", "fsa", "--fsa", str(tmp_path), "--dino", str(tmp_path)])
+    assert args.paths == {"fsa": str(tmp_path)} and args.dino_path == str(tmp_path)
+
+
+def test_sfp_is_found_in_its_sfp_iccv_folder(tmp_path, capsys):
+    """SFP's repository holds its segmentor in SFP_ICCV/: the checkout root is what is asked for."""
+    (tmp_path / "SFP_segmentor.py").write_text("")
+    msg = _refusal(capsys, ["--methods", "sfp", "--sfp", str(tmp_path)])
+    assert "not a checkout of Kimsure/SFP (it has no SFP_ICCV/SFP_segmentor.py)" in msg and "2804f5b" in msg
+    (tmp_path / "SFP_ICCV").mkdir()
+    (tmp_path / "SFP_ICCV" / "SFP_segmentor.py").write_text("")
+    assert _tool().parse_args(["--methods", "sfp", "--sfp", str(tmp_path)]).paths == {"sfp": str(tmp_path)}
+    msg = _refusal(capsys, ["--methods", "scclip"])
+    assert "--scclip" in msg and "git clone https://github.com/SuleBai/SC-CLIP" in msg and "0417ba9" in msg
 
 
 def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
@@ -85,9 +107,32 @@ def test_project_side_on_the_tiny_tower(tmp_path, capsys):
     assert row["input"] == "64x48"  # the 500 x 375 photo at short side 48 (mmcv's rescale rule)
     assert len(row["project_all_s"]) == 2 and all(t > 0 for t in row["project_all_s"])
     assert row["upstream_s"] is None and row["ratio"] is None and row["threads"] == 1
+    # the project side ran in its own worker process: its peak RSS holds torch and the model at least
+    # (a process importing torch alone is above 100 MiB), and no upstream figure
+    assert row["project_peak_rss_mib"] >= row["project_rss_after_build_mib"] > 100
+    assert row["upstream_peak_rss_mib"] is None and row["rss_ratio"] is None
     table = capsys.readouterr().out
-    assert "| resclip | `resclip_b16_voc21.yaml` | 64x48 |" in table and "| - | - | 1 |" in table
+    assert "| resclip | `resclip_b16_voc21.yaml` | 64x48 |" in table
+    assert f"| - | - | {row['project_peak_rss_mib']} | - | - | 1 |" in table
     assert out.exists()
+
+
+def test_peak_rss_is_the_high_water_mark_of_the_process_itself():
+    """peak_rss_mib in a fresh interpreter: touching a 300 MiB buffer raises it by at least that much
+    (VmHWM counts resident pages), and freeing the buffer does not lower it (a high-water mark; the
+    kernel's per-thread RSS counters are synchronised lazily, so the two readings may differ by a few
+    pages)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, json; spec = importlib.util.spec_from_file_location('b', {path!r}); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); a = m.peak_rss_mib(); "
+            "buf = bytearray(300 * 2**20); buf[::4096] = b'x' * len(buf[::4096]); b = m.peak_rss_mib(); del buf; "
+            "print(json.dumps([a, b, m.peak_rss_mib()]))").format(path=os.path.join(ROOT, "tools", "benchmark_methods.py"))
+    a, b, c = __import__("json").loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                                       text=True).stdout)
+    assert 0 < a < 200  # the tool imports nothing heavy at module level: a bare interpreter's figure
+    assert b - a >= 299 and c >= b - 1
 
 
 def test_project_side_of_a_folder_loop_method_on_the_tiny_tower(capsys):

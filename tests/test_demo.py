@@ -60,6 +60,7 @@ def test_cli_on_voc_photo_random_weights(voc_photo, tmp_path):
     )
     assert res.returncode == 0, res.stderr[-4000:]
     assert "RANDOM WEIGHTS" in res.stdout + res.stderr
+    assert json.loads((out / "results.json").read_text())["random_weights"] is True  # as train_net's results.json
     classes = (out / "classes.txt").read_text().splitlines()
     assert len(classes) == 21 and classes[0].startswith("0\tbackground") and classes[15].startswith("15\tperson")
 

