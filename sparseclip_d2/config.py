@@ -189,6 +189,52 @@ def add_sparseclip_config(cfg):
     # Normaliser of the FSA scores: "" = ATTENTION.NORMALIZER (upstream: softmax), or any
     # registered one (entmax uses ATTENTION.ALPHA).
     _C.MODEL.SPARSECLIP.PROXY.FSA.NORMALIZER = ""
+    # CASS's last block (sparseclip_d2/proxy/cass.py, attention/spectral.py; MICV-yonsei/CASS @
+    # 228ecdd clip/model.py custom_attn / _apply_spectral_strategy / optimal_q /
+    # _scale_singular_values): CLIP's ATTENTION.SOURCE graph combined per head with the proxy's
+    # key graph (PROXY.FEATURE keys), then ATTENTION.PRIOR and ATTENTION.NORMALIZER.
+    _C.MODEL.SPARSECLIP.PROXY.CASS = CN()
+    _C.MODEL.SPARSECLIP.PROXY.CASS.ENABLED = False
+    # Head matching (attention/spectral.py HEAD_MATCHING_REGISTRY): spectral (Hungarian on the
+    # eigenvalue spectra; cass_segmentor.py attn_strategy='spectral') or sequential.
+    _C.MODEL.SPARSECLIP.PROXY.CASS.MATCHING = "spectral"
+    # Eigenvalues per graph in the spectra (custom_attn 'k_eigen': 20).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.K_EIGEN = 20
+    # The proxy graph weighs SCALE_FACTOR * (1 - cost) against CLIP's 1 (custom_attn 'scale_factor': 10.0).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.SCALE_FACTOR = 10.0
+    # Rank of the proxy graph's SVD approximation (optimal_q initial_q=10: its 95 % energy test
+    # always stops at q = 10).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.RANK = 10
+    # "randomized" (torch.svd_lowrank(q=RANK, niter=2) as upstream, seeded with SEED per window)
+    # or "exact" (the first RANK triplets of the full SVD).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.SVD = "randomized"
+    _C.MODEL.SPARSECLIP.PROXY.CASS.SEED = 0
+    # Singular values stretched linearly so that min -> [0] * min and max -> [1] * max
+    # (_scale_singular_values: [0.5, 1.5]; [1.0, 1.0], no change, for voc20 and city_scapes).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.SINGULAR_SCALE = [0.5, 1.5]
+    # dtype of the proxy keys and their graph: fp32, or fp16 as upstream (dino_attn.half()).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.KEY_PRECISION = "fp32"
+    # What the proxy sees: "upstream" (CASS's inverse normalisation with ImageNet's values, uint8,
+    # squashed to a square of the short side) or "exact" (the window as ProxyCLIP feeds it).
+    _C.MODEL.SPARSECLIP.PROXY.CASS.INPUT = "upstream"
+
+    # CASS's object-presence prompt adjustment, usable with any encoder
+    # (sparseclip_d2/clip/object_presence.py; cass_segmentor.py hierarchical_prompt).
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE = CN()
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED = False
+    # logits = (1 - GLOBAL_WEIGHT) cos(patch, adjusted text) + GLOBAL_WEIGHT cos(image, text)
+    # (global_semantics_weight; per dataset in configs/cfg_*.py).
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT = 0.0
+    # The present synonym of each cluster moves MEAN_WEIGHT towards its TOP_K best patches' mean
+    # (mean_vector_weight; _compute_topk_similarities k=2).
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT = 0.0
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K = 2
+    # Ward-linkage distance at which the synonyms are cut into clusters (h_threshold).
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD = 0.0
+    # The image-level embedding: "image" (CLIP's CLS of the whole image; upstream with the
+    # sliding window) or "window" (the encoder's pooled embedding of the window; upstream
+    # without it and on city_scapes).
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL = "image"
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
@@ -469,6 +515,9 @@ def check_sparseclip_config(cfg) -> None:
     from .proxy.config import check_proxy_config
 
     check_proxy_config(cfg)  # MODEL.SPARSECLIP.PROXY.*
+    from .clip.object_presence import object_presence_from_config
+
+    object_presence_from_config(cfg)  # MODEL.SPARSECLIP.OBJECT_PRESENCE.*
     _check_number("INPUT.CENTER_CROP_TEST", cfg.INPUT.CENTER_CROP_TEST, 0, inf, integer=True)
     check_cluster_vote_config(cfg)  # MODEL.SPARSECLIP.CLUSTER_VOTE.*, CLS_LOGIT_PRODUCT
     _warn_ignored_values(cfg)

@@ -204,3 +204,37 @@ def test_calibration_keys_take_effect_and_bad_values_are_refused_before_the_buil
     ]:
         with pytest.raises(ValueError, match=match):
             _model(**{key: value})
+
+
+# Keys outside the Base config (issue 24, CASS): MODEL.SPARSECLIP.PROXY.CASS.* and
+# MODEL.SPARSECLIP.OBJECT_PRESENCE.*, each set to a non-default value together (on the tiny DINO
+# proxy) and read back from the model; tests/test_cass.py has the refusals and the numerics.
+_CASS_BASE = {"MODEL.SPARSECLIP.PROXY.NAME": "sparseclip_tiny_dino8", "MODEL.SPARSECLIP.PROXY.FEATURE": "keys",
+              "MODEL.SPARSECLIP.ATTENTION.SOURCE": "kk", "MODEL.SPARSECLIP.BLOCK.FFN": "False"}
+CASS_EFFECTS = {
+    "MODEL.SPARSECLIP.PROXY.CASS.ENABLED": ("True", lambda m: type(m.encoder).__name__ == "CASSEncoder"),
+    "MODEL.SPARSECLIP.PROXY.CASS.MATCHING": ("sequential", lambda m: m.encoder.cass.matching == "sequential"),
+    "MODEL.SPARSECLIP.PROXY.CASS.K_EIGEN": ("5", lambda m: m.encoder.cass.k_eigen == 5),
+    "MODEL.SPARSECLIP.PROXY.CASS.SCALE_FACTOR": ("4.0", lambda m: m.encoder.cass.scale_factor == 4.0),
+    "MODEL.SPARSECLIP.PROXY.CASS.RANK": ("3", lambda m: m.encoder.cass.rank == 3),
+    "MODEL.SPARSECLIP.PROXY.CASS.SVD": ("exact", lambda m: m.encoder.cass.svd == "exact"),
+    "MODEL.SPARSECLIP.PROXY.CASS.SEED": ("2", lambda m: m.encoder.cass.seed == 2),
+    "MODEL.SPARSECLIP.PROXY.CASS.SINGULAR_SCALE": ("[1.0, 1.0]", lambda m: (m.encoder.cass.singular_low,
+                                                                         m.encoder.cass.singular_high) == (1.0, 1.0)),
+    "MODEL.SPARSECLIP.PROXY.CASS.KEY_PRECISION": ("fp16", lambda m: m.encoder.cass.key_precision == "fp16"),
+    "MODEL.SPARSECLIP.PROXY.CASS.INPUT": ("exact", lambda m: m.encoder.cass.input == "exact"),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": ("True", lambda m: m.object_presence is not None),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": ("0.2", lambda m: m.object_presence.global_weight == 0.2),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT": ("0.1", lambda m: m.object_presence.mean_weight == 0.1),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K": ("3", lambda m: m.object_presence.top_k == 3),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD": ("0.3", lambda m: m.object_presence.cluster_threshold == 0.3),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL": ("window", lambda m: m.object_presence.global_source == "window"
+                                                and m._native_encoder is None),
+}
+
+
+def test_cass_keys_take_effect():
+    model = _model(**_CASS_BASE, **{k: v for k, (v, _) in CASS_EFFECTS.items()})
+    for key, (value, check) in CASS_EFFECTS.items():
+        assert check(model), f"{key} = {value} did not take effect"
+    assert _model().object_presence is None

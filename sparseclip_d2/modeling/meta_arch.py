@@ -42,6 +42,9 @@ from ..clip.definitions import load_definitions, mix_definitions
 from ..clip.surgery import check_surgery_options, check_surgery_scale, feature_surgery
 from .backbone import build_clip_parts
 from .feedback import FeedbackSettings, first_segmentation_prior
+from ..clip.encoder import DenseCLIPEncoder
+from ..clip.spec import AttentionSpec
+from ..clip.object_presence import object_presence_from_config, object_presence_logits, text_clusters
 from .pamr import pamr
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
@@ -95,6 +98,7 @@ class SparseCLIP(nn.Module):
         feedback: Optional[FeedbackSettings] = None,
         cluster_vote: Optional[ClusterVoteSettings] = None,
         cls_logit_product: bool = False,
+        object_presence=None,
     ):
         """
         Args:
@@ -215,6 +219,14 @@ class SparseCLIP(nn.Module):
         if cluster_vote is not None and (sliding_window or patch_remainder != "pad_crop" or label_closing):
             raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE needs whole-image inference (TEST.SLIDING_WINDOW.ENABLED "
                              "False), PATCH_REMAINDER pad_crop and LABEL_CLOSING 0")
+        # CASS's object-presence prompt adjustment (clip/object_presence.py); its "image" embedding
+        # comes from the unmodified tower (the default spec is CLIP's own block)
+        self.object_presence = object_presence
+        self._native_encoder = None
+        if object_presence is not None and object_presence.global_source == "image":
+            self._native_encoder = DenseCLIPEncoder(encoder.visual, AttentionSpec(),
+                                                    pos_embed_interp=encoder.pos_embed_interp,
+                                                    attn_pool_dense=encoder.attn_pool_dense)
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -272,6 +284,7 @@ class SparseCLIP(nn.Module):
             "feedback": feedback,
             "cluster_vote": ClusterVoteSettings.from_config(cfg),
             "cls_logit_product": sc.CLS_LOGIT_PRODUCT,
+            "object_presence": object_presence_from_config(cfg),
         }
 
     @property
@@ -366,6 +379,8 @@ class SparseCLIP(nn.Module):
                 int(self.encoder.num_prefix_tokens))
         if getattr(self.encoder, "needs_text", False):  # a last block that classifies (FSA, proxy/fsa.py)
             kwargs["text_emb"] = text_emb
+        if self.object_presence is not None:  # CASS's object-presence prompt (clip/object_presence.py)
+            return self.logit_scale * self._object_presence_logits(images, text_emb, kwargs)
         if self.cls_logit_product:  # CLIPtrase's VOC20 rule (modeling/cluster_vote.py)
             return encode_window_logits(self.encoder, images, text_emb, self.logit_scale, cls_product=True,
                                         feedback=kwargs.get("feedback"))[0]
@@ -390,6 +405,14 @@ class SparseCLIP(nn.Module):
         """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits at that size,
         whole-image or sliding-window per the config (``attention_sink``: see ``encode_logits``;
         windows are appended in ``window_grid`` order)."""
+        if self.object_presence is not None:  # once per image: the synonyms' clusters, the image embedding
+            self._op_clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
+            self._op_image = None
+            if self._native_encoder is not None:
+                p = int(self._native_encoder.patch_size)
+                h, w = image.shape[-2] // p * p, image.shape[-1] // p * p  # conv1 drops a partial patch
+                tokens, _, _ = self._native_encoder.forward_tokens(image[None, :, :h, :w])
+                self._op_image = F.normalize(self._native_encoder.pooled_embedding(tokens).float(), dim=-1)
         return dense_logits(
             image,
             lambda crops: self.encode_logits(crops, text_emb, attention_sink),
@@ -514,6 +537,29 @@ class SparseCLIP(nn.Module):
         if assignment is None:  # every patch is DBSCAN noise: the labels stay (as upstream)
             return maps, labels
         return maps, majority_vote(labels, assignment.to(labels.device))
+
+    def _object_presence_logits(self, images: torch.Tensor, text_emb: torch.Tensor, kwargs) -> torch.Tensor:
+        """Cosine logits ``(N, S, h, w)`` of windows with CASS's object-presence adjustment (before
+        the logit scale): the image embedding of :meth:`synonym_logits`, or each window's own
+        pooled embedding (``GLOBAL window``)."""
+        if self.object_presence.global_source == "window":
+            tokens, grid, _ = self.encoder.forward_tokens(images, **kwargs)
+            feats = self.encoder.dense_embedding(tokens, grid)
+            glob = F.normalize(self.encoder.pooled_embedding(tokens).float(), dim=-1)
+        else:
+            feats = self.encoder(images, **kwargs)
+            glob = self._op_image
+        clusters = getattr(self, "_op_clusters", None)
+        if clusters is None or len(clusters) != text_emb.shape[0]:
+            clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
+        if glob is None:  # encode_logits called without synonym_logits: the windows are the images
+            glob = F.normalize(self._native_pooled(images).float(), dim=-1)
+        return object_presence_logits(F.normalize(feats.float(), dim=1), glob, text_emb, clusters,
+                                      self.object_presence)
+
+    def _native_pooled(self, images: torch.Tensor) -> torch.Tensor:
+        tokens, _, _ = self._native_encoder.forward_tokens(images)
+        return self._native_encoder.pooled_embedding(tokens)
 
     def refine_pamr(self, image: torch.Tensor, logits: torch.Tensor, out_size: Tuple[int, int]) -> torch.Tensor:
         """PAMR-refined ``(S, out_h, out_w)`` logits from ``(S, h, w)`` logits and the ``(3, h, w)``

@@ -7,9 +7,10 @@ from .attention import check_beta_gamma
 from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
 from .fsa import FSAEncoder, FSASettings, check_fsa_settings
+from .cass import CASSEncoder, CASSSettings, check_cass_settings, check_cass_spec
 
 __all__ = ["PROXY_KEY_DEFAULTS", "FSA_KEY_DEFAULTS", "proxy_options_from_config", "fsa_settings_from_config",
-           "check_proxy_config", "build_proxy_encoder"]
+           "check_proxy_config", "build_proxy_encoder", "CASS_KEY_DEFAULTS", "cass_settings_from_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +21,9 @@ PROXY_KEY_DEFAULTS = {"WEIGHTS": "none", "LAYER": -1, "FEATURE": "tokens", "INPU
                       "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32", "BETA": 1.2, "GAMMA": 3.0}
 #: ``add_sparseclip_config``'s values of ``PROXY.FSA.*``: with ``ENABLED False`` the others must keep them.
 FSA_KEY_DEFAULTS = {"TOP_P": 0.45, "LAMBDA": 3.0, "PATCH_SCALE": 20.0, "UNIFORM_SCALE": 35.0, "NORMALIZER": ""}
+#: ``add_sparseclip_config``'s values of ``PROXY.CASS.*``: with ``ENABLED False`` the others must keep them.
+CASS_KEY_DEFAULTS = {"MATCHING": "spectral", "K_EIGEN": 20, "SCALE_FACTOR": 10.0, "RANK": 10, "SVD": "randomized",
+                     "SEED": 0, "SINGULAR_SCALE": [0.5, 1.5], "KEY_PRECISION": "fp32", "INPUT": "upstream"}
 
 
 def proxy_options_from_config(cfg) -> Optional[ProxyOptions]:
@@ -54,6 +58,30 @@ def fsa_settings_from_config(cfg) -> Optional[FSASettings]:
                               f"{KEY}.FSA")
 
 
+def cass_settings_from_config(cfg) -> Optional[CASSSettings]:
+    """The validated :class:`~.cass.CASSSettings` of ``cfg``, or None when ``PROXY.CASS.ENABLED``
+    is False (then every other ``PROXY.CASS`` key must keep its default)."""
+    c = _node(cfg).CASS
+    if not isinstance(c.ENABLED, bool):
+        raise ValueError(f"{KEY}.CASS.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
+    if not c.ENABLED:
+        def differs(value, default):
+            return list(value) != default if isinstance(default, list) else value != default
+
+        changed = [f"{KEY}.CASS.{k} = {c[k]!r}" for k, v in CASS_KEY_DEFAULTS.items() if differs(c[k], v)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.CASS.ENABLED is False: enable CASS or "
+                             "leave these keys at their defaults")
+        return None
+    scale = c.SINGULAR_SCALE
+    if not isinstance(scale, (list, tuple)) or len(scale) != 2:
+        raise ValueError(f"{KEY}.CASS.SINGULAR_SCALE = {scale!r} is invalid; valid: [low, high], two numbers >= 0 "
+                         "(upstream [0.5, 1.5]; [1.0, 1.0] leaves the singular values as they are)")
+    return check_cass_settings(CASSSettings(
+        matching=c.MATCHING, k_eigen=c.K_EIGEN, scale_factor=c.SCALE_FACTOR, rank=c.RANK, svd=c.SVD, seed=c.SEED,
+        singular_low=scale[0], singular_high=scale[1], key_precision=c.KEY_PRECISION, input=c.INPUT), f"{KEY}.CASS")
+
+
 def check_proxy_config(cfg) -> Optional[ProxyOptions]:
     """Validate the PROXY keys (and what they need of the rest of ``cfg``) before any model is built.
 
@@ -70,6 +98,10 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in PROXY_KEY_DEFAULTS.items() if p[k] != v]
         if p.FSA.ENABLED:
             changed.append(f"{KEY}.FSA.ENABLED = True")
+        if p.CASS.ENABLED:
+            changed.append(f"{KEY}.CASS.ENABLED = True")
+        else:
+            cass_settings_from_config(cfg)  # refuses CASS keys set while CASS is off
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
@@ -81,7 +113,20 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
             if bad:
                 raise ValueError(f"{why} with {KEY}.FSA.ENABLED: FSA's last block needs the class texts, which that "
                                  "path does not pass to the encoder; turn one of them off")
-    check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
+    cass = cass_settings_from_config(cfg)
+    if cass is not None:
+        if p.FSA.ENABLED:
+            raise ValueError(f"{KEY}.CASS.ENABLED and {KEY}.FSA.ENABLED are two different last blocks; enable one")
+        if opts.feature != "keys" or opts.name.startswith("samvit"):
+            raise ValueError(f"{KEY}.CASS.ENABLED reads the proxy's keys: {KEY}.FEATURE = {opts.feature!r} with NAME "
+                             f"{opts.name!r} is invalid; valid: FEATURE keys of a timm ViT (upstream DINO B/8)")
+        changed = [f"{KEY}.{k} = {p[k]!r}" for k in ("INPUT_SIZE", "BETA", "GAMMA") if p[k] != PROXY_KEY_DEFAULTS[k]]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing with {KEY}.CASS.ENABLED (CASS has its own proxy "
+                             f"input, {KEY}.CASS.INPUT, and no ProxyCLIP scores); leave them at their defaults")
+        check_cass_spec(AttentionSpec.from_config(cfg, warn=False))
+    else:
+        check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
     if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
         raise ValueError(f"MODEL.META_ARCHITECTURE SparseCLIPFGOVD with {KEY}.NAME {opts.name!r}: its RoIAlign maps "
                          "boxes with CLIP's patch stride, the proxy block's features lie on the proxy's grid; not "
@@ -111,6 +156,10 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
     sw = cfg.TEST.SLIDING_WINDOW
     kw = dict(beta=p.BETA, gamma=p.GAMMA, crop_size=sw.CROP_SIZE if sw.ENABLED else None,
               pos_embed_interp=pos_embed_interp, attn_pool_dense=attn_pool_dense)
+    cass = cass_settings_from_config(cfg)
+    if cass is not None:
+        return CASSEncoder(visual, AttentionSpec.from_config(cfg), proxy, cass=cass, pos_embed_interp=pos_embed_interp,
+                           attn_pool_dense=attn_pool_dense)
     if fsa is not None:
         return FSAEncoder(visual, AttentionSpec.from_config(cfg), proxy, fsa=fsa, **kw)
     return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)
