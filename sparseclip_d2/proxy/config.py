@@ -70,11 +70,20 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in PROXY_KEY_DEFAULTS.items() if p[k] != v]
         if p.FSA.ENABLED:
             changed.append(f"{KEY}.FSA.ENABLED = True")
+        if p.TRIDENT.ENABLED:
+            changed.append(f"{KEY}.TRIDENT.ENABLED = True")
+        else:
+            from .trident_config import trident_settings_from_config
+
+            trident_settings_from_config(cfg)  # refuses TRIDENT keys set while it is off
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
         return None
     check_beta_gamma(p.BETA, p.GAMMA, KEY)
+    from .trident_config import check_trident_config
+
+    check_trident_config(cfg, opts)  # PROXY.TRIDENT.*
     if fsa_settings_from_config(cfg) is not None:
         for bad, why in ((cfg.TEST.TTA.MODE, f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r}"),
                          (cfg.MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED, "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED")):
@@ -111,6 +120,12 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
     sw = cfg.TEST.SLIDING_WINDOW
     kw = dict(beta=p.BETA, gamma=p.GAMMA, crop_size=sw.CROP_SIZE if sw.ENABLED else None,
               pos_embed_interp=pos_embed_interp, attn_pool_dense=attn_pool_dense)
+    if p.TRIDENT.ENABLED:  # Trident (proxy/trident.py): windows spliced, then SAM's global aggregation
+        from .trident import TridentEncoder
+        from .trident_config import build_trident_sam, trident_settings_from_config
+
+        return TridentEncoder(visual, AttentionSpec.from_config(cfg), proxy, sam=build_trident_sam(cfg, device),
+                              settings=trident_settings_from_config(cfg), **kw)
     if fsa is not None:
         return FSAEncoder(visual, AttentionSpec.from_config(cfg), proxy, fsa=fsa, **kw)
     return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)
