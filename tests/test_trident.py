@@ -355,3 +355,42 @@ def test_bad_trident_keys_are_refused_before_any_model_is_built(opts, match, mon
     monkeypatch.setattr(mb, "build_clip_from_config", no_build)
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         check_sparseclip_config(tiny_cfg(**opts))
+
+
+def test_trident_configs_select_upstreams_values():
+    """configs/baselines/trident_b16*.yaml: Trident's protocol (YuHengsss/Trident @ a93b346
+    configs/base_config.py and cfg_*.py), each accepted by the checks run before any model is built."""
+    import glob
+
+    from sparseclip_d2.config import check_sparseclip_config
+
+    from conftest import baseline_cfg
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "baselines")
+    got = {}
+    for path in sorted(glob.glob(os.path.join(root, "trident_b16*.yaml"))):
+        cfg = baseline_cfg(path)
+        check_sparseclip_config(cfg)
+        sc, t = cfg.MODEL.SPARSECLIP, cfg.MODEL.SPARSECLIP.PROXY.TRIDENT
+        assert (sc.ATTENTION.SOURCE, sc.ATTENTION.NORMALIZER, sc.BLOCK.RESIDUAL, sc.BLOCK.FFN) == (
+            "qk", "softmax", False, False)
+        assert (sc.PROXY.NAME, sc.PROXY.INPUT_SIZE, sc.PROXY.POS_EMBED_INTERP, sc.PROXY.BETA, sc.PROXY.GAMMA) == (
+            "vit_base_patch16_224.dino", 0, "scale_factor", 1.2, 3.0)
+        assert (sc.LOGIT_SCALE, sc.TEXT.TEMPLATES, sc.CLASS_NAMES, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP) == (
+            40.0, "openai_imagenet", "proxyclip", "clip_mmseg", "scale_factor")
+        assert (t.ENABLED, t.SAM_NAME, t.CROP_SIZE, cfg.TEST.SLIDING_WINDOW.ENABLED, cfg.INPUT.RESIZE_MODE) == (
+            True, "samvit_base_patch16", 336, False, "mmseg")
+        assert (sc.PROXY.PRECISION, sc.CLIP.PRECISION, t.SAM_PRECISION) == ("fp32", "fp32", "fp32")
+        got[os.path.basename(path)[len("trident_b16"):-5] or "base"] = (
+            tuple(cfg.DATASETS.TEST), sc.PROB_THRESHOLD, cfg.INPUT.MIN_SIZE_TEST, t.STRIDE, t.COS_FAC,
+            t.REFINE_NEG_COS, t.SAM_TILES)
+    assert got == {  # (datasets, prob_thd, Resize short side, slide_stride, cos_fac, refine_neg_cos, SAM tiles)
+        "base": (("sparseclip_coco_stuff_val",), 0.0, 448, 224, 1.2, True, 1),  # cfg_coco_stuff164k.py
+        "_voc21": (("sparseclip_voc21_val",), 0.2, 448, 224, 1.2, True, 1),
+        "_voc20": (("sparseclip_voc20_val",), 0.0, 336, 112, 0.0, True, 1),
+        "_context60": (("sparseclip_context60_val",), 0.15, 576, 224, 1.2, True, 1),
+        "_context59": (("sparseclip_context59_val",), 0.0, 576, 224, 1.2, True, 1),
+        "_coco_object": (("sparseclip_coco_object_val",), 0.25, 448, 224, 1.2, True, 1),
+        "_ade20k": (("sparseclip_ade20k_val",), 0.0, 576, 224, 1.2, False, 1),
+        "_cityscapes": (("sparseclip_cityscapes_val",), 0.0, 688, 224, 3.0, False, 2),
+    }
