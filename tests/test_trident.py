@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sparseclip_d2.attention import NORMALIZER_REGISTRY
 from sparseclip_d2.clip import AttentionSpec
 from sparseclip_d2.proxy import ProxyOptions, build_proxy, proxy_cosine_scores, to_proxy_input
 from sparseclip_d2.proxy.trident import (GLOBAL_AGGREGATION_REGISTRY, WINDOW_SPLICE_REGISTRY, TridentEncoder,
@@ -269,6 +270,25 @@ def test_trident_encoder_with_entmax_matches_float64_composition(clip):
     ref = v64.ln_post(out) @ v64.proj  # (48, D)
     torch.testing.assert_close(ours[0].double(), ref.T.reshape(-1, 6, 8), rtol=0, atol=1e-4)
     assert bool((w == 0).any()), "entmax 1.2 on the joint proxy scores gave no exact zeros"
+
+
+@pytest.mark.parametrize("normalizer", sorted(n for n, _ in NORMALIZER_REGISTRY))
+def test_every_normaliser_composes_with_the_joint_proxy_scores(clip, normalizer):
+    """Window weights of every registered normaliser: rows sum to 1, entries the joint cut masked
+    (-inf) get exactly 0, and the whole encoder stays finite."""
+    dino, sam = _build(DINO16, 1), _sam(seed=5)
+    enc = TridentEncoder(clip.visual, AttentionSpec(normalizer=normalizer, residual=False, ffn=False), dino, sam=sam,
+                         settings=TridentSettings(crop_size=32, stride=16), pos_embed_interp="scale_factor")
+    crops = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(10)) * 0.5
+    with torch.no_grad():
+        w, grid = enc.proxy_weights(crops)
+        masked = torch.isneginf(joint_proxy_scores(dino(to_proxy_input(crops, enc.image_mean, enc.image_std, dino,
+                                                                       (32, 32)))))
+        feats = enc(torch.randn(1, 3, 40, 56, generator=torch.Generator().manual_seed(11)) * 0.5)
+    assert grid == (2, 2)
+    torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)), rtol=0, atol=1e-5)
+    assert bool(masked.any()) and bool((w[masked] == 0).all())
+    assert bool(torch.isfinite(feats).all())
 
 
 def test_sam_tiles_split_the_image_and_the_spliced_map(clip):
