@@ -235,6 +235,29 @@ def add_sparseclip_config(cfg):
     # sliding window) or "window" (the encoder's pooled embedding of the window; upstream
     # without it and on city_scapes).
     _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL = "image"
+    # Trident (sparseclip_d2/proxy/trident.py; YuHengsss/Trident @ a93b346 trident.py,
+    # open_clip/transformer.py guidance_attn / get_sam_sim): the proxy (DINO B/16) attends on
+    # sub-windows spliced onto the whole image, then SAM's last global attention aggregates.
+    # Needs TEST.SLIDING_WINDOW.ENABLED False (the encoder windows the image itself).
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT = CN()
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED = False
+    # SAM's image encoder (a timm samvit_* name) and its weights: none (random), timm, or a file
+    # (the SAM release sam_vit_b_01ec64.pth loads as it is: image_encoder.* keys).
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_NAME = "samvit_base_patch16"
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS = "none"
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_PRECISION = "fp32"  # upstream .half(): fp16
+    # Threshold of SAM's value cosine in units of its row mean (base_config.py cos_fac = 1.2),
+    # and whether a negative threshold stays (refine_neg_cos = True) or becomes 0.6.
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.COS_FAC = 1.2
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.REFINE_NEG_COS = True
+    # Sub-windows (base_config.py slide_crop=336, slide_stride=224).
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.CROP_SIZE = 336
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.STRIDE = 224
+    # SAM sees the image in this many side-by-side tiles (trident.py: 2 for Cityscapes).
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_TILES = 1
+    # Registered parts: WINDOW_SPLICE_REGISTRY / GLOBAL_AGGREGATION_REGISTRY (proxy/trident.py).
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SPLICE = "overlap_mean"
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.AGGREGATION = "sam_threshold"
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()

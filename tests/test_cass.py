@@ -376,6 +376,7 @@ def test_cass_and_object_presence_through_the_meta_arch():
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FEATURE": "tokens"}), r"FEATURE = 'tokens' .* valid: FEATURE keys"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.BETA": "1.0"}), r"PROXY\.BETA = 1\.0 changes nothing with"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"CASS\.ENABLED and .*FSA\.ENABLED"),
+    (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED": "True"}), r"CASS\.ENABLED and .*TRIDENT\.ENABLED"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.ATTENTION.SOURCE": "qq+kk"}), r"ATTENTION\.SOURCE 'qq\+kk'"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.WEIGHTS": "/no/such/dino.pth"}), r"PROXY\.WEIGHTS = '/no/such/dino\.pth'"),
     ({"MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT": "0.1"}, r"OBJECT_PRESENCE\.MEAN_WEIGHT = 0\.1 changes nothing"),

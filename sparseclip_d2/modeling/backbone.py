@@ -195,6 +195,8 @@ def build_clip_parts(cfg) -> CLIPParts:
 
     proxy = getattr(encoder, "proxy", None)  # a random second backbone makes the run a smoke run too
     random_any = random_weights or bool(proxy is not None and proxy.opts.random_weights)
+    sam = getattr(encoder, "sam", None)  # Trident's SAM (proxy/trident.py)
+    random_any = random_any or bool(sam is not None and sam.opts.random_weights)
     return CLIPParts(clip_model, random_any, encoder, text_classifier, pixel_mean, pixel_std)
 
 

@@ -102,11 +102,20 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
             changed.append(f"{KEY}.CASS.ENABLED = True")
         else:
             cass_settings_from_config(cfg)  # refuses CASS keys set while CASS is off
+        if p.TRIDENT.ENABLED:
+            changed.append(f"{KEY}.TRIDENT.ENABLED = True")
+        else:
+            from .trident_config import trident_settings_from_config
+
+            trident_settings_from_config(cfg)  # refuses TRIDENT keys set while it is off
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
         return None
     check_beta_gamma(p.BETA, p.GAMMA, KEY)
+    from .trident_config import check_trident_config
+
+    check_trident_config(cfg, opts)  # PROXY.TRIDENT.*
     if fsa_settings_from_config(cfg) is not None:
         for bad, why in ((cfg.TEST.TTA.MODE, f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r}"),
                          (cfg.MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED, "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED")):
@@ -115,8 +124,10 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
                                  "path does not pass to the encoder; turn one of them off")
     cass = cass_settings_from_config(cfg)
     if cass is not None:
-        if p.FSA.ENABLED:
-            raise ValueError(f"{KEY}.CASS.ENABLED and {KEY}.FSA.ENABLED are two different last blocks; enable one")
+        for other in ("FSA", "TRIDENT"):
+            if p[other].ENABLED:
+                raise ValueError(f"{KEY}.CASS.ENABLED and {KEY}.{other}.ENABLED are two different last blocks; "
+                                 "enable one")
         if opts.feature != "keys" or opts.name.startswith("samvit"):
             raise ValueError(f"{KEY}.CASS.ENABLED reads the proxy's keys: {KEY}.FEATURE = {opts.feature!r} with NAME "
                              f"{opts.name!r} is invalid; valid: FEATURE keys of a timm ViT (upstream DINO B/8)")
@@ -160,6 +171,12 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
     if cass is not None:
         return CASSEncoder(visual, AttentionSpec.from_config(cfg), proxy, cass=cass, pos_embed_interp=pos_embed_interp,
                            attn_pool_dense=attn_pool_dense)
+    if p.TRIDENT.ENABLED:  # Trident (proxy/trident.py): windows spliced, then SAM's global aggregation
+        from .trident import TridentEncoder
+        from .trident_config import build_trident_sam, trident_settings_from_config
+
+        return TridentEncoder(visual, AttentionSpec.from_config(cfg), proxy, sam=build_trident_sam(cfg, device),
+                              settings=trident_settings_from_config(cfg), **kw)
     if fsa is not None:
         return FSAEncoder(visual, AttentionSpec.from_config(cfg), proxy, fsa=fsa, **kw)
     return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)

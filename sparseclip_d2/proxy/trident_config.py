@@ -1,0 +1,94 @@
+"""Reading and checking ``MODEL.SPARSECLIP.PROXY.TRIDENT.*`` (duck-typed config; no detectron2 import)."""
+import functools
+import os
+from typing import Optional
+
+from .backbone import PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options
+from .trident import TridentSettings, check_trident_settings
+
+__all__ = ["TRIDENT_KEY_DEFAULTS", "trident_settings_from_config", "check_trident_config", "build_trident_sam"]
+
+KEY = "MODEL.SPARSECLIP.PROXY.TRIDENT"
+#: ``add_sparseclip_config``'s values of ``PROXY.TRIDENT.*``: with ``ENABLED False`` the others must keep them.
+TRIDENT_KEY_DEFAULTS = {"SAM_NAME": "samvit_base_patch16", "SAM_WEIGHTS": "none", "SAM_PRECISION": "fp32",
+                        "COS_FAC": 1.2, "REFINE_NEG_COS": True, "CROP_SIZE": 336, "STRIDE": 224, "SAM_TILES": 1,
+                        "SPLICE": "overlap_mean", "AGGREGATION": "sam_threshold"}
+
+
+def trident_settings_from_config(cfg) -> Optional[TridentSettings]:
+    """The validated :class:`~.trident.TridentSettings` of ``cfg``, or None when
+    ``PROXY.TRIDENT.ENABLED`` is False (then every other ``PROXY.TRIDENT`` key must keep its default)."""
+    t = cfg.MODEL.SPARSECLIP.PROXY.TRIDENT
+    if not t.ENABLED:
+        changed = [f"{KEY}.{k} = {t[k]!r}" for k, v in TRIDENT_KEY_DEFAULTS.items() if t[k] != v]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.ENABLED is False: enable Trident "
+                             "or leave these keys at their defaults")
+        return None
+    return check_trident_settings(TridentSettings(
+        cos_fac=t.COS_FAC, refine_neg_cos=t.REFINE_NEG_COS, crop_size=t.CROP_SIZE, stride=t.STRIDE,
+        sam_tiles=t.SAM_TILES, splice=t.SPLICE, aggregation=t.AGGREGATION), KEY)
+
+
+def _sam_options(cfg) -> ProxyOptions:
+    t = cfg.MODEL.SPARSECLIP.PROXY.TRIDENT
+    w = str(t.SAM_WEIGHTS).strip()
+    if w.lower() not in PROXY_WEIGHT_TAGS + ("", "random"):
+        path = os.path.expanduser(w)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{KEY}.SAM_WEIGHTS = {w!r}: no such file ({os.path.abspath(path)}); valid: none "
+                                    "(random weights), timm (timm's own pretrained tag) or a local SAM weights file "
+                                    "(e.g. sam_vit_b_01ec64.pth)")
+    opts = ProxyOptions(name=t.SAM_NAME, weights=w, layer=-1, feature="tokens", input_size=0,
+                        pos_embed_interp="size", precision=t.SAM_PRECISION)
+    if not isinstance(t.SAM_NAME, str) or not _is_sam(t.SAM_NAME):
+        raise ValueError(f"{KEY}.SAM_NAME = {t.SAM_NAME!r} is not a SAM image encoder; valid: samvit_base_patch16 "
+                         "(or another timm samvit_* name whose last block attends globally)")
+    if t.SAM_PRECISION not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"{KEY}.SAM_PRECISION = {t.SAM_PRECISION!r} is invalid; valid: fp32, fp16, bf16")
+    return check_proxy_options(opts, f"{KEY} (SAM_NAME / SAM_WEIGHTS / SAM_PRECISION)")
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sam(name: str) -> bool:
+    """Whether timm model ``name`` is a SAM image encoder whose last block attends globally (built on
+    the ``meta`` device: no memory, no weights)."""
+    import timm
+    import torch
+
+    if not timm.is_model(name):
+        return False
+    with torch.device("meta"):
+        m = timm.create_model(name, pretrained=False, num_classes=0)
+    return type(m).__name__ == "VisionTransformerSAM" and getattr(m.blocks[-1], "window_size", 1) == 0
+
+
+def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[TridentSettings]:
+    """Validate the TRIDENT keys (and what Trident needs of the rest of ``cfg``) before any model is built.
+
+    Raises:
+        ValueError: a bad value (naming the key and the valid choices); Trident with the sliding
+            window, with FSA, or with a proxy that does not see the windows as they are.
+        FileNotFoundError: ``SAM_WEIGHTS`` names a missing file (key and path in the message).
+    """
+    settings = trident_settings_from_config(cfg)
+    if settings is None:
+        return None
+    if proxy_opts is None:
+        raise ValueError(f"{KEY}.ENABLED needs MODEL.SPARSECLIP.PROXY.NAME (Trident: vit_base_patch16_224.dino)")
+    if cfg.TEST.SLIDING_WINDOW.ENABLED:
+        raise ValueError(f"TEST.SLIDING_WINDOW.ENABLED True with {KEY}.ENABLED: Trident windows the whole image "
+                         f"itself ({KEY}.CROP_SIZE / STRIDE); set TEST.SLIDING_WINDOW.ENABLED False")
+    if cfg.MODEL.SPARSECLIP.PROXY.FSA.ENABLED:
+        raise ValueError(f"MODEL.SPARSECLIP.PROXY.FSA.ENABLED with {KEY}.ENABLED: two last blocks; enable one")
+    if proxy_opts.input_size != 0 or proxy_opts.name.startswith("samvit"):
+        raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME {proxy_opts.name!r} / INPUT_SIZE {proxy_opts.input_size} with "
+                         f"{KEY}.ENABLED: the proxy sees each sub-window as it is; valid: a ViT (e.g. "
+                         "vit_base_patch16_224.dino) with INPUT_SIZE 0")
+    _sam_options(cfg)
+    return settings
+
+
+def build_trident_sam(cfg, device) -> ProxyBackbone:
+    """The frozen SAM :class:`~.backbone.ProxyBackbone` of ``PROXY.TRIDENT.SAM_*`` on ``device``."""
+    return build_proxy(_sam_options(cfg), device=device, key=f"{KEY} (SAM)")
