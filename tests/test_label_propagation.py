@@ -120,6 +120,8 @@ def test_conjugate_gradient_matches_dense_solve_and_scipy_column_by_column():
     b[:, 2] = 0  # a zero right-hand side gives 0
     full = conjugate_gradient(op, b, tol=1e-12, maxiter=500)
     np.testing.assert_allclose(full, np.linalg.solve(lmat, b), atol=1e-9)
+    np.testing.assert_allclose(conjugate_gradient(op, b, tol=1e-6, maxiter=10, columns_per_solve=3),
+                               conjugate_gradient(op, b, tol=1e-6, maxiter=10), atol=1e-12)  # blocks of columns
     for maxiter in (1, 3, 10):
         ours = conjugate_gradient(op, b, tol=1e-6, maxiter=maxiter)
         for c in range(4):

@@ -107,16 +107,24 @@ def knn_affinity(feats: np.ndarray, centres: np.ndarray, *, k: int, sigma: float
 
 def normalized_affinity(w: sp.spmatrix) -> sp.csr_matrix:
     """``D^-1/2 (W - diag W) D^-1/2`` (float64 CSR), ``D`` the row sums of ``W - diag W`` with
-    0 replaced by 1 (upstream ``normalize_connection_graph``)."""
-    w = sp.csr_matrix(w, dtype=np.float64)
-    w = (w - sp.diags(w.diagonal())).tocsr()
-    w.eliminate_zeros()
+    0 replaced by 1 (upstream ``normalize_connection_graph``). The values are scaled in place of
+    one float64 copy of ``W`` (the LPOSS+ pixel graph has tens of millions of edges)."""
+    w = sp.csr_matrix(w, dtype=np.float64, copy=True)
+    w.sum_duplicates()
+    n = w.shape[0]
+    rows = np.repeat(np.arange(n, dtype=w.indices.dtype), np.diff(w.indptr))
+    diagonal = w.indices == rows
+    if diagonal.any():
+        w.data[diagonal] = 0
     s = np.asarray(w.sum(axis=1)).ravel()
     s[s == 0] = 1
     d = 1.0 / np.sqrt(s)
     d[~np.isfinite(d)] = 0
-    dm = sp.diags(d)
-    return (dm @ w @ dm).tocsr()
+    w.data *= d[rows]
+    w.data *= d[w.indices]
+    del rows, diagonal
+    w.eliminate_zeros()
+    return w
 
 
 def propagation_operator(wn: sp.spmatrix, alpha: float) -> Callable[[np.ndarray], np.ndarray]:
@@ -131,7 +139,7 @@ def propagation_operator(wn: sp.spmatrix, alpha: float) -> Callable[[np.ndarray]
 
 
 def conjugate_gradient(apply: Callable[[np.ndarray], np.ndarray], b: np.ndarray, *, tol: float = 1e-6,
-                       maxiter: int = 10) -> np.ndarray:
+                       maxiter: int = 10, columns_per_solve: int = 32) -> np.ndarray:
     """Conjugate gradient for ``L X = B``, every column on its own as ``scipy.sparse.linalg.cg``
     (x0 = 0, no preconditioner): a column stops when its residual norm is below
     ``tol * ||b||`` (checked before each step) or after ``maxiter`` steps; a zero column gives 0.
@@ -139,6 +147,8 @@ def conjugate_gradient(apply: Callable[[np.ndarray], np.ndarray], b: np.ndarray,
     Args:
         apply: ``X (N, m) -> L X`` for symmetric positive definite ``L``.
         b: ``(N, C)`` right-hand sides (cast to float64).
+        columns_per_solve: columns solved together (bounds the work arrays to a few
+            ``(N, columns_per_solve)`` float64 blocks; the columns are independent either way).
 
     Returns:
         ``(N, C)`` float64.
@@ -146,6 +156,10 @@ def conjugate_gradient(apply: Callable[[np.ndarray], np.ndarray], b: np.ndarray,
     b = np.asarray(b, dtype=np.float64)
     if b.ndim != 2:
         raise ValueError(f"conjugate_gradient expects (N, C) right-hand sides, got shape {b.shape}")
+    if b.shape[1] > columns_per_solve:
+        return np.concatenate([conjugate_gradient(apply, b[:, i:i + columns_per_solve], tol=tol, maxiter=maxiter,
+                                                  columns_per_solve=columns_per_solve)
+                               for i in range(0, b.shape[1], columns_per_solve)], axis=1)
     x = np.zeros_like(b)
     r = b.copy()
     atol = tol * np.linalg.norm(b, axis=0)
