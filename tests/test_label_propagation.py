@@ -284,6 +284,7 @@ def test_label_propagation_keys_reach_the_model():
         assert getattr(s, field) == want, key
     assert m.label_propagation.vfm.name == TINY_VFM and m.label_propagation.vfm.layer == 0
     assert m.label_propagation.vfm.feature == "keys"
+    assert m.label_propagation.describe() == f"then LPOSS+ (k 7, {TINY_VFM} keys)"
     from detectron2.modeling import build_model
 
     assert build_model(tiny_cfg()).label_propagation is None

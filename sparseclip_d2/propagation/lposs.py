@@ -193,6 +193,11 @@ class LabelPropagation(nn.Module):
     def extra_repr(self) -> str:
         return f"settings={self.settings}"
 
+    def describe(self) -> str:
+        """One line for titles and logs, e.g. ``"then LPOSS+ (k 400, vit_base_patch16_224.dino values)"``."""
+        name = {"lposs": "LPOSS", "lposs_plus": "LPOSS+"}.get(self.settings.kind, self.settings.kind)
+        return f"then {name} (k {self.settings.k}, {self.vfm.name} {self.vfm.feature})"
+
     def window_multiple(self, clip_patch: int) -> int:
         """Windows are padded to multiples of this (the CLIP and the VFM patch, unless the VFM
         resizes its input)."""
