@@ -104,6 +104,9 @@ def test_knn_affinity_and_normalisation_match_hand_loops():
     ref = _affinity64(f, centres, 4, 0.01, 1.0, 3.0)
     np.testing.assert_allclose(w.toarray(), ref, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(normalized_affinity(w).toarray(), _normalize64(ref), rtol=1e-5, atol=1e-7)
+    # k above the number of nodes (a small image) is clipped to it (upstream fails on faiss's -1 index)
+    np.testing.assert_array_equal(knn_affinity(f, centres, k=50, sigma=0.01, pix_dist_pow=1.0, gamma=3.0).toarray(),
+                                  knn_affinity(f, centres, k=12, sigma=0.01, pix_dist_pow=1.0, gamma=3.0).toarray())
     # a node with no edge keeps degree 1 (upstream S[S == 0] = 1): its row and column stay 0
     w2 = sp.csr_matrix(np.array([[5.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]))
     np.testing.assert_allclose(normalized_affinity(w2).toarray(), [[0, 1, 0], [1, 0, 0], [0, 0, 0]])
