@@ -477,6 +477,38 @@ def add_sparseclip_config(cfg):
     # image and ground truth to short side N and scores the centre N x N crop only; 0 disables
     # (replaces INPUT.MIN_SIZE_TEST / RESIZE_MODE when on).
     _C.INPUT.CENTER_CROP_TEST = 0
+    # Label propagation as post-processing of any method (LPOSS / LPOSS+; sparseclip_d2/propagation/,
+    # docs/architecture.md "Label propagation"). Defaults: vladan-stojnic/LPOSS @ e489a74
+    # configs/lposs.yaml and segmentation/evaluation/lposs_eval.py.
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION = CN()
+    # "" (off), "lposs" (the kNN patch graph over all windows), "lposs_plus" (then the Lab pixel graph).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND = ""
+    # Neighbours per patch by VFM cosine (lposs.yaml k: 400).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.K = 400
+    # Geometric affinity exp(-SIGMA * pixel distance ** PIX_DIST_POW) (sigma: 0.01, pix_dist_pow: 1.0).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.SIGMA = 0.01
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.PIX_DIST_POW = 1.0
+    # Feature affinity max(cos, 0) ** GAMMA (gamma: 3.0).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.GAMMA = 3.0
+    # (I - ALPHA Wn) X = Y, both stages (alpha: 0.95), in [0, 1).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.ALPHA = 0.95
+    # Conjugate gradient's relative tolerance and steps (lposs_eval.py dfs_search tol=1e-6, maxiter=10).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.TOL = 1.0e-6
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER = 10
+    # LPOSS+ pixel affinity exp(-Lab distance / TAU) over a RADIUS x RADIUS square (tau: 0.01, r: 13).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU = 0.01
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS = 13
+    # The VFM whose features build the patch graph, as MODEL.SPARSECLIP.PROXY.* (its own copy; the
+    # PROXY keys change the last block, these do not): LPOSS's DINO ViT-B/16 (models/lposs/lposs.py
+    # torch.hub dino_vitb16), its last block's values (enc_type_feats: "v").
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM = CN()
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME = "vit_base_patch16_224.dino"
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS = "timm"
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER = -1
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE = "values"
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.INPUT_SIZE = 0
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.POS_EMBED_INTERP = "scale_factor"
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.PRECISION = "fp32"
     return cfg
 
 
@@ -543,6 +575,9 @@ def check_sparseclip_config(cfg) -> None:
     object_presence_from_config(cfg)  # MODEL.SPARSECLIP.OBJECT_PRESENCE.*
     _check_number("INPUT.CENTER_CROP_TEST", cfg.INPUT.CENTER_CROP_TEST, 0, inf, integer=True)
     check_cluster_vote_config(cfg)  # MODEL.SPARSECLIP.CLUSTER_VOTE.*, CLS_LOGIT_PRODUCT
+    from .propagation.config import check_label_propagation_config
+
+    check_label_propagation_config(cfg)  # MODEL.SPARSECLIP.LABEL_PROPAGATION.*
     _warn_ignored_values(cfg)
 
 

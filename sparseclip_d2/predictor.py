@@ -303,7 +303,11 @@ class Predictor:
     def describe(self) -> str:
         """``"<model name>: <attention>"`` for titles and logs."""
         describe = getattr(self.model.encoder, "describe", None)  # a proxy encoder names its proxy
-        return f"{self.cfg.MODEL.SPARSECLIP.CLIP.NAME}: {describe() if describe else describe_spec(self.spec)}"
+        text = describe() if describe else describe_spec(self.spec)
+        lp = getattr(self.model, "label_propagation", None)  # LPOSS after the method (sparseclip_d2/propagation/)
+        if lp is not None:
+            text = f"{text}, {lp.describe()}"
+        return f"{self.cfg.MODEL.SPARSECLIP.CLIP.NAME}: {text}"
 
     def prepare(self, image_rgb: np.ndarray, classes: List[str], background: Optional[int]) -> Dict:
         """The META_ARCH input of one ``(H, W, 3)`` RGB photo: resized as the test mapper

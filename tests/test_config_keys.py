@@ -238,3 +238,44 @@ def test_cass_keys_take_effect():
     for key, (value, check) in CASS_EFFECTS.items():
         assert check(model), f"{key} = {value} did not take effect"
     assert _model().object_presence is None
+# MODEL.SPARSECLIP.LABEL_PROPAGATION.* (not in the Base config; LPOSS / LPOSS+ of
+# configs/baselines/lposs*_b16*.yaml): key -> (value, check(model)); every key is set together with
+# KIND and a tiny VFM (tests/test_label_propagation.py has the refusals and the numeric checks).
+_LP_ON = {"MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": "lposs", "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME":
+          "sparseclip_tiny_mae", "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": "none"}
+LABEL_PROPAGATION_EFFECTS = {
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": ("lposs_plus", lambda m: m.label_propagation.settings.kind == "lposs_plus"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.K": ("7", lambda m: m.label_propagation.settings.k == 7),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.SIGMA": ("0.05", lambda m: m.label_propagation.settings.sigma == 0.05),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.PIX_DIST_POW": ("2.0", lambda m: m.label_propagation.settings.pix_dist_pow == 2.0),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.GAMMA": ("2.0", lambda m: m.label_propagation.settings.gamma == 2.0),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.ALPHA": ("0.9", lambda m: m.label_propagation.settings.alpha == 0.9),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.TOL": ("1.0e-4", lambda m: m.label_propagation.settings.tol == 1e-4),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER": ("5", lambda m: m.label_propagation.settings.max_iter == 5),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU": ("0.2", lambda m: m.label_propagation.settings.tau == 0.2),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": ("7", lambda m: m.label_propagation.settings.radius == 7),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME": ("sparseclip_tiny_dino8", lambda m: m.label_propagation.vfm.name == "sparseclip_tiny_dino8"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": ("/nonexistent/vfm.pth", "LABEL_PROPAGATION.VFM.WEIGHTS = '/nonexistent/vfm.pth': no such file"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER": ("0", lambda m: m.label_propagation.vfm.layer == 0),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE": ("keys", lambda m: m.label_propagation.vfm.feature == "keys"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.INPUT_SIZE": ("32", lambda m: m.label_propagation.vfm.opts.input_size == 32),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.POS_EMBED_INTERP": ("size", lambda m: m.label_propagation.vfm.opts.pos_embed_interp == "size"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.PRECISION": ("bf16", lambda m: str(m.label_propagation.vfm.dtype) == "torch.bfloat16"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(LABEL_PROPAGATION_EFFECTS))
+def test_label_propagation_keys_take_effect(key):
+    import re
+
+    value, check = LABEL_PROPAGATION_EFFECTS[key]
+    opts = dict(_LP_ON, **{key: value})
+    if isinstance(check, str):
+        with pytest.raises((ValueError, FileNotFoundError), match=re.escape(check)):
+            _model(**opts)
+    else:
+        assert check(_model(**opts)), f"{key} = {value} did not take effect"
+    if not key.endswith(".KIND"):  # without KIND the key would change nothing: refused, naming it
+        with pytest.raises(ValueError, match=re.escape(f"{key} = ") + ".* changes nothing while "
+                                             "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND is ''"):
+            _model(**{key: value})

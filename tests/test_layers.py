@@ -28,6 +28,7 @@ LAYERS = {
     "attention": 1,   # torch (+ fvcore registries)
     "clip": 2,        # + open_clip
     "proxy": 2,       # the second backbone: torch, timm and the clip layer; no detectron2
+    "propagation": 2,  # label propagation (LPOSS): numpy, scipy, faiss and the proxy layer; no detectron2
     "config": 3,      # detectron2 from here on
     "data": 3,
     "modeling": 4,

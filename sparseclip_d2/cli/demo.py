@@ -218,7 +218,9 @@ def describe_attention(predictor: Predictor, spec: AttentionSpec) -> str:
     """``describe_spec(spec)``, or the line of an encoder that describes itself (a second
     backbone's encoder names its proxy, sparseclip_d2/proxy/encoder.py ``describe``)."""
     describe = getattr(predictor.model.encoder, "describe", None)
-    return describe() if describe else describe_spec(spec)
+    text = describe() if describe else describe_spec(spec)
+    lp = getattr(predictor.model, "label_propagation", None)  # LPOSS after the method (sparseclip_d2/propagation/)
+    return f"{text}, {lp.describe()}" if lp is not None else text
 
 
 def build_predictors(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> List[Predictor]:

@@ -46,6 +46,7 @@ from ..clip.encoder import DenseCLIPEncoder
 from ..clip.spec import AttentionSpec
 from ..clip.object_presence import object_presence_from_config, object_presence_logits, text_clusters
 from .pamr import pamr
+from ..propagation.config import build_label_propagation
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
 from .tta import TTA_MODES, check_method_options, close_labels, tta_logits
@@ -99,6 +100,7 @@ class SparseCLIP(nn.Module):
         cluster_vote: Optional[ClusterVoteSettings] = None,
         cls_logit_product: bool = False,
         object_presence=None,
+        label_propagation: Optional[nn.Module] = None,
     ):
         """
         Args:
@@ -146,6 +148,8 @@ class SparseCLIP(nn.Module):
                 outputs are then ``{"sem_seg_labels": (H, W) long}``.
             cls_logit_product: multiply each window's patch logits by its CLS logits (CLIPtrase's
                 VOC20 rule).
+            label_propagation: LPOSS / LPOSS+ over the windows' patch logits
+                (``propagation.LabelPropagation``), or None.
         """
         super().__init__()
         for name in ("patch_size", "embed_dim"):
@@ -227,6 +231,10 @@ class SparseCLIP(nn.Module):
             self._native_encoder = DenseCLIPEncoder(encoder.visual, AttentionSpec(),
                                                     pos_embed_interp=encoder.pos_embed_interp,
                                                     attn_pool_dense=encoder.attn_pool_dense)
+        self.label_propagation = label_propagation
+        if label_propagation is not None and (cluster_vote is not None or self.pamr_steps or attention_stats):
+            raise ValueError("MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND cannot be combined with CLUSTER_VOTE, PAMR or "
+                             "TEST.ATTENTION_STATS.ENABLED")
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -285,6 +293,8 @@ class SparseCLIP(nn.Module):
             "cluster_vote": ClusterVoteSettings.from_config(cfg),
             "cls_logit_product": sc.CLS_LOGIT_PRODUCT,
             "object_presence": object_presence_from_config(cfg),
+            "label_propagation": build_label_propagation(
+                cfg, cfg.MODEL.DEVICE, [m / 255.0 for m in parts.pixel_mean], [v / 255.0 for v in parts.pixel_std]),
         }
 
     @property
@@ -477,7 +487,10 @@ class SparseCLIP(nn.Module):
         vocabulary, background_index = self._vocabulary(x)
         emb, class_index = self.text_classifier_for(vocabulary, background_index=background_index)
         image = self.normalize_image(x["image"])
-        logits = self.synonym_logits(image, emb, attention_sink)
+        if self.label_propagation is not None:  # LPOSS / LPOSS+ (sparseclip_d2/propagation/)
+            logits = self.propagated_logits(x["image"], image, emb)
+        else:
+            logits = self.synonym_logits(image, emb, attention_sink)
         out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
         if self.prob_threshold > 0 and background_index is None:
             self._warn_threshold_ignored(x)
@@ -495,6 +508,31 @@ class SparseCLIP(nn.Module):
             background_index=background_index,
             out_size=(out_h, out_w),
         )
+
+    def propagated_logits(self, raw: torch.Tensor, image: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """``(S, H, W)`` synonym logits of one image after label propagation (LPOSS / LPOSS+): the
+        windows of :meth:`synonym_logits` encoded by :meth:`encode_logits` and the VFM, propagated
+        jointly, merged by the same window loop; LPOSS+ then propagates over the pixels of ``raw``
+        (the ``(3, H, W)`` uint8 input in ``input_format``, as RGB / 255)."""
+        from .sliding_window import symmetric_pad, window_grid
+
+        lp = self.label_propagation
+        p = lp.window_multiple(int(self.encoder.patch_size))
+        H, W = image.shape[-2:]
+        crop = self.crop_size if self.sliding_window else None
+        windows = window_grid(H, W, self.crop_size, self.stride) if self.sliding_window else [(0, H, 0, W)]
+        wh, ww = windows[0][1] - windows[0][0], windows[0][3] - windows[0][2]
+        pad = symmetric_pad(wh, ww, p) if self.patch_remainder == "pad_crop" else (0, 0, 0, 0)
+
+        def dense(fn):
+            return dense_logits(image, fn, patch_size=p, crop_size=crop, stride=self.stride if crop else None,
+                                batch_size=self.window_batch_size, patch_remainder=self.patch_remainder)
+
+        rgb = None
+        if "pixel_lab" in lp.settings.stages:
+            rgb = raw.to(self.device, torch.float32)
+            rgb = (rgb.flip(0) if self.input_format == "BGR" else rgb) / 255.0
+        return lp(lambda crops: self.encode_logits(crops, text_emb), dense, windows, (pad[2], pad[0]), rgb, crop)
 
     def cluster_vote_maps(self, x: Dict) -> Tuple[ScoreMaps, torch.Tensor]:
         """``(score maps, (height, width) long labels)`` of one input with CLIPtrase's cluster

@@ -1,0 +1,94 @@
+"""Reading and checking ``MODEL.SPARSECLIP.LABEL_PROPAGATION.*`` (duck-typed config; no detectron2
+import)."""
+import logging
+from typing import Optional, Tuple
+
+from ..proxy.backbone import ProxyOptions, build_proxy, check_proxy_options
+from .lposs import KEY, PROPAGATION_KINDS, LabelPropagation, LabelPropagationSettings, check_label_propagation_settings
+
+__all__ = ["LABEL_PROPAGATION_KEY_DEFAULTS", "label_propagation_from_config", "check_label_propagation_config",
+           "build_label_propagation"]
+
+logger = logging.getLogger(__name__)
+
+#: ``add_sparseclip_config``'s values of the LABEL_PROPAGATION keys: with ``KIND ""`` every other
+#: key must keep them (a key set without propagation would change nothing and is refused).
+LABEL_PROPAGATION_KEY_DEFAULTS = {
+    "K": 400, "SIGMA": 0.01, "PIX_DIST_POW": 1.0, "GAMMA": 3.0, "ALPHA": 0.95, "TOL": 1e-6, "MAX_ITER": 10,
+    "TAU": 0.01, "RADIUS": 13,
+}
+VFM_KEY_DEFAULTS = {"NAME": "vit_base_patch16_224.dino", "WEIGHTS": "timm", "LAYER": -1, "FEATURE": "values",
+                    "INPUT_SIZE": 0, "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32"}
+
+
+def _node(cfg):
+    try:
+        return cfg.MODEL.SPARSECLIP.LABEL_PROPAGATION
+    except (AttributeError, KeyError) as e:
+        raise ValueError(f"config lacks {KEY} ({e}); call sparseclip_d2.add_sparseclip_config(cfg) first") from e
+
+
+def label_propagation_from_config(cfg) -> Optional[Tuple[LabelPropagationSettings, ProxyOptions]]:
+    """``(settings, VFM options)`` of ``cfg``, validated, or None when ``KIND`` is ``""``."""
+    n = _node(cfg)
+    kind = str(n.KIND).strip().lower()
+    if not kind:
+        return None
+    s = check_label_propagation_settings(LabelPropagationSettings(
+        kind=kind, k=n.K, sigma=n.SIGMA, pix_dist_pow=n.PIX_DIST_POW, gamma=n.GAMMA, alpha=n.ALPHA, tol=n.TOL,
+        max_iter=n.MAX_ITER, tau=n.TAU, radius=n.RADIUS))
+    v = n.VFM
+    if not v.NAME:
+        raise ValueError(f"{KEY}.KIND = {kind!r} needs a VFM: {KEY}.VFM.NAME is empty; valid: a timm ViT name such "
+                         "as vit_base_patch16_224.dino (LPOSS's DINO ViT-B/16)")
+    opts = check_proxy_options(ProxyOptions(name=v.NAME, weights=v.WEIGHTS, layer=v.LAYER, feature=v.FEATURE,
+                                            input_size=v.INPUT_SIZE, pos_embed_interp=v.POS_EMBED_INTERP,
+                                            precision=v.PRECISION), f"{KEY}.VFM")
+    return s, opts
+
+
+def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettings, ProxyOptions]]:
+    """Validate the LABEL_PROPAGATION keys (and the paths they cannot join) before any model is built.
+
+    Raises:
+        ValueError: a key set while ``KIND`` is ``""``; a bad value (naming the key and the valid
+            choices); ``KIND`` with the cluster vote, PAMR, the attention statistics, the FG-OVD
+            META_ARCH or ``INPUT_SIZE -1`` without the sliding window.
+        FileNotFoundError: ``VFM.WEIGHTS`` names a missing file (key and path in the message).
+    """
+    n = _node(cfg)
+    if not isinstance(n.KIND, str):
+        raise ValueError(f"{KEY}.KIND = {n.KIND!r} is invalid; valid: '' (off), {', '.join(PROPAGATION_KINDS)}")
+    got = label_propagation_from_config(cfg)
+    if got is None:
+        changed = [f"{KEY}.{k} = {n[k]!r}" for k, v in LABEL_PROPAGATION_KEY_DEFAULTS.items() if n[k] != v]
+        changed += [f"{KEY}.VFM.{k} = {n.VFM[k]!r}" for k, v in VFM_KEY_DEFAULTS.items() if n.VFM[k] != v]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.KIND is '': set KIND (valid: "
+                             f"{', '.join(PROPAGATION_KINDS)}) or leave these keys at their defaults")
+        return None
+    sc = cfg.MODEL.SPARSECLIP
+    for on, what, valid in ((sc.CLUSTER_VOTE.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED = True", "False"),
+                            (sc.PAMR.STEPS, f"MODEL.SPARSECLIP.PAMR.STEPS = {sc.PAMR.STEPS!r}", "0"),
+                            (cfg.TEST.ATTENTION_STATS.ENABLED, "TEST.ATTENTION_STATS.ENABLED = True", "False"),
+                            (cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD",
+                             "MODEL.META_ARCHITECTURE = 'SparseCLIPFGOVD'", "SparseCLIP")):
+        if on:
+            raise ValueError(f"{KEY}.KIND = {got[0].kind!r} cannot be combined with {what} (the propagated "
+                             f"scores replace that path's); valid: {valid}")
+    if got[1].input_size == -1 and not cfg.TEST.SLIDING_WINDOW.ENABLED:
+        raise ValueError(f"{KEY}.VFM.INPUT_SIZE = -1 (each window resized to the crop) needs "
+                         "TEST.SLIDING_WINDOW.ENABLED True; or give INPUT_SIZE in pixels")
+    return got
+
+
+def build_label_propagation(cfg, device, clip_mean, clip_std) -> Optional[LabelPropagation]:
+    """The :class:`LabelPropagation` of ``cfg`` with its VFM built on ``device`` (random weights
+    logged loudly), or None when ``KIND`` is ``""``. ``clip_mean`` / ``clip_std``: the 0-1 RGB
+    normalisation of the images the windows come from."""
+    got = check_label_propagation_config(cfg)
+    if got is None:
+        return None
+    settings, opts = got
+    vfm = build_proxy(opts, device=device, key=f"{KEY}.VFM")
+    return LabelPropagation(settings, vfm, clip_mean, clip_std)
