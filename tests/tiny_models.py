@@ -121,6 +121,7 @@ def register_tiny_models() -> None:
     """Register the tiny timm towers' open_clip configs (idempotent)."""
     for name, config in TINY_TIMM_CONFIGS.items():
         register_local_model_config(name, config)
+    register_local_model_config(TINY_CLIP5_NAME, TINY_CLIP5_CONFIG)
 
 
 # ----------------------------------------------------------------------------- proxy backbones
@@ -148,3 +149,15 @@ def sparseclip_tiny_dinov2(pretrained: bool = False, **kwargs):
 def sparseclip_tiny_mae(pretrained: bool = False, **kwargs):
     """Tiny MAE B/16 (``vit_base_patch16_224.mae``'s architecture at 32 px, width 64, depth 2)."""
     return _tiny(vit_base_patch16_224, pretrained, kwargs, **dict(_TINY_PROXY, img_size=32))
+
+
+# ----------------------------------------------------------------------------- a deeper tiny CLIP
+# sparseclip-tiny-vit with 5 vision blocks: CorrCLIP's spatial branch averages blocks depth-2-N ..
+# depth-3 (tests/test_corrclip.py), which a 2-block tower does not have.
+TINY_CLIP5_NAME = "sparseclip-tiny-vit-5l"
+TINY_CLIP5_CONFIG = {
+    "embed_dim": 32,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 64, "layers": 5, "width": 64, "head_width": 16, "patch_size": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2},
+}

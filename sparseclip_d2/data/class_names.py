@@ -19,7 +19,7 @@ _PACKAGE = "sparseclip_d2.data"
 _FOLDER = "classnames"
 
 #: Upstream vocabularies shipped as data (``MODEL.SPARSECLIP.CLASS_NAMES``); "" = the project's.
-CLASS_NAME_SETS = ("sclip", "clearclip", "naclip", "maskclip", "itaclip", "proxyclip", "cliptrase", "sfp")
+CLASS_NAME_SETS = ("sclip", "clearclip", "naclip", "maskclip", "itaclip", "proxyclip", "cliptrase", "sfp", "corrclip")
 
 
 def _check_set(class_set: Optional[str]) -> Optional[str]:

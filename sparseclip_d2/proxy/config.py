@@ -7,9 +7,10 @@ from .attention import check_beta_gamma
 from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
 from .fsa import FSAEncoder, FSASettings, check_fsa_settings
+from .corrclip import CorrCLIPEncoder, CorrCLIPSettings, check_corrclip_settings
 
 __all__ = ["PROXY_KEY_DEFAULTS", "FSA_KEY_DEFAULTS", "proxy_options_from_config", "fsa_settings_from_config",
-           "check_proxy_config", "build_proxy_encoder"]
+           "check_proxy_config", "build_proxy_encoder", "CORRCLIP_KEY_DEFAULTS", "corrclip_settings_from_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +21,9 @@ PROXY_KEY_DEFAULTS = {"WEIGHTS": "none", "LAYER": -1, "FEATURE": "tokens", "INPU
                       "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32", "BETA": 1.2, "GAMMA": 3.0}
 #: ``add_sparseclip_config``'s values of ``PROXY.FSA.*``: with ``ENABLED False`` the others must keep them.
 FSA_KEY_DEFAULTS = {"TOP_P": 0.45, "LAMBDA": 3.0, "PATCH_SCALE": 20.0, "UNIFORM_SCALE": 35.0, "NORMALIZER": ""}
+#: ``add_sparseclip_config``'s values of ``PROXY.CORRCLIP.*``: with ``ENABLED False`` the others must keep them.
+CORRCLIP_KEY_DEFAULTS = {"MASK_DIR": "", "TAU": 4.0, "SPATIAL_WEIGHT": 1.0, "SEMANTIC_WEIGHT": 0.5, "NUM_SPATIAL": -1,
+                         "DBSCAN_EPS": 0.2, "DBSCAN_MIN_SAMPLES": 1, "RESTRICTION": "regions", "MODE_VOTE": True}
 
 
 def proxy_options_from_config(cfg) -> Optional[ProxyOptions]:
@@ -54,6 +58,59 @@ def fsa_settings_from_config(cfg) -> Optional[FSASettings]:
                               f"{KEY}.FSA")
 
 
+def corrclip_settings_from_config(cfg) -> Optional[CorrCLIPSettings]:
+    """The validated :class:`~.corrclip.CorrCLIPSettings` of ``cfg``, or None when
+    ``PROXY.CORRCLIP.ENABLED`` is False (then every other ``PROXY.CORRCLIP`` key must keep its
+    default). ``FileNotFoundError`` names ``MASK_DIR`` and the path when it is not a directory."""
+    c = _node(cfg).CORRCLIP
+    if not isinstance(c.ENABLED, bool):
+        raise ValueError(f"{KEY}.CORRCLIP.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
+    if not c.ENABLED:
+        changed = [f"{KEY}.CORRCLIP.{k} = {c[k]!r}" for k, v in CORRCLIP_KEY_DEFAULTS.items() if c[k] != v]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.CORRCLIP.ENABLED is False: enable "
+                             "CorrCLIP or leave these keys at their defaults")
+        return None
+    return check_corrclip_settings(CorrCLIPSettings(
+        mask_dir=c.MASK_DIR, tau=c.TAU, spatial_weight=c.SPATIAL_WEIGHT, semantic_weight=c.SEMANTIC_WEIGHT,
+        num_spatial=c.NUM_SPATIAL, dbscan_eps=c.DBSCAN_EPS, dbscan_min_samples=c.DBSCAN_MIN_SAMPLES,
+        restriction=str(c.RESTRICTION).strip().lower(), mode_vote=c.MODE_VOTE), f"{KEY}.CORRCLIP")
+
+
+def _check_corrclip_paths(cfg) -> None:
+    """What CorrCLIP's per-image path (``modeling/region_masks.py``) cannot join."""
+    sc = cfg.MODEL.SPARSECLIP
+    bad = [(on, key, valid) for on, key, valid in (
+        (sc.PROXY.FSA.ENABLED, f"{KEY}.FSA.ENABLED", "False"),
+        (cfg.TEST.TTA.MODE, "TEST.TTA.MODE", "''"),
+        (sc.FEATURE_SURGERY.ENABLED, "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED", "False"),
+        (sc.FEEDBACK.ENABLED, "MODEL.SPARSECLIP.FEEDBACK.ENABLED", "False"),
+        (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT", "False"),
+        (sc.LABEL_CLOSING, "MODEL.SPARSECLIP.LABEL_CLOSING", "0"),
+        (sc.BLOCK.RESIDUAL, "MODEL.SPARSECLIP.BLOCK.RESIDUAL", "False"),
+        (sc.BLOCK.FFN, "MODEL.SPARSECLIP.BLOCK.FFN", "False"),
+        (sc.ATTENTION.NUM_LAYERS != 1, "MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS", "1")) if on]
+    if bad:
+        on, key, valid = bad[0]
+        raise ValueError(f"{KEY}.CORRCLIP.ENABLED True cannot be combined with {key} = {_get(cfg, key)!r} (CorrCLIP "
+                         f"encodes each window with its region masks and sums three branches after the final norm); "
+                         f"valid: {key} {valid}")
+    for k in ("BETA", "GAMMA"):
+        if sc.PROXY[k] != PROXY_KEY_DEFAULTS[k]:
+            raise ValueError(f"{KEY}.{k} = {sc.PROXY[k]!r} changes nothing with {KEY}.CORRCLIP.ENABLED (CorrCLIP's "
+                             f"scores are the cosine x CORRCLIP.TAU within regions); valid: {PROXY_KEY_DEFAULTS[k]}")
+    if cfg.MODEL.META_ARCHITECTURE != "SparseCLIP":
+        raise ValueError(f"{KEY}.CORRCLIP.ENABLED True needs MODEL.META_ARCHITECTURE SparseCLIP (its region masks are "
+                         f"read per image there), got {cfg.MODEL.META_ARCHITECTURE!r}")
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
 def check_proxy_config(cfg) -> Optional[ProxyOptions]:
     """Validate the PROXY keys (and what they need of the rest of ``cfg``) before any model is built.
 
@@ -70,6 +127,8 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in PROXY_KEY_DEFAULTS.items() if p[k] != v]
         if p.FSA.ENABLED:
             changed.append(f"{KEY}.FSA.ENABLED = True")
+        if p.CORRCLIP.ENABLED:
+            changed.append(f"{KEY}.CORRCLIP.ENABLED = True")
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
@@ -82,6 +141,8 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
                 raise ValueError(f"{why} with {KEY}.FSA.ENABLED: FSA's last block needs the class texts, which that "
                                  "path does not pass to the encoder; turn one of them off")
     check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
+    if corrclip_settings_from_config(cfg) is not None:
+        _check_corrclip_paths(cfg)
     if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
         raise ValueError(f"MODEL.META_ARCHITECTURE SparseCLIPFGOVD with {KEY}.NAME {opts.name!r}: its RoIAlign maps "
                          "boxes with CLIP's patch stride, the proxy block's features lie on the proxy's grid; not "
@@ -113,4 +174,8 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
               pos_embed_interp=pos_embed_interp, attn_pool_dense=attn_pool_dense)
     if fsa is not None:
         return FSAEncoder(visual, AttentionSpec.from_config(cfg), proxy, fsa=fsa, **kw)
+    corr = corrclip_settings_from_config(cfg)
+    if corr is not None:
+        kw.pop("beta"), kw.pop("gamma")
+        return CorrCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, settings=corr, **kw)
     return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)
