@@ -160,7 +160,7 @@ def add_sparseclip_config(cfg):
     # Block whose feature is used (0-based; -1 = the last; blocks after it do not run).
     _C.MODEL.SPARSECLIP.PROXY.LAYER = -1
     # "tokens" (the block's output through the final norm; ProxyCLIP), "keys", "queries" or
-    # "values" (that block's k / q / v, heads concatenated).
+    # "values" (that block's k / q / v, heads concatenated), "queries+keys" (their sum; CorrCLIP).
     _C.MODEL.SPARSECLIP.PROXY.FEATURE = "tokens"
     # Pixels the proxy sees per window: 0 = the window itself, -1 = resized to
     # TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).

@@ -369,3 +369,28 @@ def test_corrclip_through_the_meta_arch(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"CORRCLIP.MASK_DIR: no region mask '.*masks/other.npz'"):
         with torch.no_grad():
             model([dict(x, file_name="/x/other.png")])
+
+
+def test_dense_logits_cuts_and_pads_the_side_map_like_the_image():
+    """The region mask is cut into the same windows as the image and padded with 10000 where
+    the image is zero-padded (corrclip_segmentor.py forward_slide)."""
+    from sparseclip_d2.modeling.sliding_window import dense_logits, symmetric_pad, window_grid
+
+    H, W = 40, 70
+    image = torch.randn(3, H, W, generator=torch.Generator().manual_seed(6))
+    side = torch.arange(H * W).reshape(H, W)
+    seen = []
+
+    def fn(crops, masks):
+        seen.append((crops.clone(), masks.clone()))
+        return torch.zeros(crops.shape[0], 2, crops.shape[-2] // 16, crops.shape[-1] // 16)
+
+    dense_logits(image, fn, patch_size=16, crop_size=36, stride=20, batch_size=2, side=side, side_pad_value=10000)
+    windows = window_grid(H, W, 36, 20)
+    l, r, t, b = symmetric_pad(36, 36, 16)  # 36 -> 48: 6 px each side
+    got = [m for _, ms in seen for m in ms]
+    assert len(got) == len(windows) == 6
+    for (y1, y2, x1, x2), m in zip(windows, got):
+        want = torch.full((48, 48), 10000, dtype=side.dtype)
+        want[t:t + 36, l:l + 36] = side[y1:y2, x1:x2]
+        assert torch.equal(m, want)

@@ -8,7 +8,7 @@ original image (``generate_mask``), resizes it to the input by nearest neighbour
 the windows with the image and pads it with 10000; ``postprocess_result`` gives each region of the
 original-size mask (all but the minimum value) its mode label.
 """
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from ..proxy.corrclip import PAD_LABEL, load_region_mask, mask_file_for, region_
 from .postprocess import ScoreMaps
 from .sliding_window import dense_logits
 
-__all__ = ["region_mask_of", "corrclip_labels"]
+__all__ = ["region_mask_of", "corrclip_maps", "corrclip_labels"]
 
 KEY = "MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR"
 
@@ -42,12 +42,12 @@ def region_mask_of(x: Dict, mask_dir: str, out_hw) -> torch.Tensor:
     return load_region_mask(mask_file_for(mask_dir, x["file_name"]), KEY, image_hw=tuple(out_hw))
 
 
-def corrclip_labels(model, x: Dict) -> torch.Tensor:
-    """``(height, width)`` long label map of one input (``model``: the ``SparseCLIP`` META_ARCH
-    whose encoder is a ``CorrCLIPEncoder``): the windows' logits (as ``synonym_logits``, the
-    window masks passed to the encoder), PAMR if configured, the score maps' rules
-    (probability / area thresholds, background), then the mode label per mask region
-    (``MODE_VOTE``)."""
+def corrclip_maps(model, x: Dict) -> Tuple[ScoreMaps, torch.Tensor]:
+    """``(score maps, (height, width) long labels)`` of one input (``model``: the ``SparseCLIP``
+    META_ARCH whose encoder is a ``CorrCLIPEncoder``): the windows' logits (as
+    ``synonym_logits``, the window masks passed to the encoder), PAMR if configured, the score
+    maps' rules (probability / area thresholds, background), then the mode label per mask
+    region (``MODE_VOTE``; the score maps are those before it)."""
     enc = model.encoder
     settings = enc.settings
     vocabulary, background_index = model._vocabulary(x)
@@ -75,4 +75,9 @@ def corrclip_labels(model, x: Dict) -> torch.Tensor:
     labels = maps.labels()
     if settings.mode_vote:
         labels = region_mode_labels(labels, mask.to(labels.device))
-    return labels
+    return maps, labels
+
+
+def corrclip_labels(model, x: Dict) -> torch.Tensor:
+    """The ``(height, width)`` long labels of :func:`corrclip_maps`."""
+    return corrclip_maps(model, x)[1]
