@@ -394,3 +394,43 @@ def test_dense_logits_cuts_and_pads_the_side_map_like_the_image():
         want = torch.full((48, 48), 10000, dtype=side.dtype)
         want[t:t + 36, l:l + 36] = side[y1:y2, x1:x2]
         assert torch.equal(m, want)
+
+
+# zdk258/CorrCLIP @ 103bc18 CorrCLIPv1/configs/cfg_*.py: dataset -> (prob_thd, Resize short side,
+# slide_crop, slide_stride, instance_mask_path folder)
+UPSTREAM_CONFIGS = {
+    "corrclip_b16": ("sparseclip_voc20_val", 0.0, 336, 336, 112, "voc"),
+    "corrclip_b16_voc21": ("sparseclip_voc21_val", 0.2, 336, 336, 112, "voc"),
+    "corrclip_b16_context60": ("sparseclip_context60_val", 0.15, 336, 336, 112, "context"),
+    "corrclip_b16_context59": ("sparseclip_context59_val", 0.0, 336, 336, 112, "context"),
+    "corrclip_b16_coco_object": ("sparseclip_coco_object_val", 0.25, 336, 336, 112, "coco"),
+    "corrclip_b16_coco_stuff": ("sparseclip_coco_stuff_val", 0.0, 336, 336, 112, "coco"),
+    "corrclip_b16_ade20k": ("sparseclip_ade20k_val", 0.0, 448, 336, 112, "ade"),
+    "corrclip_b16_cityscapes": ("sparseclip_cityscapes_val", 0.0, 448, 224, 112, "city"),
+}
+
+
+def test_corrclip_configs_select_upstreams_values():
+    import glob
+
+    from conftest import baseline_cfg
+
+    root = os.path.join(os.path.dirname(__file__), "..", "configs", "baselines")
+    assert {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(root, "corrclip_b16*.yaml"))} == set(UPSTREAM_CONFIGS)
+    for name, (dataset, thd, short, crop, stride, folder) in UPSTREAM_CONFIGS.items():
+        cfg = baseline_cfg(name)
+        sc, c = cfg.MODEL.SPARSECLIP, cfg.MODEL.SPARSECLIP.PROXY.CORRCLIP
+        assert tuple(cfg.DATASETS.TEST) == (dataset,) and sc.PROB_THRESHOLD == thd, name
+        assert (cfg.INPUT.MIN_SIZE_TEST, cfg.TEST.SLIDING_WINDOW.CROP_SIZE, cfg.TEST.SLIDING_WINDOW.STRIDE) == (
+            short, crop, stride), name
+        assert c.ENABLED and c.MASK_DIR == f"region_masks/{folder}", name
+        assert (c.TAU, c.SPATIAL_WEIGHT, c.SEMANTIC_WEIGHT, c.NUM_SPATIAL, c.DBSCAN_EPS, c.DBSCAN_MIN_SAMPLES,
+                c.RESTRICTION, c.MODE_VOTE) == (4.0, 1.0, 0.5, -1, 0.2, 1, "regions", True), name
+        assert (sc.CLIP.NAME, sc.CLIP.PRETRAINED, sc.PROXY.NAME, sc.PROXY.FEATURE, sc.PROXY.LAYER) == (
+            "ViT-B-16-quickgelu", "metaclip_fullcc", "vit_base_patch8_224.dino", "queries+keys", -1), name
+        assert (sc.CLASS_NAMES, sc.TEXT.TEMPLATES, sc.LOGIT_SCALE, sc.PIXEL_NORM, sc.PATCH_REMAINDER) == (
+            "corrclip", "openai_imagenet", 40.0, "clip_mmseg", "pad_crop"), name
+        assert (sc.CLIP.PRECISION, sc.PROXY.PRECISION) == ("fp32", "fp32"), name
+        spec = AttentionSpec.from_config(cfg)
+        assert (spec.normalizer, spec.residual, spec.ffn, spec.num_layers) == ("softmax", False, False, 1), name
+        assert "103bc18" in open(os.path.join(root, name + ".yaml")).read().split("_BASE_")[0], name
