@@ -160,7 +160,7 @@ def add_sparseclip_config(cfg):
     # Block whose feature is used (0-based; -1 = the last; blocks after it do not run).
     _C.MODEL.SPARSECLIP.PROXY.LAYER = -1
     # "tokens" (the block's output through the final norm; ProxyCLIP), "keys", "queries" or
-    # "values" (that block's k / q / v, heads concatenated).
+    # "values" (that block's k / q / v, heads concatenated), "queries+keys" (their sum; CorrCLIP).
     _C.MODEL.SPARSECLIP.PROXY.FEATURE = "tokens"
     # Pixels the proxy sees per window: 0 = the window itself, -1 = resized to
     # TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).
@@ -258,6 +258,30 @@ def add_sparseclip_config(cfg):
     # Registered parts: WINDOW_SPLICE_REGISTRY / GLOBAL_AGGREGATION_REGISTRY (proxy/trident.py).
     _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SPLICE = "overlap_mean"
     _C.MODEL.SPARSECLIP.PROXY.TRIDENT.AGGREGATION = "sam_threshold"
+    # CorrCLIP on the proxy last block (sparseclip_d2/proxy/corrclip.py; zdk258/CorrCLIP @ 103bc18
+    # CorrCLIPv1/open_clip/transformer.py VisionTransformer.forward, corrclip_segmentor.py).
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP = CN()
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.ENABLED = False
+    # Directory of region masks, one <image stem>.npz per image with an (H, W) integer array
+    # 'instance_mask' at the image's original size, minimum = unsegmented (as CorrCLIP reads
+    # its pre-generated SAM2 masks: generate_mask, instance_mask_path). Required when enabled.
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR = ""
+    # Scores = proxy cosine x TAU within the regions, then ATTENTION.NORMALIZER (TAU = 4).
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.TAU = 4.0
+    # Weights of the spatial and semantic branches (ALPHA, BETA = 1.0, 0.5).
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.SPATIAL_WEIGHT = 1.0
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.SEMANTIC_WEIGHT = 0.5
+    # Lower blocks averaged by the spatial branch; -1 = upstream's rule (12 blocks: 5, 24: 12,
+    # 32: 28, else depth - 4).
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.NUM_SPATIAL = -1
+    # DBSCAN region merge on max(S) - S of the regions' mean proxy features (EPS, MIN_SAMPLES = 0.2, 1).
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_EPS = 0.2
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_MIN_SAMPLES = 1
+    # Region restriction of the scores: "regions" (upstream: unsegmented patches attend where the
+    # score is above the mean) or "regions_strict" (upstream's commented alternative).
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.RESTRICTION = "regions"
+    # Each mask region takes its most frequent label (corrclip_segmentor.py "Map Correction").
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.MODE_VOTE = True
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()

@@ -279,3 +279,32 @@ def test_label_propagation_keys_take_effect(key):
         with pytest.raises(ValueError, match=re.escape(f"{key} = ") + ".* changes nothing while "
                                              "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND is ''"):
             _model(**{key: value})
+# MODEL.SPARSECLIP.PROXY.CORRCLIP.* (not in the Base config; CorrCLIP, configs/baselines/corrclip_b16*.yaml):
+# key -> (value, settings field, expected) on the 5-block tiny tower with the tiny DINO B/8
+# (tests/test_corrclip.py has the refusals and the float64 checks).
+CORRCLIP_EFFECTS = {
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.TAU": ("2.5", "tau", 2.5),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.SPATIAL_WEIGHT": ("0.7", "spatial_weight", 0.7),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.SEMANTIC_WEIGHT": ("0.3", "semantic_weight", 0.3),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.NUM_SPATIAL": ("2", "num_spatial", 2),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_EPS": ("0.4", "dbscan_eps", 0.4),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_MIN_SAMPLES": ("2", "dbscan_min_samples", 2),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.RESTRICTION": ("regions_strict", "restriction", "regions_strict"),
+    "MODEL.SPARSECLIP.PROXY.CORRCLIP.MODE_VOTE": ("False", "mode_vote", False),
+}
+
+
+def test_corrclip_keys_take_effect(tmp_path):
+    from tiny_models import TINY_CLIP5_NAME
+
+    base = {"MODEL.SPARSECLIP.CLIP.NAME": TINY_CLIP5_NAME, "MODEL.SPARSECLIP.PROXY.NAME": "sparseclip_tiny_dino8",
+            "MODEL.SPARSECLIP.PROXY.CORRCLIP.ENABLED": "True", "MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR": str(tmp_path),
+            "MODEL.SPARSECLIP.BLOCK.RESIDUAL": "False", "MODEL.SPARSECLIP.BLOCK.FFN": "False"}
+    model = _model(**base, **{k: v for k, (v, _, _) in CORRCLIP_EFFECTS.items()})
+    assert type(model.encoder).__name__ == "CorrCLIPEncoder" and model.encoder.settings.mask_dir == str(tmp_path)
+    for key, (value, field, want) in CORRCLIP_EFFECTS.items():
+        assert getattr(model.encoder.settings, field) == want, f"{key} = {value} did not take effect"
+    assert model.encoder.num_spatial == 2
+    assert type(_model(**dict(base, **{"MODEL.SPARSECLIP.PROXY.CORRCLIP.ENABLED": "False",
+                                       "MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR": ""})).encoder).__name__ == \
+        "ProxyCLIPEncoder"

@@ -121,6 +121,7 @@ def register_tiny_models() -> None:
     """Register the tiny timm towers' open_clip configs (idempotent)."""
     for name, config in TINY_TIMM_CONFIGS.items():
         register_local_model_config(name, config)
+    register_local_model_config(TINY_CLIP5_NAME, TINY_CLIP5_CONFIG)
 
 
 # ----------------------------------------------------------------------------- proxy backbones
@@ -160,3 +161,13 @@ def sparseclip_tiny_samvit(pretrained: bool = False, **kwargs):
     32-channel neck), for Trident's SAM (sparseclip_d2/proxy/trident.py)."""
     return _tiny(samvit_base_patch16, pretrained, kwargs, embed_dim=64, depth=2, num_heads=4, img_size=128,
                  window_size=4, global_attn_indexes=[1], neck_chans=32)
+# ----------------------------------------------------------------------------- a deeper tiny CLIP
+# sparseclip-tiny-vit with 5 vision blocks: CorrCLIP's spatial branch averages blocks depth-2-N ..
+# depth-3 (tests/test_corrclip.py), which a 2-block tower does not have.
+TINY_CLIP5_NAME = "sparseclip-tiny-vit-5l"
+TINY_CLIP5_CONFIG = {
+    "embed_dim": 32,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 64, "layers": 5, "width": 64, "head_width": 16, "patch_size": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2},
+}

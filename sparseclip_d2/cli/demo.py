@@ -279,6 +279,10 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
         voted = None
         if getattr(predictor.model, "cluster_vote", None) is not None:  # CLIPtrase's cluster vote
             maps, voted = predictor.model.cluster_vote_maps(inputs)
+        elif getattr(predictor.model.encoder, "needs_regions", False):  # CorrCLIP's region masks and mode vote
+            from ..modeling.region_masks import corrclip_maps
+
+            maps, voted = corrclip_maps(predictor.model, inputs)
         else:
             maps, _ = predictor.predict_input(inputs)
         num_classes, height, width = maps.shape
@@ -360,6 +364,7 @@ def process_image(path: str, stem: str, args, cfg, specs, predictors, vocabulary
     t0 = time.perf_counter()
     image = read_image_rgb(path)
     inputs = predictors[0].prepare(image, vocabulary, background)
+    inputs["file_name"] = path  # CorrCLIP reads the image's region mask by its file name (MASK_DIR)
     if int(cfg.INPUT.CENTER_CROP_TEST):  # the label maps are of the centre crop: the figures show the crop
         from ..data.center_crop import CenterCropResize
 

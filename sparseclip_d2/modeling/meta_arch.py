@@ -454,6 +454,11 @@ class SparseCLIP(nn.Module):
                 if self.cluster_vote is not None:  # CLIPtrase's cluster vote (modeling/cluster_vote.py)
                     outputs.append({"sem_seg_labels": self.cluster_vote_maps(x)[1]})
                     continue
+                if getattr(self.encoder, "needs_regions", False):  # CorrCLIP (modeling/region_masks.py)
+                    from .region_masks import corrclip_labels
+
+                    outputs.append({"sem_seg_labels": corrclip_labels(self, x)})
+                    continue
                 sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
                 maps = self.score_maps(x, sink)
                 num_classes, out_h, out_w = maps.shape

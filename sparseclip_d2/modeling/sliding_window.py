@@ -81,6 +81,8 @@ def dense_logits(
     stride: Optional[int] = None,
     batch_size: int = 8,
     patch_remainder: str = "pad_crop",
+    side: Optional[torch.Tensor] = None,
+    side_pad_value: float = 0,
 ) -> torch.Tensor:
     """Pixel logits of one image from a patch-level logits function.
 
@@ -94,6 +96,9 @@ def dense_logits(
         batch_size: windows per ``logits_fn`` call.
         patch_remainder: one of :data:`PATCH_REMAINDER_MODES` (windows whose sides are not
             multiples of ``patch_size``).
+        side: optional ``(H, W)`` map cut into the same windows and padded the same way with
+            ``side_pad_value`` (CorrCLIP's region masks, padded with their label 10000); then
+            ``logits_fn(crops, side_crops)`` gets the ``(N, h, w)`` windows of it too.
 
     Returns:
         ``(K, H, W)`` float32 logits: per window, patch logits are upsampled bilinearly
@@ -136,7 +141,13 @@ def dense_logits(
         crops = torch.stack([image[:, y1:y1 + keep_h, x1:x1 + keep_w] for (y1, y2, x1, x2) in chunk])
         if any(pad):
             crops = F.pad(crops, pad)
-        patch_logits = logits_fn(crops)
+        if side is not None:
+            side_crops = torch.stack([side[y1:y1 + keep_h, x1:x1 + keep_w] for (y1, y2, x1, x2) in chunk])
+            if any(pad):
+                side_crops = F.pad(side_crops, pad, value=side_pad_value)
+            patch_logits = logits_fn(crops, side_crops)
+        else:
+            patch_logits = logits_fn(crops)
         if patch_logits.dim() != 4 or patch_logits.shape[0] != len(chunk):
             raise ValueError(
                 f"logits_fn must return (N, K, h, w) with N={len(chunk)}, got {tuple(patch_logits.shape)}"

@@ -42,8 +42,9 @@ logger = logging.getLogger(__name__)
 #: ``get_intermediate_layers``, MAE ``forward_features``; SAM: its neck output, last layer
 #: only); ``keys`` / ``queries`` / ``values`` = block ``LAYER``'s k / q / v projections of its
 #: normed input, heads concatenated (the alternatives commented out in ProxyCLIP's
-#: ``proxyclip_segmentor.py`` ``forward_feature``).
-PROXY_FEATURES = ("tokens", "keys", "queries", "values")
+#: ``proxyclip_segmentor.py`` ``forward_feature``); ``queries+keys`` = their sum (CorrCLIP,
+#: zdk258/CorrCLIP @ 103bc18 ``corrclip_segmentor.py`` ``forward_feature``: ``qkv[0] + qkv[1]``).
+PROXY_FEATURES = ("tokens", "keys", "queries", "values", "queries+keys")
 #: How the proxy's position embeddings are resized to another grid (``PROXY.POS_EMBED_INTERP``),
 #: bicubic: ``size`` and ``scale_factor`` as :func:`~sparseclip_d2.clip.encoder.interpolate_pos_embed`
 #: (``scale_factor`` = torch hub DINO's ``(w0 + 0.1) / sqrt(N)``); ``size_antialias`` = by size
@@ -334,6 +335,7 @@ class ProxyBackbone(nn.Module):
                 qkv = attn.qkv(y).reshape(B, x.shape[1], 3, attn.num_heads, -1)
                 q, k = attn.q_norm(qkv[:, :, 0].transpose(1, 2)), attn.k_norm(qkv[:, :, 1].transpose(1, 2))
                 which = {"queries": q.transpose(1, 2), "keys": k.transpose(1, 2), "values": qkv[:, :, 2]}
+                which["queries+keys"] = which["queries"] + which["keys"]
                 f = which[self.feature].reshape(B, x.shape[1], -1)[:, P:]
                 break
             x = blk(x)

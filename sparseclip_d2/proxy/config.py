@@ -8,9 +8,11 @@ from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_optio
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
 from .fsa import FSAEncoder, FSASettings, check_fsa_settings
 from .cass import CASSEncoder, CASSSettings, check_cass_settings, check_cass_spec
+from .corrclip import CorrCLIPEncoder, CorrCLIPSettings, check_corrclip_settings
 
 __all__ = ["PROXY_KEY_DEFAULTS", "FSA_KEY_DEFAULTS", "proxy_options_from_config", "fsa_settings_from_config",
-           "check_proxy_config", "build_proxy_encoder", "CASS_KEY_DEFAULTS", "cass_settings_from_config"]
+           "check_proxy_config", "build_proxy_encoder", "CASS_KEY_DEFAULTS", "cass_settings_from_config",
+           "CORRCLIP_KEY_DEFAULTS", "corrclip_settings_from_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,9 @@ FSA_KEY_DEFAULTS = {"TOP_P": 0.45, "LAMBDA": 3.0, "PATCH_SCALE": 20.0, "UNIFORM_
 #: ``add_sparseclip_config``'s values of ``PROXY.CASS.*``: with ``ENABLED False`` the others must keep them.
 CASS_KEY_DEFAULTS = {"MATCHING": "spectral", "K_EIGEN": 20, "SCALE_FACTOR": 10.0, "RANK": 10, "SVD": "randomized",
                      "SEED": 0, "SINGULAR_SCALE": [0.5, 1.5], "KEY_PRECISION": "fp32", "INPUT": "upstream"}
+#: ``add_sparseclip_config``'s values of ``PROXY.CORRCLIP.*``: with ``ENABLED False`` the others must keep them.
+CORRCLIP_KEY_DEFAULTS = {"MASK_DIR": "", "TAU": 4.0, "SPATIAL_WEIGHT": 1.0, "SEMANTIC_WEIGHT": 0.5, "NUM_SPATIAL": -1,
+                         "DBSCAN_EPS": 0.2, "DBSCAN_MIN_SAMPLES": 1, "RESTRICTION": "regions", "MODE_VOTE": True}
 
 
 def proxy_options_from_config(cfg) -> Optional[ProxyOptions]:
@@ -80,6 +85,59 @@ def cass_settings_from_config(cfg) -> Optional[CASSSettings]:
     return check_cass_settings(CASSSettings(
         matching=c.MATCHING, k_eigen=c.K_EIGEN, scale_factor=c.SCALE_FACTOR, rank=c.RANK, svd=c.SVD, seed=c.SEED,
         singular_low=scale[0], singular_high=scale[1], key_precision=c.KEY_PRECISION, input=c.INPUT), f"{KEY}.CASS")
+def corrclip_settings_from_config(cfg) -> Optional[CorrCLIPSettings]:
+    """The validated :class:`~.corrclip.CorrCLIPSettings` of ``cfg``, or None when
+    ``PROXY.CORRCLIP.ENABLED`` is False (then every other ``PROXY.CORRCLIP`` key must keep its
+    default). ``FileNotFoundError`` names ``MASK_DIR`` and the path when it is not a directory."""
+    c = _node(cfg).CORRCLIP
+    if not isinstance(c.ENABLED, bool):
+        raise ValueError(f"{KEY}.CORRCLIP.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
+    if not c.ENABLED:
+        changed = [f"{KEY}.CORRCLIP.{k} = {c[k]!r}" for k, v in CORRCLIP_KEY_DEFAULTS.items() if c[k] != v]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.CORRCLIP.ENABLED is False: enable "
+                             "CorrCLIP or leave these keys at their defaults")
+        return None
+    return check_corrclip_settings(CorrCLIPSettings(
+        mask_dir=c.MASK_DIR, tau=c.TAU, spatial_weight=c.SPATIAL_WEIGHT, semantic_weight=c.SEMANTIC_WEIGHT,
+        num_spatial=c.NUM_SPATIAL, dbscan_eps=c.DBSCAN_EPS, dbscan_min_samples=c.DBSCAN_MIN_SAMPLES,
+        restriction=str(c.RESTRICTION).strip().lower(), mode_vote=c.MODE_VOTE), f"{KEY}.CORRCLIP")
+
+
+def _check_corrclip_paths(cfg) -> None:
+    """What CorrCLIP's per-image path (``modeling/region_masks.py``) cannot join."""
+    sc = cfg.MODEL.SPARSECLIP
+    bad = [(on, key, valid) for on, key, valid in (
+        (sc.PROXY.FSA.ENABLED, f"{KEY}.FSA.ENABLED", "False"),
+        (sc.PROXY.CASS.ENABLED, f"{KEY}.CASS.ENABLED", "False"),
+        (sc.PROXY.TRIDENT.ENABLED, f"{KEY}.TRIDENT.ENABLED", "False"),
+        (cfg.TEST.TTA.MODE, "TEST.TTA.MODE", "''"),
+        (sc.FEATURE_SURGERY.ENABLED, "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED", "False"),
+        (sc.FEEDBACK.ENABLED, "MODEL.SPARSECLIP.FEEDBACK.ENABLED", "False"),
+        (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT", "False"),
+        (sc.LABEL_CLOSING, "MODEL.SPARSECLIP.LABEL_CLOSING", "0"),
+        (sc.BLOCK.RESIDUAL, "MODEL.SPARSECLIP.BLOCK.RESIDUAL", "False"),
+        (sc.BLOCK.FFN, "MODEL.SPARSECLIP.BLOCK.FFN", "False"),
+        (sc.ATTENTION.NUM_LAYERS != 1, "MODEL.SPARSECLIP.ATTENTION.NUM_LAYERS", "1")) if on]
+    if bad:
+        on, key, valid = bad[0]
+        raise ValueError(f"{KEY}.CORRCLIP.ENABLED True cannot be combined with {key} = {_get(cfg, key)!r} (CorrCLIP "
+                         f"encodes each window with its region masks and sums three branches after the final norm); "
+                         f"valid: {key} {valid}")
+    for k in ("BETA", "GAMMA"):
+        if sc.PROXY[k] != PROXY_KEY_DEFAULTS[k]:
+            raise ValueError(f"{KEY}.{k} = {sc.PROXY[k]!r} changes nothing with {KEY}.CORRCLIP.ENABLED (CorrCLIP's "
+                             f"scores are the cosine x CORRCLIP.TAU within regions); valid: {PROXY_KEY_DEFAULTS[k]}")
+    if cfg.MODEL.META_ARCHITECTURE != "SparseCLIP":
+        raise ValueError(f"{KEY}.CORRCLIP.ENABLED True needs MODEL.META_ARCHITECTURE SparseCLIP (its region masks are "
+                         f"read per image there), got {cfg.MODEL.META_ARCHITECTURE!r}")
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
 
 
 def check_proxy_config(cfg) -> Optional[ProxyOptions]:
@@ -108,6 +166,8 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
             from .trident_config import trident_settings_from_config
 
             trident_settings_from_config(cfg)  # refuses TRIDENT keys set while it is off
+        if p.CORRCLIP.ENABLED:
+            changed.append(f"{KEY}.CORRCLIP.ENABLED = True")
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing without a proxy backbone: set {KEY}.NAME (valid: "
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
@@ -124,7 +184,7 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
                                  "path does not pass to the encoder; turn one of them off")
     cass = cass_settings_from_config(cfg)
     if cass is not None:
-        for other in ("FSA", "TRIDENT"):
+        for other in ("FSA", "TRIDENT", "CORRCLIP"):
             if p[other].ENABLED:
                 raise ValueError(f"{KEY}.CASS.ENABLED and {KEY}.{other}.ENABLED are two different last blocks; "
                                  "enable one")
@@ -138,6 +198,8 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         check_cass_spec(AttentionSpec.from_config(cfg, warn=False))
     else:
         check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
+    if corrclip_settings_from_config(cfg) is not None:
+        _check_corrclip_paths(cfg)
     if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
         raise ValueError(f"MODEL.META_ARCHITECTURE SparseCLIPFGOVD with {KEY}.NAME {opts.name!r}: its RoIAlign maps "
                          "boxes with CLIP's patch stride, the proxy block's features lie on the proxy's grid; not "
@@ -179,4 +241,8 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
                               settings=trident_settings_from_config(cfg), **kw)
     if fsa is not None:
         return FSAEncoder(visual, AttentionSpec.from_config(cfg), proxy, fsa=fsa, **kw)
+    corr = corrclip_settings_from_config(cfg)
+    if corr is not None:
+        kw.pop("beta"), kw.pop("gamma")
+        return CorrCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, settings=corr, **kw)
     return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)
