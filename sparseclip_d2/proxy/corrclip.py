@@ -37,10 +37,9 @@ import torch.nn.functional as F
 from fvcore.common.registry import Registry
 from torch import nn
 
-from ..attention import get_normalizer
 from ..clip.encoder import EncoderPass, check_pass_inputs
 from .attention import resample_grid
-from .encoder import ProxyCLIPEncoder
+from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = [
     "CorrCLIPSettings", "check_corrclip_settings", "REGION_RESTRICTION_REGISTRY", "restrict_to_regions",
@@ -373,13 +372,7 @@ class CorrCLIPEncoder(ProxyCLIPEncoder):
                                             self.settings.dbscan_min_samples) for b in range(B)])
         sim = torch.einsum("bmc,bnc->bmn", f, f)
         scores = restrict_to_regions(sim, merged.flatten(1), self.settings.restriction) * self.settings.tau
-        spec = self.spec
-        if spec.temperature != 1.0:
-            scores = scores / spec.temperature
-        generator = None
-        if spec.normalizer == "random_matched":
-            generator = torch.Generator(device=scores.device).manual_seed(spec.seed)
-        weights = get_normalizer(spec.normalizer)(scores, alpha=spec.alpha, generator=generator).float()
+        weights = normalize_proxy_scores(scores, self.spec)
         return weights, (h, w), merged
 
     def _mct_block(self, blk, mct: torch.Tensor, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

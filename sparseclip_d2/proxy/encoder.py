@@ -23,7 +23,7 @@ from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
 from .backbone import ProxyBackbone, lcm, to_proxy_input
 
-__all__ = ["ProxyCLIPEncoder", "check_proxy_spec", "describe_proxy_block"]
+__all__ = ["ProxyCLIPEncoder", "check_proxy_spec", "describe_proxy_block", "normalize_proxy_scores"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,19 @@ def describe_proxy_block(opts, spec: AttentionSpec, beta: float, gamma: float) -
     return (f"proxy {opts.name} {opts.feature} of block {opts.layer}: cosine (S - {beta:g} mean S) x {gamma:g}, "
             f"negatives -inf, {rest}")
 
+
+
+def normalize_proxy_scores(scores: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
+    """``scores`` (any proxy score source) divided by ``spec.temperature`` and passed through
+    ``spec.normalizer`` (alpha ``spec.alpha``; ``random_matched`` re-seeded with ``spec.seed``):
+    the one place where the proxy blocks (ProxyCLIP, Trident, CorrCLIP) meet every normaliser.
+    Returns float32 weights of the scores' shape."""
+    if spec.temperature != 1.0:
+        scores = scores / spec.temperature
+    generator = None
+    if spec.normalizer == "random_matched":
+        generator = torch.Generator(device=scores.device).manual_seed(spec.seed)
+    return get_normalizer(spec.normalizer)(scores, alpha=spec.alpha, generator=generator).float()
 
 class ProxyCLIPEncoder(DenseCLIPEncoder):
     """Dense CLIP features whose last block attends with a second backbone's similarity.
@@ -137,13 +150,7 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
         size = self.proxy.input_size(H, W, self.crop_size)
         feats = self.proxy(to_proxy_input(images, self.image_mean, self.image_std, self.proxy, size))
         scores = proxy_cosine_scores(feats, self.beta, self.gamma)
-        spec = self.spec
-        if spec.temperature != 1.0:
-            scores = scores / spec.temperature
-        generator = None
-        if spec.normalizer == "random_matched":
-            generator = torch.Generator(device=scores.device).manual_seed(spec.seed)
-        weights = get_normalizer(spec.normalizer)(scores, alpha=spec.alpha, generator=generator).float()
+        weights = normalize_proxy_scores(scores, self.spec)
         return weights, (int(feats.shape[-2]), int(feats.shape[-1]))
 
     def forward_pass(self, images: torch.Tensor, tap_layers: Sequence[int] = (), **block_kw) -> EncoderPass:

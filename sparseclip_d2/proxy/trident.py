@@ -37,7 +37,7 @@ from torch import nn
 
 from ..clip.spec import AttentionSpec
 from .backbone import ProxyBackbone, to_proxy_input
-from .encoder import ProxyCLIPEncoder
+from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = ["WINDOW_SPLICE_REGISTRY", "GLOBAL_AGGREGATION_REGISTRY", "TridentSettings", "check_trident_settings",
            "trident_resize", "trident_windows", "joint_proxy_scores", "overlap_mean", "sam_threshold",
@@ -391,18 +391,10 @@ class TridentEncoder(ProxyCLIPEncoder):
 
     def proxy_weights(self, images: torch.Tensor):
         """The windows' proxy weights with one mean over the batch (all windows of an image)."""
-        from ..attention import get_normalizer
-
         _, _, H, W = images.shape
         feats = self.proxy(to_proxy_input(images, self.image_mean, self.image_std, self.proxy, (H, W)))
         scores = joint_proxy_scores(feats, self.beta, self.gamma)
-        spec = self.spec
-        if spec.temperature != 1.0:
-            scores = scores / spec.temperature
-        generator = None
-        if spec.normalizer == "random_matched":
-            generator = torch.Generator(device=scores.device).manual_seed(spec.seed)
-        weights = get_normalizer(spec.normalizer)(scores, alpha=spec.alpha, generator=generator).float()
+        weights = normalize_proxy_scores(scores, self.spec)
         return weights, (int(feats.shape[-2]), int(feats.shape[-1]))
 
     def spliced(self, image: torch.Tensor) -> torch.Tensor:
