@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..common.keys import changed_keys, refuse_keys_while_off
+
 __all__ = ["OBJECT_PRESENCE_GLOBALS", "OBJECT_PRESENCE_KEY_DEFAULTS", "ObjectPresence", "check_object_presence",
            "object_presence_from_config", "text_clusters",
            "object_presence_text", "object_presence_logits"]
@@ -152,10 +154,8 @@ def object_presence_from_config(cfg):
     if not isinstance(o.ENABLED, bool):
         raise ValueError(f"{_KEY}.ENABLED = {o.ENABLED!r} is invalid; valid: True, False")
     if not o.ENABLED:
-        changed = [f"{_KEY}.{k} = {o[k]!r}" for k, v in OBJECT_PRESENCE_KEY_DEFAULTS.items() if o[k] != v]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} changes nothing while {_KEY}.ENABLED is False: enable it or "
-                             "leave these keys at their defaults")
+        refuse_keys_while_off(changed_keys(o, OBJECT_PRESENCE_KEY_DEFAULTS, _KEY), f"{_KEY}.ENABLED is False",
+                              "enable it or leave these keys at their defaults")
         return None
     p = check_object_presence(ObjectPresence(global_weight=o.GLOBAL_WEIGHT, mean_weight=o.MEAN_WEIGHT,
                                              cluster_threshold=o.CLUSTER_THRESHOLD, top_k=o.TOP_K,

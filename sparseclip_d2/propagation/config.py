@@ -3,6 +3,7 @@ import)."""
 import logging
 from typing import Optional, Tuple
 
+from ..common.keys import changed_keys, refuse_keys_while_off
 from ..proxy.backbone import ProxyOptions, build_proxy, check_proxy_options
 from .lposs import KEY, PROPAGATION_KINDS, LabelPropagation, LabelPropagationSettings, check_label_propagation_settings
 
@@ -61,11 +62,9 @@ def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettin
         raise ValueError(f"{KEY}.KIND = {n.KIND!r} is invalid; valid: '' (off), {', '.join(PROPAGATION_KINDS)}")
     got = label_propagation_from_config(cfg)
     if got is None:
-        changed = [f"{KEY}.{k} = {n[k]!r}" for k, v in LABEL_PROPAGATION_KEY_DEFAULTS.items() if n[k] != v]
-        changed += [f"{KEY}.VFM.{k} = {n.VFM[k]!r}" for k, v in VFM_KEY_DEFAULTS.items() if n.VFM[k] != v]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.KIND is '': set KIND (valid: "
-                             f"{', '.join(PROPAGATION_KINDS)}) or leave these keys at their defaults")
+        refuse_keys_while_off(
+            changed_keys(n, LABEL_PROPAGATION_KEY_DEFAULTS, KEY) + changed_keys(n.VFM, VFM_KEY_DEFAULTS, f"{KEY}.VFM"),
+            f"{KEY}.KIND is ''", f"set KIND (valid: {', '.join(PROPAGATION_KINDS)}) or leave these keys at their defaults")
         return None
     sc = cfg.MODEL.SPARSECLIP
     for on, what, valid in ((sc.CLUSTER_VOTE.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED = True", "False"),

@@ -3,6 +3,7 @@ import logging
 from typing import Optional
 
 from ..clip.spec import AttentionSpec
+from ..common.keys import changed_keys, refuse_keys_while_off
 from .attention import check_beta_gamma
 from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
@@ -53,10 +54,8 @@ def fsa_settings_from_config(cfg) -> Optional[FSASettings]:
     False (then every other ``PROXY.FSA`` key must keep its default)."""
     f = _node(cfg).FSA
     if not f.ENABLED:
-        changed = [f"{KEY}.FSA.{k} = {f[k]!r}" for k, v in FSA_KEY_DEFAULTS.items() if f[k] != v]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.FSA.ENABLED is False: enable FSA or "
-                             "leave these keys at their defaults")
+        refuse_keys_while_off(changed_keys(f, FSA_KEY_DEFAULTS, f"{KEY}.FSA"), f"{KEY}.FSA.ENABLED is False",
+                              "enable FSA or leave these keys at their defaults")
         return None
     return check_fsa_settings(FSASettings(top_p=f.TOP_P, lamda=f.LAMBDA, patch_scale=f.PATCH_SCALE,
                                           uniform_scale=f.UNIFORM_SCALE, normalizer=str(f.NORMALIZER).strip().lower()),
@@ -70,13 +69,8 @@ def cass_settings_from_config(cfg) -> Optional[CASSSettings]:
     if not isinstance(c.ENABLED, bool):
         raise ValueError(f"{KEY}.CASS.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
     if not c.ENABLED:
-        def differs(value, default):
-            return list(value) != default if isinstance(default, list) else value != default
-
-        changed = [f"{KEY}.CASS.{k} = {c[k]!r}" for k, v in CASS_KEY_DEFAULTS.items() if differs(c[k], v)]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.CASS.ENABLED is False: enable CASS or "
-                             "leave these keys at their defaults")
+        refuse_keys_while_off(changed_keys(c, CASS_KEY_DEFAULTS, f"{KEY}.CASS"), f"{KEY}.CASS.ENABLED is False",
+                              "enable CASS or leave these keys at their defaults")
         return None
     scale = c.SINGULAR_SCALE
     if not isinstance(scale, (list, tuple)) or len(scale) != 2:
@@ -93,10 +87,8 @@ def corrclip_settings_from_config(cfg) -> Optional[CorrCLIPSettings]:
     if not isinstance(c.ENABLED, bool):
         raise ValueError(f"{KEY}.CORRCLIP.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
     if not c.ENABLED:
-        changed = [f"{KEY}.CORRCLIP.{k} = {c[k]!r}" for k, v in CORRCLIP_KEY_DEFAULTS.items() if c[k] != v]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.CORRCLIP.ENABLED is False: enable "
-                             "CorrCLIP or leave these keys at their defaults")
+        refuse_keys_while_off(changed_keys(c, CORRCLIP_KEY_DEFAULTS, f"{KEY}.CORRCLIP"),
+                              f"{KEY}.CORRCLIP.ENABLED is False", "enable CorrCLIP or leave these keys at their defaults")
         return None
     return check_corrclip_settings(CorrCLIPSettings(
         mask_dir=c.MASK_DIR, tau=c.TAU, spatial_weight=c.SPATIAL_WEIGHT, semantic_weight=c.SEMANTIC_WEIGHT,

@@ -3,6 +3,7 @@ import functools
 import os
 from typing import Optional
 
+from ..common.keys import changed_keys, refuse_keys_while_off
 from .backbone import PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options
 from .trident import TridentSettings, check_trident_settings
 
@@ -20,10 +21,8 @@ def trident_settings_from_config(cfg) -> Optional[TridentSettings]:
     ``PROXY.TRIDENT.ENABLED`` is False (then every other ``PROXY.TRIDENT`` key must keep its default)."""
     t = cfg.MODEL.SPARSECLIP.PROXY.TRIDENT
     if not t.ENABLED:
-        changed = [f"{KEY}.{k} = {t[k]!r}" for k, v in TRIDENT_KEY_DEFAULTS.items() if t[k] != v]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} changes nothing while {KEY}.ENABLED is False: enable Trident "
-                             "or leave these keys at their defaults")
+        refuse_keys_while_off(changed_keys(t, TRIDENT_KEY_DEFAULTS, KEY), f"{KEY}.ENABLED is False",
+                              "enable Trident or leave these keys at their defaults")
         return None
     return check_trident_settings(TridentSettings(
         cos_fac=t.COS_FAC, refine_neg_cos=t.REFINE_NEG_COS, crop_size=t.CROP_SIZE, stride=t.STRIDE,
