@@ -36,3 +36,35 @@ def test_every_section_refuses_its_keys_while_off():
             opts["MODEL.SPARSECLIP.PROXY.NAME"] = "sparseclip_tiny_dino8"
         with pytest.raises(ValueError, match=rf"{key.replace('.', '[.]')} = .* changes nothing while .*{switch}"):
             check_sparseclip_config(tiny_cfg(**opts))
+
+
+def test_key_default_tables_are_the_default_config():
+    """Each section's ``*_KEY_DEFAULTS`` (layer 2, where detectron2's config cannot be read) is
+    exactly its section of ``add_sparseclip_config``'s defaults, every key but the switch, so a
+    default changed in one place and not the other fails here instead of refusing a valid config
+    or letting a set key pass unnoticed."""
+    from detectron2.config import CfgNode, get_cfg
+
+    from sparseclip_d2.clip.object_presence import OBJECT_PRESENCE_KEY_DEFAULTS
+    from sparseclip_d2.config import add_sparseclip_config
+    from sparseclip_d2.propagation.config import LABEL_PROPAGATION_KEY_DEFAULTS, VFM_KEY_DEFAULTS
+    from sparseclip_d2.proxy.config import (CASS_KEY_DEFAULTS, CORRCLIP_KEY_DEFAULTS, FSA_KEY_DEFAULTS,
+                                            PROXY_KEY_DEFAULTS)
+    from sparseclip_d2.proxy.trident_config import TRIDENT_KEY_DEFAULTS
+
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    sc = cfg.MODEL.SPARSECLIP
+    for table, node, switch in [
+        (PROXY_KEY_DEFAULTS, sc.PROXY, "NAME"),
+        (FSA_KEY_DEFAULTS, sc.PROXY.FSA, "ENABLED"),
+        (CASS_KEY_DEFAULTS, sc.PROXY.CASS, "ENABLED"),
+        (CORRCLIP_KEY_DEFAULTS, sc.PROXY.CORRCLIP, "ENABLED"),
+        (TRIDENT_KEY_DEFAULTS, sc.PROXY.TRIDENT, "ENABLED"),
+        (OBJECT_PRESENCE_KEY_DEFAULTS, sc.OBJECT_PRESENCE, "ENABLED"),
+        (LABEL_PROPAGATION_KEY_DEFAULTS, sc.LABEL_PROPAGATION, "KIND"),
+        (VFM_KEY_DEFAULTS, sc.LABEL_PROPAGATION.VFM, None),
+    ]:
+        leaves = {k: v for k, v in node.items() if not isinstance(v, CfgNode) and k != switch}
+        assert sorted(table) == sorted(leaves), (switch, sorted(set(table) ^ set(leaves)))
+        assert changed_keys(leaves, table, "X") == [] and changed_keys(table, leaves, "X") == []
