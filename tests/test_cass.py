@@ -441,3 +441,35 @@ def test_cass_configs_select_upstreams_values():
         "_cityscapes": (0.1, 0.03, 0.14, "window", [1.0, 1.0], 0.0, 560, True, 224, 112,
                         ("sparseclip_cityscapes_val",)),
     }
+
+
+def test_object_presence_keeps_no_state_between_images():
+    """The image embedding of OBJECT_PRESENCE GLOBAL image is each image's own: a second image's
+    logits do not depend on the image before it, windows encoded without an image context use
+    their own embedding (also on a model that never saw an image), and label propagation after
+    it gets the image's context too."""
+    from sparseclip_d2.clip.object_presence import object_presence_logits, text_clusters
+
+    op = {"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True", "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": "0.3",
+          "MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD": "0.3"}
+    m = _model(**op)
+    a = torch.randn(3, 64, 80, generator=torch.Generator().manual_seed(5))
+    b = torch.randn(3, 64, 80, generator=torch.Generator().manual_seed(6))
+    text = F.normalize(torch.randn(4, 32, generator=torch.Generator().manual_seed(7)), dim=-1)
+    f = _model(**op)
+    f.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        fresh = f.encode_logits(b[None], text)  # no image context: the window is the image
+        alone = m.synonym_logits(b, text)
+        m.synonym_logits(a, text)
+        after_a = m.synonym_logits(b, text)
+        direct = m.encode_logits(b[None], text)
+        enc = m._native_encoder
+        glob = F.normalize(enc.pooled_embedding(enc.forward_tokens(b[None])[0]).float(), dim=-1)
+        want = m.logit_scale * object_presence_logits(F.normalize(m.encoder(b[None]).float(), dim=1), glob, text,
+                                                      text_clusters(text, 0.3), m.object_presence)
+        with pytest.raises(ValueError, match="context of 4 synonyms for 3 text embeddings"):
+            m.encode_logits(b[None], text[:3], presence=m.object_presence_context(b, text))
+    torch.testing.assert_close(after_a, alone, rtol=0, atol=0)
+    torch.testing.assert_close(direct, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fresh, want, rtol=0, atol=1e-5)

@@ -336,3 +336,18 @@ def test_lposs_configs_carry_upstreams_values():
         assert cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED == "laion2b_s34b_b88k" and cfg.MODEL.SPARSECLIP.LOGIT_SCALE == 1.0
     assert baseline_cfg("lposs_b16").MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND == "lposs"
     assert baseline_cfg("lposs_plus_b16_voc21").MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND == "lposs_plus"
+
+
+def test_lposs_after_object_presence_uses_each_images_own_embedding():
+    """LPOSS after CASS's object-presence prompt (GLOBAL image): every window of an image gets that
+    image's embedding, so an image's propagated logits do not depend on the image before it."""
+    m = _lp_model(**{"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True",
+                     "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": "0.4"})
+    g = torch.Generator().manual_seed(8)
+    a, b = (torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8, generator=g) for _ in range(2))
+    text = F.normalize(torch.randn(4, m.encoder.embed_dim, generator=g), dim=-1)
+    with torch.no_grad():
+        alone = m.propagated_logits(b, m.normalize_image(b), text)
+        m.propagated_logits(a, m.normalize_image(a), text)
+        after_a = m.propagated_logits(b, m.normalize_image(b), text)
+    torch.testing.assert_close(after_a, alone, rtol=0, atol=0)

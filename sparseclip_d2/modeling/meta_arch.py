@@ -23,6 +23,7 @@ Other code (the demo, the attention analysis) reuses the parts:
 import logging
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -373,12 +374,14 @@ class SparseCLIP(nn.Module):
 
     # ------------------------------------------------------------------ inference
     def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor,
-                      attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+                      attention_sink: Optional[List[torch.Tensor]] = None,
+                      presence: Optional[Tuple[np.ndarray, Optional[torch.Tensor]]] = None) -> torch.Tensor:
         """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` patch logits
         ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32). With
         ``attention_sink`` (a list), the last block's attention of each window,
         ``(heads, T + h*w, T + h*w)`` float32 (``T`` = the encoder's prefix tokens), is
-        appended to it."""
+        appended to it. ``presence``: with ``OBJECT_PRESENCE`` on, the windows' image's
+        :meth:`object_presence_context`; without it each window is its own image."""
         # the encoder casts the images to its own weights' dtype
         if attention_sink is None and self.tta_mode:
             return tta_logits(self.tta_mode, self.encoder, images, text_emb, self.logit_scale, self.tta_weight)
@@ -390,7 +393,7 @@ class SparseCLIP(nn.Module):
         if getattr(self.encoder, "needs_text", False):  # a last block that classifies (FSA, proxy/fsa.py)
             kwargs["text_emb"] = text_emb
         if self.object_presence is not None:  # CASS's object-presence prompt (clip/object_presence.py)
-            return self.logit_scale * self._object_presence_logits(images, text_emb, kwargs)
+            return self.logit_scale * self._object_presence_logits(images, text_emb, kwargs, presence)
         if self.cls_logit_product:  # CLIPtrase's VOC20 rule (modeling/cluster_vote.py)
             return encode_window_logits(self.encoder, images, text_emb, self.logit_scale, cls_product=True,
                                         feedback=kwargs.get("feedback"))[0]
@@ -415,23 +418,32 @@ class SparseCLIP(nn.Module):
         """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits at that size,
         whole-image or sliding-window per the config (``attention_sink``: see ``encode_logits``;
         windows are appended in ``window_grid`` order)."""
-        if self.object_presence is not None:  # once per image: the synonyms' clusters, the image embedding
-            self._op_clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
-            self._op_image = None
-            if self._native_encoder is not None:
-                p = int(self._native_encoder.patch_size)
-                h, w = image.shape[-2] // p * p, image.shape[-1] // p * p  # conv1 drops a partial patch
-                tokens, _, _ = self._native_encoder.forward_tokens(image[None, :, :h, :w])
-                self._op_image = F.normalize(self._native_encoder.pooled_embedding(tokens).float(), dim=-1)
+        presence = self.object_presence_context(image, text_emb)
         return dense_logits(
             image,
-            lambda crops: self.encode_logits(crops, text_emb, attention_sink),
+            lambda crops: self.encode_logits(crops, text_emb, attention_sink, presence),
             patch_size=int(self.encoder.patch_size),
             crop_size=self.crop_size if self.sliding_window else None,
             stride=self.stride if self.sliding_window else None,
             batch_size=self.window_batch_size,
             patch_remainder=self.patch_remainder,
         )
+
+    def object_presence_context(self, image: torch.Tensor,
+                                text_emb: torch.Tensor) -> Optional[Tuple[np.ndarray, Optional[torch.Tensor]]]:
+        """What CASS's object-presence prompt needs once per image, passed to every window's
+        :meth:`encode_logits` (``None`` when ``OBJECT_PRESENCE`` is off): the synonyms' cluster ids
+        and, with ``GLOBAL image``, the unmodified tower's unit pooled embedding ``(1, D)`` of the
+        whole ``(3, H, W)`` normalised image (``None`` with ``GLOBAL window``)."""
+        if self.object_presence is None:
+            return None
+        clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
+        if self._native_encoder is None:
+            return clusters, None
+        p = int(self._native_encoder.patch_size)
+        h, w = image.shape[-2] // p * p, image.shape[-1] // p * p  # conv1 drops a partial patch
+        tokens, _, _ = self._native_encoder.forward_tokens(image[None, :, :h, :w])
+        return clusters, F.normalize(self._native_encoder.pooled_embedding(tokens).float(), dim=-1)
 
     def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, torch.Tensor]]:
         """
@@ -537,7 +549,9 @@ class SparseCLIP(nn.Module):
         if "pixel_lab" in lp.settings.stages:
             rgb = raw.to(self.device, torch.float32)
             rgb = (rgb.flip(0) if self.input_format == "BGR" else rgb) / 255.0
-        return lp(lambda crops: self.encode_logits(crops, text_emb), dense, windows, (pad[2], pad[0]), rgb, crop)
+        presence = self.object_presence_context(image, text_emb)
+        return lp(lambda crops: self.encode_logits(crops, text_emb, None, presence), dense, windows, (pad[2], pad[0]),
+                  rgb, crop)
 
     def cluster_vote_maps(self, x: Dict) -> Tuple[ScoreMaps, torch.Tensor]:
         """``(score maps, (height, width) long labels)`` of one input with CLIPtrase's cluster
@@ -581,21 +595,24 @@ class SparseCLIP(nn.Module):
             return maps, labels
         return maps, majority_vote(labels, assignment.to(labels.device))
 
-    def _object_presence_logits(self, images: torch.Tensor, text_emb: torch.Tensor, kwargs) -> torch.Tensor:
+    def _object_presence_logits(self, images: torch.Tensor, text_emb: torch.Tensor, kwargs,
+                                presence: Optional[Tuple[np.ndarray, Optional[torch.Tensor]]]) -> torch.Tensor:
         """Cosine logits ``(N, S, h, w)`` of windows with CASS's object-presence adjustment (before
-        the logit scale): the image embedding of :meth:`synonym_logits`, or each window's own
-        pooled embedding (``GLOBAL window``)."""
+        the logit scale): the image embedding of ``presence`` (:meth:`object_presence_context`),
+        or each window's own pooled embedding (``GLOBAL window``, or no ``presence``)."""
+        clusters, glob = presence if presence is not None else (None, None)
         if self.object_presence.global_source == "window":
             tokens, grid, _ = self.encoder.forward_tokens(images, **kwargs)
             feats = self.encoder.dense_embedding(tokens, grid)
             glob = F.normalize(self.encoder.pooled_embedding(tokens).float(), dim=-1)
         else:
             feats = self.encoder(images, **kwargs)
-            glob = self._op_image
-        clusters = getattr(self, "_op_clusters", None)
-        if clusters is None or len(clusters) != text_emb.shape[0]:
+        if clusters is None:
             clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
-        if glob is None:  # encode_logits called without synonym_logits: the windows are the images
+        elif len(clusters) != text_emb.shape[0]:
+            raise ValueError(f"object-presence context of {len(clusters)} synonyms for {text_emb.shape[0]} text "
+                             "embeddings: build it with object_presence_context(image, text_emb) of these texts")
+        if glob is None:  # encode_logits called without an image's context: the windows are the images
             glob = F.normalize(self._native_pooled(images).float(), dim=-1)
         return object_presence_logits(F.normalize(feats.float(), dim=1), glob, text_emb, clusters,
                                       self.object_presence)
