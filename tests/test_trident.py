@@ -414,3 +414,29 @@ def test_trident_configs_select_upstreams_values():
         "_ade20k": (("sparseclip_ade20k_val",), 0.0, 576, 224, 1.2, False, 1),
         "_cityscapes": (("sparseclip_cityscapes_val",), 0.0, 688, 224, 3.0, False, 2),
     }
+
+
+def test_sam_messages_name_the_trident_keys(tmp_path, caplog):
+    """SAM's own keys are PROXY.TRIDENT.SAM_*: the random-weights warning and a weights file that
+    does not fit name them (``key_name`` joins a ``_`` prefix without a dot)."""
+    import logging
+
+    from sparseclip_d2.proxy.backbone import key_name
+
+    assert key_name("MODEL.SPARSECLIP.PROXY", "WEIGHTS") == "MODEL.SPARSECLIP.PROXY.WEIGHTS"
+    assert key_name("MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_", "WEIGHTS") == "MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS"
+    with caplog.at_level(logging.WARNING, logger="sparseclip_d2"):
+        _model(**TRIDENT_ON)
+    assert "(MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS none) is built with random weights" in caplog.text
+    wrong = tmp_path / "dino.pth"
+    torch.save(_build(DINO16, 1).model.state_dict(), wrong)
+    with pytest.raises(ValueError, match=r"^MODEL\.SPARSECLIP\.PROXY\.TRIDENT\.SAM_WEIGHTS = '.*dino\.pth' does not fit "
+                                         r"sparseclip_tiny_samvit: missing keys \['blocks\.0\.attn\.rel_pos_h'"):
+        _model(**TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS": str(wrong)})
+    sd = _sam(seed=8).model.state_dict()
+    sd["neck.1.weight"] = torch.ones(sd["neck.1.weight"].numel() + 1)  # the same keys, one tensor of another shape
+    torch.save(sd, wrong)
+    with pytest.raises(ValueError, match=r"SAM_WEIGHTS = '.*dino\.pth' does not fit sparseclip_tiny_samvit: 1 tensors "
+                                         r"of another shape, first neck\.1\.weight \((\d+),\) \(the model's \(\d+,\)\); "
+                                         r"choose the MODEL\.SPARSECLIP\.PROXY\.TRIDENT\.SAM_NAME"):
+        _model(**TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS": str(wrong)})

@@ -108,6 +108,12 @@ def _timm():
     return timm
 
 
+def key_name(key: str, field: str) -> str:
+    """The config key of ``field`` under ``key``: ``"<key>.<FIELD>"``, or ``"<key><FIELD>"`` when
+    ``key`` ends with ``_`` (a prefix of flat keys, e.g. ``PROXY.TRIDENT.SAM_`` -> ``SAM_WEIGHTS``)."""
+    return f"{key}{field}" if key.endswith("_") else f"{key}.{field}"
+
+
 def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY") -> ProxyOptions:
     """Validate ``opts`` without building anything; returns them.
 
@@ -117,34 +123,35 @@ def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY")
         FileNotFoundError: ``weights`` names a file that does not exist (naming the key and
             the path).
     """
+    k = functools.partial(key_name, key)
     timm = _timm()
     if not isinstance(opts.name, str) or not timm.is_model(opts.name):
-        raise ValueError(f"{key}.NAME = {opts.name!r} is not a timm model; valid: {', '.join(PROXY_MODELS)} "
+        raise ValueError(f"{k('NAME')} = {opts.name!r} is not a timm model; valid: {', '.join(PROXY_MODELS)} "
                          "(or another timm ViT name)")
     if opts.feature not in PROXY_FEATURES:
-        raise ValueError(f"{key}.FEATURE = {opts.feature!r} is invalid; valid: {', '.join(PROXY_FEATURES)}")
+        raise ValueError(f"{k('FEATURE')} = {opts.feature!r} is invalid; valid: {', '.join(PROXY_FEATURES)}")
     if opts.name.startswith("samvit") and (opts.feature != "tokens" or opts.layer != -1):
-        raise ValueError(f"{key}: the SAM image encoder ({opts.name}) gives its neck output only: FEATURE tokens "
-                         f"and LAYER -1, got FEATURE {opts.feature!r}, LAYER {opts.layer!r}")
+        raise ValueError(f"{key.rstrip('._')}: the SAM image encoder ({opts.name}) gives its neck output only: "
+                         f"FEATURE tokens and LAYER -1, got FEATURE {opts.feature!r}, LAYER {opts.layer!r}")
     if isinstance(opts.layer, bool) or not isinstance(opts.layer, int):
-        raise ValueError(f"{key}.LAYER = {opts.layer!r} is invalid; valid: a block index (0-based; -1 = the last)")
+        raise ValueError(f"{k('LAYER')} = {opts.layer!r} is invalid; valid: a block index (0-based; -1 = the last)")
     if isinstance(opts.input_size, bool) or not isinstance(opts.input_size, int) or opts.input_size < -1:
-        raise ValueError(f"{key}.INPUT_SIZE = {opts.input_size!r} is invalid; valid: 0 (the window as it is), "
+        raise ValueError(f"{k('INPUT_SIZE')} = {opts.input_size!r} is invalid; valid: 0 (the window as it is), "
                          "-1 (resized to TEST.SLIDING_WINDOW.CROP_SIZE) or a side in pixels")
     if opts.pos_embed_interp not in PROXY_POS_EMBED_INTERP_MODES:
-        raise ValueError(f"{key}.POS_EMBED_INTERP = {opts.pos_embed_interp!r} is invalid; valid: "
+        raise ValueError(f"{k('POS_EMBED_INTERP')} = {opts.pos_embed_interp!r} is invalid; valid: "
                          f"{', '.join(PROXY_POS_EMBED_INTERP_MODES)}")
     if opts.precision not in _PRECISIONS:
-        raise ValueError(f"{key}.PRECISION = {opts.precision!r} is invalid; valid: {', '.join(_PRECISIONS)}")
+        raise ValueError(f"{k('PRECISION')} = {opts.precision!r} is invalid; valid: {', '.join(_PRECISIONS)}")
     depth = _architecture_depth(opts.name, key)
     if not -depth <= opts.layer < depth:
-        raise ValueError(f"{key}.LAYER = {opts.layer} is outside [{-depth}, {depth - 1}] for {opts.name} "
+        raise ValueError(f"{k('LAYER')} = {opts.layer} is outside [{-depth}, {depth - 1}] for {opts.name} "
                          f"(depth {depth}; 0-based, -1 = the last block)")
     w = str(opts.weights).strip()
     if w.lower() not in _RANDOM + ("timm",):
         path = os.path.expanduser(w)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{key}.WEIGHTS = {w!r}: no such file ({os.path.abspath(path)}); valid: none "
+            raise FileNotFoundError(f"{k('WEIGHTS')} = {w!r}: no such file ({os.path.abspath(path)}); valid: none "
                                     "(random weights), timm (timm's own pretrained tag) or a local weights file")
     return opts
 
@@ -154,12 +161,13 @@ def _architecture_depth(name: str, key: str) -> int:
     """The number of blocks of timm model ``name``, from an instance on the ``meta`` device (no
     memory, no weights); ``ValueError`` unless it is a timm VisionTransformer with a fused qkv
     attention or SAM's image encoder."""
+    k = functools.partial(key_name, key)
     with torch.device("meta"):
         model = _timm().create_model(name, pretrained=False, num_classes=0)
     if type(model).__name__ != "VisionTransformerSAM":
         if not all(hasattr(model, a) for a in ("patch_embed", "blocks", "pos_embed", "norm")) or not hasattr(
                 model.blocks[0].attn, "qkv"):
-            raise ValueError(f"{key}.NAME = {name!r}: a {type(model).__name__} is not a timm VisionTransformer with a "
+            raise ValueError(f"{k('NAME')} = {name!r}: a {type(model).__name__} is not a timm VisionTransformer with a "
                              f"fused qkv attention; valid: {', '.join(PROXY_MODELS)} (or another timm ViT)")
     return len(model.blocks)
 
@@ -354,27 +362,35 @@ def build_proxy(opts: ProxyOptions, device="cpu", key: str = "MODEL.SPARSECLIP.P
             keys or shapes do not fit the model (the message names both).
         RuntimeError: timm could not fetch its pretrained weights (offline).
     """
+    k = functools.partial(key_name, key)
     check_proxy_options(opts, key)
     timm = _timm()
     w = str(opts.weights).strip()
     if opts.random_weights:
-        logger.warning("RANDOM WEIGHTS: proxy %s (%s.WEIGHTS none) is built with random weights: a smoke run, every "
-                       "number it produces is meaningless.", opts.name, key)
+        logger.warning("RANDOM WEIGHTS: proxy %s (%s none) is built with random weights: a smoke run, every "
+                       "number it produces is meaningless.", opts.name, k("WEIGHTS"))
     try:
         model = timm.create_model(opts.name, pretrained=w.lower() == "timm", num_classes=0)
     except Exception as e:  # timm / huggingface_hub raise many kinds when offline
         if w.lower() != "timm":
             raise
-        raise RuntimeError(f"could not fetch timm's pretrained weights for {key}.NAME {opts.name!r} "
-                           f"({type(e).__name__}: {e}); offline? pass a local file: {key}.WEIGHTS /path/to/file, "
-                           f"or {key}.WEIGHTS none for random weights") from e
+        raise RuntimeError(f"could not fetch timm's pretrained weights for {k('NAME')} {opts.name!r} "
+                           f"({type(e).__name__}: {e}); offline? pass a local file: {k('WEIGHTS')} /path/to/file, "
+                           f"or {k('WEIGHTS')} none for random weights") from e
     if not opts.random_weights and w.lower() != "timm":
         path = os.path.expanduser(w)
         sd = load_proxy_state_dict(path, model)
-        missing, unexpected = model.load_state_dict(sd, strict=False)
+        target = model.state_dict()
+        missing, unexpected = sorted(set(target) - set(sd)), sorted(set(sd) - set(target))
         if missing or unexpected:
-            raise ValueError(f"{key}.WEIGHTS = {w!r} does not fit {opts.name}: missing keys {sorted(missing)[:8]}, "
-                             f"unexpected keys {sorted(unexpected)[:8]}")
+            raise ValueError(f"{k('WEIGHTS')} = {w!r} does not fit {opts.name}: missing keys {missing[:8]}, "
+                             f"unexpected keys {unexpected[:8]}")
+        shapes = [f"{n} {tuple(sd[n].shape)} (the model's {tuple(target[n].shape)})" for n in target
+                  if tuple(sd[n].shape) != tuple(target[n].shape)]
+        if shapes:
+            raise ValueError(f"{k('WEIGHTS')} = {w!r} does not fit {opts.name}: {len(shapes)} tensors of another "
+                             f"shape, first {', '.join(shapes[:3])}; choose the {k('NAME')} the file was saved from")
+        model.load_state_dict(sd, strict=True)
     model = model.to(device=device, dtype=_PRECISIONS[opts.precision])
     return ProxyBackbone(model, opts)
 

@@ -45,7 +45,7 @@ def _sam_options(cfg) -> ProxyOptions:
                          "(or another timm samvit_* name whose last block attends globally)")
     if t.SAM_PRECISION not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"{KEY}.SAM_PRECISION = {t.SAM_PRECISION!r} is invalid; valid: fp32, fp16, bf16")
-    return check_proxy_options(opts, f"{KEY} (SAM_NAME / SAM_WEIGHTS / SAM_PRECISION)")
+    return check_proxy_options(opts, f"{KEY}.SAM_")
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,4 +90,4 @@ def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[Tr
 
 def build_trident_sam(cfg, device) -> ProxyBackbone:
     """The frozen SAM :class:`~.backbone.ProxyBackbone` of ``PROXY.TRIDENT.SAM_*`` on ``device``."""
-    return build_proxy(_sam_options(cfg), device=device, key=f"{KEY} (SAM)")
+    return build_proxy(_sam_options(cfg), device=device, key=f"{KEY}.SAM_")
