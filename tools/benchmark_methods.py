@@ -1017,7 +1017,8 @@ def parse_args(argv=None):
                        help=f"interpreter of the {m} upstream worker (default: this one)")
     p.add_argument("--dino", "--proxyclip-dino", dest="dino", default=None, metavar="PATH",
                    help=f"a {DINO['repo']} checkout (commit {DINO['commit']}): the torch.hub VFM code "
-                        f"ProxyCLIP's and FSA's segmentors load")
+                        f"ProxyCLIP's, FSA's, CorrCLIP's, LPOSS's and Trident's segmentors load (CASS: its random "
+                        f"weights; needed by {', '.join(NEEDS_DINO)})")
     p.add_argument("--weights", default=None,
                    help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
     p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
