@@ -320,6 +320,18 @@ def _upstream_config(path: str, rel: str) -> dict:
     return model
 
 
+def _upstream_to_fp32(seg, vfm) -> None:
+    """float32 on the CPU for a ProxyCLIP-style upstream segmentor (ProxyCLIP, FSA, CorrCLIP), which
+    casts CLIP, its VFM ``vfm`` and their inputs to fp16: both models, the text features and every
+    later ``Tensor.half`` in float32; then eval mode."""
+    seg.clip.float()
+    vfm.float()
+    seg.query_features = seg.query_features.float()
+    seg.dtype = torch.float32
+    torch.Tensor.half = lambda self: self.float()
+    seg.eval()
+
+
 def _segmentor_run(seg, image, spec):
     """``run()``: the segmentor's data preprocessor and ``predict`` on the resized photo."""
     import numpy as np
@@ -440,13 +452,7 @@ def _build_upstream(spec: dict):
                      model_type=os.path.basename(weights))
         os.chdir(os.path.dirname(weights))  # its create_model turns "/" of a name into "-": the bare file name
         seg = getattr(seg_module, segmentor)(**model)
-        # float32 on the CPU: upstream casts CLIP, the VFM and its inputs to fp16
-        seg.clip.float()
-        seg.vfm.float()
-        seg.query_features = seg.query_features.float()
-        seg.dtype = torch.float32
-        torch.Tensor.half = lambda self: self.float()
-        seg.eval()
+        _upstream_to_fp32(seg, seg.vfm)
         return _segmentor_run(seg, image, spec)
     if method == "cliptrase":
         import clip_self_correlation as cs
@@ -664,12 +670,7 @@ def _build_upstream_vfm(spec: dict, image, path: str):
         model.update(clip_type=weights, name_path=os.path.join(path, meta["class_file"]), device="cpu",
                      instance_mask_path=spec["mask_dir"], mask_generator=None)
         seg = seg_module.CorrCLIPSegmentation(**model)
-        seg.clip.float()
-        seg.dino.float()
-        seg.query_features = seg.query_features.float()
-        seg.dtype = torch.float32
-        torch.Tensor.half = lambda self: self.float()
-        seg.eval()
+        _upstream_to_fp32(seg, seg.dino)
         return _path_segmentor_run(seg, image, spec)
     if method == "trident":
         # Trident(clip_type='openai', model_type=<weights file, its name ending in the patch size 16: upstream
