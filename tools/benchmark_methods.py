@@ -324,6 +324,8 @@ def _upstream_to_fp32(seg, vfm) -> None:
     """float32 on the CPU for a ProxyCLIP-style upstream segmentor (ProxyCLIP, FSA, CorrCLIP), which
     casts CLIP, its VFM ``vfm`` and their inputs to fp16: both models, the text features and every
     later ``Tensor.half`` in float32; then eval mode."""
+    import torch
+
     seg.clip.float()
     vfm.float()
     seg.query_features = seg.query_features.float()
