@@ -522,6 +522,12 @@ def add_sparseclip_config(cfg):
     # LPOSS+ pixel affinity exp(-Lab distance / TAU) over a RADIUS x RADIUS square (tau: 0.01, r: 13).
     _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU = 0.01
     _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS = 13
+    # Where the propagated synonym logits become class logits (the max over each class's synonyms):
+    # "after_resize" (ScoreMaps' rule, as for every method: the synonyms resized to the output size,
+    # the softmax over them, the max over each class's) or "before_resize" (LPOSS's order:
+    # lposs_eval.py slide_inference applies reduce_to_true_classes, the max of the synonym logits,
+    # at the working resolution, then resizes to the photo's size; the softmax is then over classes).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS = "after_resize"
     # The VFM whose features build the patch graph, as MODEL.SPARSECLIP.PROXY.* (its own copy; the
     # PROXY keys change the last block, these do not): LPOSS's DINO ViT-B/16 (models/lposs/lposs.py
     # torch.hub dino_vitb16), its last block's values (enc_type_feats: "v").

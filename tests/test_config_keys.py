@@ -254,6 +254,8 @@ LABEL_PROPAGATION_EFFECTS = {
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER": ("5", lambda m: m.label_propagation.settings.max_iter == 5),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU": ("0.2", lambda m: m.label_propagation.settings.tau == 0.2),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": ("7", lambda m: m.label_propagation.settings.radius == 7),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS": (
+        "before_resize", lambda m: m.label_propagation.settings.reduce_synonyms == "before_resize"),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME": ("sparseclip_tiny_dino8", lambda m: m.label_propagation.vfm.name == "sparseclip_tiny_dino8"),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": ("/nonexistent/vfm.pth", "LABEL_PROPAGATION.VFM.WEIGHTS = '/nonexistent/vfm.pth': no such file"),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER": ("0", lambda m: m.label_propagation.vfm.layer == 0),

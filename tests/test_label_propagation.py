@@ -263,6 +263,50 @@ def test_lposs_plus_is_the_pixel_stage_after_lposs():
     assert (a - b).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("rule", ["after_resize", "before_resize"])
+def test_label_map_reduces_synonyms_where_reduce_synonyms_says(rule):
+    """The label map of score_maps against float64 by hand from the propagated logits: "before_resize"
+    (LPOSS's order) takes the max over each class's synonyms at the working resolution, then the
+    bilinear resize (half-pixel centres, written out) to the output size; "after_resize" resizes the
+    synonyms first. Both against the same propagated logits; the two orders differ on some pixels."""
+    m = _lp_model(**{"MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS": rule})
+    g = torch.Generator().manual_seed(12)  # a draw on which the two orders differ (on 6 pixels)
+    raw = torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8, generator=g)
+    text = F.normalize(torch.randn(7, m.encoder.embed_dim, generator=g), dim=-1)  # 7 synonyms of 4 classes
+    class_of = [0, 0, 0, 1, 2, 2, 3]
+    m.text_classifier_for = lambda vocabulary, templates=None, background_index=None: (text, torch.tensor(class_of))
+    out_h, out_w = 41, 97
+    x = {"image": raw, "vocabulary": ["a, b, c", "d", "e, f", "g"], "height": out_h, "width": out_w}
+    with torch.no_grad():
+        y = m.propagated_logits(raw, m.normalize_image(raw), text).double().numpy()  # (7, 64, 128)
+        labels = m.score_maps(x).labels().numpy()
+
+    def resize64(a):  # bilinear, align_corners False: src = (dst + 0.5) * in / out - 0.5, clamped at 0
+        c, h, w = a.shape
+        out = np.zeros((c, out_h, out_w))
+        for i in range(out_h):
+            sy = max((i + 0.5) * h / out_h - 0.5, 0.0)
+            y0 = min(int(math.floor(sy)), h - 1)
+            y1, ly = min(y0 + 1, h - 1), sy - y0
+            for j in range(out_w):
+                sx = max((j + 0.5) * w / out_w - 0.5, 0.0)
+                x0 = min(int(math.floor(sx)), w - 1)
+                x1, lx = min(x0 + 1, w - 1), sx - x0
+                out[:, i, j] = ((1 - ly) * ((1 - lx) * a[:, y0, x0] + lx * a[:, y0, x1])
+                                + ly * ((1 - lx) * a[:, y1, x0] + lx * a[:, y1, x1]))
+        return out
+
+    def class_max(a):
+        return np.stack([np.max(a[[s for s, c in enumerate(class_of) if c == k]], axis=0) for k in range(4)])
+
+    before = resize64(class_max(y)).argmax(0)
+    after = class_max(resize64(y)).argmax(0)
+    assert (before != after).any()  # the orders differ here, so the test tells them apart
+    want = before if rule == "before_resize" else after
+    assert labels.shape == (out_h, out_w)
+    np.testing.assert_array_equal(labels, want)
+
+
 # ------------------------------------------------------------------ config keys
 LP_KEYS = {  # key -> (value, settings field, expected)
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.K": ("7", "k", 7),
@@ -274,6 +318,7 @@ LP_KEYS = {  # key -> (value, settings field, expected)
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER": ("5", "max_iter", 5),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU": ("0.2", "tau", 0.2),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": ("7", "radius", 7),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS": ("before_resize", "reduce_synonyms", "before_resize"),
 }
 
 
@@ -300,6 +345,8 @@ def test_label_propagation_keys_reach_the_model():
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.ALPHA": "1.0"}, ValueError, r"ALPHA = 1\.0 is invalid; valid: a number in \[0, 1\)"),
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": "2"}, ValueError, r"RADIUS = 2 is invalid"),
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME": ""}, ValueError, r"VFM\.NAME is empty"),
+    ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS": "before"}, ValueError,
+     r"LABEL_PROPAGATION\.REDUCE_SYNONYMS = 'before' is invalid; valid: after_resize, before_resize"),
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE": "attention"}, ValueError,
      r"LABEL_PROPAGATION\.VFM\.FEATURE = 'attention' is invalid; valid: tokens, keys, queries, values"),
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": "/nonexistent/dino.pth"}, FileNotFoundError,
@@ -334,6 +381,7 @@ def test_lposs_configs_carry_upstreams_values():
         sw = cfg.TEST.SLIDING_WINDOW
         assert (sw.ENABLED, sw.CROP_SIZE, sw.STRIDE, cfg.INPUT.MIN_SIZE_TEST) == (True, 224, 112, 448)
         assert cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED == "laion2b_s34b_b88k" and cfg.MODEL.SPARSECLIP.LOGIT_SCALE == 1.0
+        assert lp.REDUCE_SYNONYMS == "before_resize"  # lposs_eval.py: reduce_to_true_classes, then resize
     assert baseline_cfg("lposs_b16").MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND == "lposs"
     assert baseline_cfg("lposs_plus_b16_voc21").MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND == "lposs_plus"
 

@@ -45,6 +45,7 @@ from .backbone import build_clip_parts
 from .feedback import FeedbackSettings, first_segmentation_prior
 from ..clip.encoder import DenseCLIPEncoder
 from ..clip.spec import AttentionSpec
+from ..clip.text import max_over_synonyms
 from ..clip.object_presence import object_presence_from_config, object_presence_logits, text_clusters
 from .pamr import pamr
 from ..propagation.config import build_label_propagation
@@ -506,6 +507,11 @@ class SparseCLIP(nn.Module):
         image = self.normalize_image(x["image"])
         if self.label_propagation is not None:  # LPOSS / LPOSS+ (sparseclip_d2/propagation/)
             logits = self.propagated_logits(x["image"], image, emb)
+            if self.label_propagation.settings.reduce_synonyms == "before_resize":
+                # LPOSS's order (LABEL_PROPAGATION.REDUCE_SYNONYMS): the max over each class's synonym
+                # logits at the working resolution (lposs_eval.py reduce_to_true_classes), then the resize
+                logits = max_over_synonyms(logits, class_index, len(vocabulary), dim=0)
+                class_index = torch.arange(len(vocabulary), device=logits.device)
         else:
             logits = self.synonym_logits(image, emb, attention_sink)
         out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))

@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 #: key must keep them (a key set without propagation would change nothing and is refused).
 LABEL_PROPAGATION_KEY_DEFAULTS = {
     "K": 400, "SIGMA": 0.01, "PIX_DIST_POW": 1.0, "GAMMA": 3.0, "ALPHA": 0.95, "TOL": 1e-6, "MAX_ITER": 10,
-    "TAU": 0.01, "RADIUS": 13,
+    "TAU": 0.01, "RADIUS": 13, "REDUCE_SYNONYMS": "after_resize",
 }
 VFM_KEY_DEFAULTS = {"NAME": "vit_base_patch16_224.dino", "WEIGHTS": "timm", "LAYER": -1, "FEATURE": "values",
                     "INPUT_SIZE": 0, "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32"}
@@ -37,7 +37,7 @@ def label_propagation_from_config(cfg) -> Optional[Tuple[LabelPropagationSetting
         return None
     s = check_label_propagation_settings(LabelPropagationSettings(
         kind=kind, k=n.K, sigma=n.SIGMA, pix_dist_pow=n.PIX_DIST_POW, gamma=n.GAMMA, alpha=n.ALPHA, tol=n.TOL,
-        max_iter=n.MAX_ITER, tau=n.TAU, radius=n.RADIUS))
+        max_iter=n.MAX_ITER, tau=n.TAU, radius=n.RADIUS, reduce_synonyms=n.REDUCE_SYNONYMS))
     v = n.VFM
     if not v.NAME:
         raise ValueError(f"{KEY}.KIND = {kind!r} needs a VFM: {KEY}.VFM.NAME is empty; valid: a timm ViT name such "

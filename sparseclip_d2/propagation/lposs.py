@@ -53,6 +53,12 @@ PROPAGATION_KINDS: Dict[str, Tuple[str, ...]] = {
 }
 
 
+#: ``REDUCE_SYNONYMS``: where the synonym logits become class logits (``SparseCLIP.score_maps``).
+#: "after_resize": ScoreMaps' rule (at the output size); "before_resize": LPOSS's
+#: (lposs_eval.py ``slide_inference``: ``reduce_to_true_classes`` at the working resolution, then ``resize``).
+REDUCE_SYNONYMS_CHOICES: Tuple[str, ...] = ("after_resize", "before_resize")
+
+
 @dataclasses.dataclass(frozen=True)
 class LabelPropagationSettings:
     """``MODEL.SPARSECLIP.LABEL_PROPAGATION.*`` (defaults: vladan-stojnic/LPOSS @ e489a74
@@ -68,6 +74,7 @@ class LabelPropagationSettings:
         tau: pixel affinity ``exp(-lab distance / tau)`` (0.01), LPOSS+.
         radius: side of the pixel neighbourhood square; each pixel reaches ``radius // 2`` pixels
             each way (``r: 13``, ``neigh=self.config.r // 2``), LPOSS+.
+        reduce_synonyms: a value of :data:`REDUCE_SYNONYMS_CHOICES` (LPOSS's configs: "before_resize").
     """
 
     kind: str = "lposs"
@@ -80,6 +87,7 @@ class LabelPropagationSettings:
     max_iter: int = 10
     tau: float = 0.01
     radius: int = 13
+    reduce_synonyms: str = "after_resize"
 
     @property
     def stages(self) -> Tuple[str, ...]:
@@ -113,6 +121,8 @@ def check_label_propagation_settings(s: LabelPropagationSettings) -> LabelPropag
     number("MAX_ITER", s.max_iter, 1, integer=True)
     number("TAU", s.tau, 0, low_open=True)
     number("RADIUS", s.radius, 3, integer=True)
+    if s.reduce_synonyms not in REDUCE_SYNONYMS_CHOICES:
+        raise _bad("REDUCE_SYNONYMS", s.reduce_synonyms, ", ".join(REDUCE_SYNONYMS_CHOICES))
     return s
 
 
