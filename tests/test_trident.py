@@ -130,24 +130,42 @@ def test_trident_resize_and_windows_known_answers():
     assert trident_windows(32, 40, 48, 32) == [(0, 0, 32, 40)]
 
 
-def test_sam_input_follows_cv2_then_pil_resize_and_sams_normalisation():
-    """The rounding to multiples of 16 against cv2.resize, the longest-side resize against PIL's
-    bilinear resize (what ResizeLongestSide.apply_image calls), within one grey level."""
-    cv2 = pytest.importorskip("cv2")
+def test_sam_input_is_upstreams_cv2_then_pil_recipe_bit_for_bit():
+    """SAM's input against upstream's recipe written here with cv2 / PIL / numpy (Trident a93b346
+    trident.py get_trident_seg: the uint8 image, cv2.resize to multiples of 16 with INTER_LINEAR;
+    segment_anything/utils/transforms.py ResizeLongestSide.apply_image: int(x * scale + 0.5) and
+    PIL's bilinear Image.resize, uint8; modeling/sam.py preprocess: (x - mean) / std in float32,
+    zero padding bottom / right): equal bit for bit, from an RGB that is not exactly integer (an
+    image that went through a float normalisation and back)."""
+    import cv2
     from PIL import Image
 
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, size=(40, 57, 3), dtype=np.uint8)
-    x, valid = sam_input(torch.from_numpy(img).permute(2, 0, 1).float(), side=128, patch=16)
-    step1 = cv2.resize(img, (64, 48), interpolation=cv2.INTER_LINEAR)  # multiples of 16
-    nh, nw = int(48 * 128 / 64 + 0.5), 128
-    step2 = np.asarray(Image.fromarray(step1).resize((nw, nh), Image.BILINEAR)).astype(np.float64)
-    ref = (step2 - np.array([123.675, 116.28, 103.53])) / np.array([58.395, 57.12, 57.375])
+    wobble = torch.from_numpy(rng.uniform(-0.3, 0.3, size=(3, 40, 57))).float()
+    x, valid = sam_input(torch.from_numpy(img).permute(2, 0, 1).float() + wobble, side=128, patch=16)
+    step1 = cv2.resize(img, (64, 48), interpolation=cv2.INTER_LINEAR)  # multiples of 16, uint8
+    nh, nw = int(48 * (128 * 1.0 / 64) + 0.5), int(64 * (128 * 1.0 / 64) + 0.5)
+    step2 = np.asarray(Image.fromarray(step1).resize((nw, nh), Image.BILINEAR))  # uint8
+    assert step2.dtype == np.uint8
+    mean = np.array([123.675, 116.28, 103.53], dtype=np.float32)
+    std = np.array([58.395, 57.12, 57.375], dtype=np.float32)
+    ref = np.zeros((3, 128, 128), dtype=np.float32)
+    ref[:, :nh, :nw] = ((step2.astype(np.float32) - mean) / std).transpose(2, 0, 1)
     assert valid == (nh // 16, nw // 16) == (6, 8) and tuple(x.shape) == (1, 3, 128, 128)
-    got = x[0, :, :nh, :nw].permute(1, 2, 0).double().numpy()
-    assert np.abs(got - ref).max() <= 1.01 / 57.12  # at most one grey level apart
-    assert (np.abs(got - ref) < 1e-4).mean() > 0.6  # PIL's fixed-point bilinear rounds a quarter of them apart
-    assert bool((x[0, :, nh:] == 0).all()) and bool((x[0, :, :, nw:] == 0).all())  # zero padding after normalising
+    assert x.dtype == torch.float32
+    assert np.array_equal(x[0].numpy(), ref)
+    # the first resize is a real one: a torch bilinear resize of the same image differs
+    torch_step1 = F.interpolate(torch.from_numpy(img).permute(2, 0, 1)[None].double(), (48, 64), mode="bilinear",
+                                align_corners=False).round()[0].permute(1, 2, 0).numpy()
+    assert (torch_step1 != step1).any()
+
+    # an image already at multiples of 16 (cv2 copies it) and the longest side already 'side'
+    img2 = rng.integers(0, 256, size=(64, 128, 3), dtype=np.uint8)
+    x2, valid2 = sam_input(torch.from_numpy(img2).permute(2, 0, 1).float(), side=128, patch=16)
+    ref2 = np.zeros((3, 128, 128), dtype=np.float32)
+    ref2[:, :64] = ((img2.astype(np.float32) - mean) / std).transpose(2, 0, 1)
+    assert valid2 == (4, 8) and np.array_equal(x2[0].numpy(), ref2)
 
 
 def rel_pos_bias_reference(q, rel_h, rel_w, H, W):
