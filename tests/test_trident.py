@@ -182,6 +182,29 @@ def rel_pos_bias_reference(q, rel_h, rel_w, H, W):
     return b
 
 
+def test_sam_layer_norms_use_sams_eps():
+    """Every LayerNorm of the project's SAM has SAM's eps 1e-6 (segment_anything/build_sam.py
+    norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), Trident a93b346; timm's VisionTransformerSAM
+    builds eps 1e-5 unless told): on tokens of variance ~1e-6, where the eps matters, norm1 equals
+    the layer norm written here in float64 with eps 1e-6, and not the one with 1e-5."""
+    sam = _sam(seed=3)
+    norms = [m for m in sam.model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) >= 5 and all(m.eps == 1e-6 for m in norms)
+    blk = sam.model.blocks[0]
+    t = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(4)).double() * 1e-3
+    with torch.no_grad():
+        w = torch.randn(64, generator=torch.Generator().manual_seed(5)).double()
+        blk.norm1.weight.copy_(w.float())
+        got = blk.norm1(t.float()).double()
+
+    def layer_norm(x, eps):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + eps) * blk.norm1.weight.double() + blk.norm1.bias.double()
+    torch.testing.assert_close(got, layer_norm(t, 1e-6), rtol=0, atol=1e-4)
+    assert float((got - layer_norm(t, 1e-5)).abs().max()) > 0.1
+
+
 def sam_attention_reference(sam, x, valid):
     """The last block of SAM's image encoder as the SAM package's Attention.forward computes it,
     in float64 (timm's earlier blocks), cropped to the valid grid: ((heads, n, n), (heads, n, d))."""
