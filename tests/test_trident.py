@@ -130,24 +130,42 @@ def test_trident_resize_and_windows_known_answers():
     assert trident_windows(32, 40, 48, 32) == [(0, 0, 32, 40)]
 
 
-def test_sam_input_follows_cv2_then_pil_resize_and_sams_normalisation():
-    """The rounding to multiples of 16 against cv2.resize, the longest-side resize against PIL's
-    bilinear resize (what ResizeLongestSide.apply_image calls), within one grey level."""
-    cv2 = pytest.importorskip("cv2")
+def test_sam_input_is_upstreams_cv2_then_pil_recipe_bit_for_bit():
+    """SAM's input against upstream's recipe written here with cv2 / PIL / numpy (Trident a93b346
+    trident.py get_trident_seg: the uint8 image, cv2.resize to multiples of 16 with INTER_LINEAR;
+    segment_anything/utils/transforms.py ResizeLongestSide.apply_image: int(x * scale + 0.5) and
+    PIL's bilinear Image.resize, uint8; modeling/sam.py preprocess: (x - mean) / std in float32,
+    zero padding bottom / right): equal bit for bit, from an RGB that is not exactly integer (an
+    image that went through a float normalisation and back)."""
+    import cv2
     from PIL import Image
 
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, size=(40, 57, 3), dtype=np.uint8)
-    x, valid = sam_input(torch.from_numpy(img).permute(2, 0, 1).float(), side=128, patch=16)
-    step1 = cv2.resize(img, (64, 48), interpolation=cv2.INTER_LINEAR)  # multiples of 16
-    nh, nw = int(48 * 128 / 64 + 0.5), 128
-    step2 = np.asarray(Image.fromarray(step1).resize((nw, nh), Image.BILINEAR)).astype(np.float64)
-    ref = (step2 - np.array([123.675, 116.28, 103.53])) / np.array([58.395, 57.12, 57.375])
+    wobble = torch.from_numpy(rng.uniform(-0.3, 0.3, size=(3, 40, 57))).float()
+    x, valid = sam_input(torch.from_numpy(img).permute(2, 0, 1).float() + wobble, side=128, patch=16)
+    step1 = cv2.resize(img, (64, 48), interpolation=cv2.INTER_LINEAR)  # multiples of 16, uint8
+    nh, nw = int(48 * (128 * 1.0 / 64) + 0.5), int(64 * (128 * 1.0 / 64) + 0.5)
+    step2 = np.asarray(Image.fromarray(step1).resize((nw, nh), Image.BILINEAR))  # uint8
+    assert step2.dtype == np.uint8
+    mean = np.array([123.675, 116.28, 103.53], dtype=np.float32)
+    std = np.array([58.395, 57.12, 57.375], dtype=np.float32)
+    ref = np.zeros((3, 128, 128), dtype=np.float32)
+    ref[:, :nh, :nw] = ((step2.astype(np.float32) - mean) / std).transpose(2, 0, 1)
     assert valid == (nh // 16, nw // 16) == (6, 8) and tuple(x.shape) == (1, 3, 128, 128)
-    got = x[0, :, :nh, :nw].permute(1, 2, 0).double().numpy()
-    assert np.abs(got - ref).max() <= 1.01 / 57.12  # at most one grey level apart
-    assert (np.abs(got - ref) < 1e-4).mean() > 0.6  # PIL's fixed-point bilinear rounds a quarter of them apart
-    assert bool((x[0, :, nh:] == 0).all()) and bool((x[0, :, :, nw:] == 0).all())  # zero padding after normalising
+    assert x.dtype == torch.float32
+    assert np.array_equal(x[0].numpy(), ref)
+    # the first resize is a real one: a torch bilinear resize of the same image differs
+    torch_step1 = F.interpolate(torch.from_numpy(img).permute(2, 0, 1)[None].double(), (48, 64), mode="bilinear",
+                                align_corners=False).round()[0].permute(1, 2, 0).numpy()
+    assert (torch_step1 != step1).any()
+
+    # an image already at multiples of 16 (cv2 copies it) and the longest side already 'side'
+    img2 = rng.integers(0, 256, size=(64, 128, 3), dtype=np.uint8)
+    x2, valid2 = sam_input(torch.from_numpy(img2).permute(2, 0, 1).float(), side=128, patch=16)
+    ref2 = np.zeros((3, 128, 128), dtype=np.float32)
+    ref2[:, :64] = ((img2.astype(np.float32) - mean) / std).transpose(2, 0, 1)
+    assert valid2 == (4, 8) and np.array_equal(x2[0].numpy(), ref2)
 
 
 def rel_pos_bias_reference(q, rel_h, rel_w, H, W):
@@ -162,6 +180,29 @@ def rel_pos_bias_reference(q, rel_h, rel_w, H, W):
                 for m in range(W):
                     b[i * W + j, k * W + m] = float(qi @ rel_h[i - k + H - 1]) + float(qi @ rel_w[j - m + W - 1])
     return b
+
+
+def test_sam_layer_norms_use_sams_eps():
+    """Every LayerNorm of the project's SAM has SAM's eps 1e-6 (segment_anything/build_sam.py
+    norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), Trident a93b346; timm's VisionTransformerSAM
+    builds eps 1e-5 unless told): on tokens of variance ~1e-6, where the eps matters, norm1 equals
+    the layer norm written here in float64 with eps 1e-6, and not the one with 1e-5."""
+    sam = _sam(seed=3)
+    norms = [m for m in sam.model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) >= 5 and all(m.eps == 1e-6 for m in norms)
+    blk = sam.model.blocks[0]
+    t = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(4)).double() * 1e-3
+    with torch.no_grad():
+        w = torch.randn(64, generator=torch.Generator().manual_seed(5)).double()
+        blk.norm1.weight.copy_(w.float())
+        got = blk.norm1(t.float()).double()
+
+    def layer_norm(x, eps):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + eps) * blk.norm1.weight.double() + blk.norm1.bias.double()
+    torch.testing.assert_close(got, layer_norm(t, 1e-6), rtol=0, atol=1e-4)
+    assert float((got - layer_norm(t, 1e-5)).abs().max()) > 0.1
 
 
 def sam_attention_reference(sam, x, valid):

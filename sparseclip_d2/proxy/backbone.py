@@ -172,6 +172,27 @@ def _architecture_depth(name: str, key: str) -> int:
     return len(model.blocks)
 
 
+#: SAM's LayerNorms: ``norm_layer=partial(torch.nn.LayerNorm, eps=1e-6)`` for every image encoder
+#: (facebookresearch/segment-anything, as vendored in YuHengsss/Trident @ a93b346 and mc-lan/ProxyCLIP
+#: @ e7b767f, ``segment_anything/build_sam.py`` ``_build_sam``). timm's ``VisionTransformerSAM``
+#: (timm 1.0.31 ``vision_transformer_sam.py``) means to default to that too (``norm_layer or
+#: partial(nn.LayerNorm, eps=1e-6)``) but its argument's default is ``nn.LayerNorm`` (eps 1e-5), so
+#: the fallback never applies: its blocks' norms would differ from SAM's by the eps.
+SAM_LAYER_NORM_EPS = 1e-6
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_kwargs(name: str) -> Dict[str, object]:
+    """``timm.create_model`` keyword arguments that make timm model ``name`` compute as its upstream:
+    a SAM image encoder (``VisionTransformerSAM``, told apart on the ``meta`` device) gets SAM's
+    LayerNorm eps (:data:`SAM_LAYER_NORM_EPS`); others none."""
+    with torch.device("meta"):
+        model = _timm().create_model(name, pretrained=False, num_classes=0)
+    if type(model).__name__ == "VisionTransformerSAM":
+        return {"norm_layer": functools.partial(nn.LayerNorm, eps=SAM_LAYER_NORM_EPS)}
+    return {}
+
+
 def load_proxy_state_dict(path: str, model: nn.Module) -> Dict[str, torch.Tensor]:
     """The weights in ``path`` converted to ``model``'s timm key layout.
 
@@ -370,7 +391,7 @@ def build_proxy(opts: ProxyOptions, device="cpu", key: str = "MODEL.SPARSECLIP.P
         logger.warning("RANDOM WEIGHTS: proxy %s (%s none) is built with random weights: a smoke run, every "
                        "number it produces is meaningless.", opts.name, k("WEIGHTS"))
     try:
-        model = timm.create_model(opts.name, pretrained=w.lower() == "timm", num_classes=0)
+        model = timm.create_model(opts.name, pretrained=w.lower() == "timm", num_classes=0, **_arch_kwargs(opts.name))
     except Exception as e:  # timm / huggingface_hub raise many kinds when offline
         if w.lower() != "timm":
             raise

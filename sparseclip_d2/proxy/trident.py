@@ -30,8 +30,11 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
+import cv2
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from fvcore.common.registry import Registry
 from torch import nn
 
@@ -236,45 +239,54 @@ def sam_threshold(attn: Iterable[torch.Tensor], v: torch.Tensor, cos_fac: float 
 
 
 # ----------------------------------------------------------------------------- SAM
-def _round_pixels(x: torch.Tensor) -> torch.Tensor:
-    """Float RGB on the 0-255 scale as a uint8 image holds it (rounded, clamped), kept float32."""
-    return x.round().clamp_(0, 255)
+def _uint8_image(rgb: torch.Tensor) -> np.ndarray:
+    """``(3, H, W)`` float RGB on the 0-255 scale -> the ``(H, W, 3)`` uint8 image that holds it
+    (rounded, clamped), as upstream's ``cv2.imread`` of the image file gives it."""
+    return np.ascontiguousarray(rgb.detach().float().round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy())
+
+
+def _multiple_resize(img: np.ndarray, multiple: int = 16) -> np.ndarray:
+    """Trident ``trident.py`` ``get_trident_seg``: both sides rounded up to multiples of ``multiple``
+    with ``cv2.resize(tmp_img, (tmp_w, tmp_h))`` (its default ``INTER_LINEAR``, uint8 in and out;
+    called even when the size does not change, where cv2 copies)."""
+    H, W = img.shape[:2]
+    H16, W16 = -(-H // multiple) * multiple, -(-W // multiple) * multiple
+    return cv2.resize(img, (W16, H16), interpolation=cv2.INTER_LINEAR)
 
 
 def sam_input(rgb: torch.Tensor, side: int, patch: int, multiple: int = 16) -> Tuple[torch.Tensor, Tuple[int, int]]:
     """SAM's input of one image as Trident prepares it.
 
-    ``trident.py`` ``get_trident_seg`` resizes the RGB image so both sides are multiples of
-    ``multiple`` (``cv2.resize``, bilinear), then ``SamPredictor.set_image`` resizes the longer
-    side to ``side`` (``ResizeLongestSide.get_preprocess_shape``: ``int(x * scale + 0.5)``; PIL
-    bilinear, antialiased when shrinking), normalises with SAM's pixel mean / std and zero-pads
-    bottom / right to ``side x side`` (``Sam.preprocess``). Each resized image is rounded to
-    uint8 values as upstream's are.
+    The image as a uint8 file holds it (the float RGB rounded and clamped), then ``trident.py``
+    ``get_trident_seg``'s ``cv2.resize`` to multiples of ``multiple`` (``INTER_LINEAR``, uint8), then
+    :func:`sam_normalise` (``SamPredictor.set_image``).
 
     Args:
         rgb: ``(3, H, W)`` float RGB on the 0-255 scale.
     Returns:
-        ``((1, 3, side, side) float32, (h, w))``, ``(h, w)`` = the grid of SAM's patches that
-        cover the image (``input_size // patch``).
+        ``((1, 3, side, side) float32, (h, w))`` on ``rgb``'s device, ``(h, w)`` = the grid of
+        SAM's patches that cover the image (``input_size // patch``).
     """
-    x = _round_pixels(rgb.float())[None]
-    H, W = x.shape[-2:]
-    H16, W16 = -(-H // multiple) * multiple, -(-W // multiple) * multiple
-    if (H16, W16) != (H, W):
-        x = _round_pixels(F.interpolate(x, (H16, W16), mode="bilinear", align_corners=False))
-    return sam_normalise(x[0], side, patch)
+    x, valid = sam_normalise(_multiple_resize(_uint8_image(rgb), multiple), side, patch)
+    return x.to(rgb.device), valid
 
 
-def sam_normalise(rgb: torch.Tensor, side: int, patch: int) -> Tuple[torch.Tensor, Tuple[int, int]]:
-    """``SamPredictor.set_image`` of a ``(3, h, w)`` 0-255 RGB image (see :func:`sam_input`)."""
-    h, w = rgb.shape[-2:]
+def sam_normalise(img: np.ndarray, side: int, patch: int) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    """``SamPredictor.set_image`` of an ``(h, w, 3)`` uint8 RGB image, as Trident's vendored
+    ``segment_anything`` does it: ``ResizeLongestSide.apply_image`` (``utils/transforms.py``:
+    ``get_preprocess_shape``'s ``int(x * scale + 0.5)``, then torchvision's ``resize`` of a PIL image,
+    i.e. PIL's ``Image.resize(..., BILINEAR)``, uint8 out), then ``Sam.preprocess``
+    (``modeling/sam.py``: ``(x - pixel_mean) / pixel_std`` in float32, zero padding bottom / right to
+    ``side x side``). Returns ``((1, 3, side, side) float32 on the CPU, (nh // patch, nw // patch))``."""
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+        raise ValueError(f"SAM's input image must be (h, w, 3) uint8, got {img.dtype} {tuple(img.shape)}")
+    h, w = img.shape[:2]
     scale = side * 1.0 / max(h, w)
     nh, nw = int(h * scale + 0.5), int(w * scale + 0.5)
-    x = rgb.float()[None]
-    if (nh, nw) != (h, w):
-        x = _round_pixels(F.interpolate(x, (nh, nw), mode="bilinear", align_corners=False, antialias=True))
-    mean = torch.tensor(SAM_PIXEL_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(SAM_PIXEL_STD, device=x.device).view(1, 3, 1, 1)
+    resized = np.array(Image.fromarray(img).resize((nw, nh), Image.BILINEAR))  # apply_image: np.array(...)
+    x = torch.from_numpy(resized).permute(2, 0, 1)[None]
+    mean = torch.tensor(SAM_PIXEL_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(SAM_PIXEL_STD).view(1, 3, 1, 1)
     x = F.pad((x - mean) / std, (0, side - nw, 0, side - nh))
     return x, (nh // patch, nw // patch)
 
@@ -429,13 +441,12 @@ class TridentEncoder(ProxyCLIPEncoder):
         side = int(self.sam.native_grid[0] * self.sam.patch[0])
         if n == 1:
             return [sam_input(rgb, side, self.sam.patch[0])]
-        x = _round_pixels(rgb)[None]
-        H, W = x.shape[-2:]
-        H16, W16 = -(-H // 16) * 16, -(-W // 16) * 16
-        if (H16, W16) != (H, W):
-            x = _round_pixels(F.interpolate(x, (H16, W16), mode="bilinear", align_corners=False))
+        img = _multiple_resize(_uint8_image(rgb))  # trident.py: the halves of the image rounded to 16
+        W16 = img.shape[1]
         cuts = [k * W16 // n for k in range(n + 1)]
-        return [sam_normalise(x[0, :, :, a:b], side, self.sam.patch[0]) for a, b in zip(cuts[:-1], cuts[1:])]
+        tiles = [sam_normalise(np.ascontiguousarray(img[:, a:b]), side, self.sam.patch[0])
+                 for a, b in zip(cuts[:-1], cuts[1:])]
+        return [(x.to(image.device), valid) for x, valid in tiles]
 
     def aggregate(self, dst: torch.Tensor, image: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         """The spliced ``(C, H', W')`` map aggregated with SAM's attention: ``((h_s*w_s, C) float32,
