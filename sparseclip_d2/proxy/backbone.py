@@ -31,7 +31,9 @@ __all__ = [
     "ProxyOptions",
     "build_proxy",
     "check_proxy_options",
+    "is_sam_encoder",
     "load_proxy_state_dict",
+    "meta_model",
     "to_proxy_input",
 ]
 
@@ -157,14 +159,25 @@ def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY")
 
 
 @functools.lru_cache(maxsize=None)
-def _architecture_depth(name: str, key: str) -> int:
-    """The number of blocks of timm model ``name``, from an instance on the ``meta`` device (no
-    memory, no weights); ``ValueError`` unless it is a timm VisionTransformer with a fused qkv
-    attention or SAM's image encoder."""
-    k = functools.partial(key_name, key)
+def meta_model(name: str) -> nn.Module:
+    """An instance of timm model ``name`` on the ``meta`` device (no memory, no weights): its
+    architecture, read before anything is built for real. Do not run or change it (it is shared)."""
     with torch.device("meta"):
-        model = _timm().create_model(name, pretrained=False, num_classes=0)
-    if type(model).__name__ != "VisionTransformerSAM":
+        return _timm().create_model(name, pretrained=False, num_classes=0)
+
+
+def is_sam_encoder(name: str) -> bool:
+    """Whether timm model ``name`` is SAM's image encoder (timm's ``VisionTransformerSAM``)."""
+    return type(meta_model(name)).__name__ == "VisionTransformerSAM"
+
+
+@functools.lru_cache(maxsize=None)
+def _architecture_depth(name: str, key: str) -> int:
+    """The number of blocks of timm model ``name`` (:func:`meta_model`); ``ValueError`` unless it is a
+    timm VisionTransformer with a fused qkv attention or SAM's image encoder."""
+    k = functools.partial(key_name, key)
+    model = meta_model(name)
+    if not is_sam_encoder(name):
         if not all(hasattr(model, a) for a in ("patch_embed", "blocks", "pos_embed", "norm")) or not hasattr(
                 model.blocks[0].attn, "qkv"):
             raise ValueError(f"{k('NAME')} = {name!r}: a {type(model).__name__} is not a timm VisionTransformer with a "
@@ -181,14 +194,11 @@ def _architecture_depth(name: str, key: str) -> int:
 SAM_LAYER_NORM_EPS = 1e-6
 
 
-@functools.lru_cache(maxsize=None)
 def _arch_kwargs(name: str) -> Dict[str, object]:
     """``timm.create_model`` keyword arguments that make timm model ``name`` compute as its upstream:
-    a SAM image encoder (``VisionTransformerSAM``, told apart on the ``meta`` device) gets SAM's
-    LayerNorm eps (:data:`SAM_LAYER_NORM_EPS`); others none."""
-    with torch.device("meta"):
-        model = _timm().create_model(name, pretrained=False, num_classes=0)
-    if type(model).__name__ == "VisionTransformerSAM":
+    a SAM image encoder (:func:`is_sam_encoder`) gets SAM's LayerNorm eps
+    (:data:`SAM_LAYER_NORM_EPS`); others none."""
+    if is_sam_encoder(name):
         return {"norm_layer": functools.partial(nn.LayerNorm, eps=SAM_LAYER_NORM_EPS)}
     return {}
 

@@ -4,7 +4,8 @@ import os
 from typing import Optional
 
 from ..common.keys import changed_keys, refuse_keys_while_off
-from .backbone import PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options
+from .backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options, is_sam_encoder,
+                       meta_model)
 from .trident import TridentSettings, check_trident_settings
 
 __all__ = ["TRIDENT_KEY_DEFAULTS", "trident_settings_from_config", "check_trident_config", "build_trident_sam"]
@@ -50,16 +51,13 @@ def _sam_options(cfg) -> ProxyOptions:
 
 @functools.lru_cache(maxsize=None)
 def _is_sam(name: str) -> bool:
-    """Whether timm model ``name`` is a SAM image encoder whose last block attends globally (built on
-    the ``meta`` device: no memory, no weights)."""
+    """Whether timm model ``name`` is a SAM image encoder whose last block attends globally
+    (:func:`~sparseclip_d2.proxy.backbone.meta_model`: no memory, no weights)."""
     import timm
-    import torch
 
     if not timm.is_model(name):
         return False
-    with torch.device("meta"):
-        m = timm.create_model(name, pretrained=False, num_classes=0)
-    return type(m).__name__ == "VisionTransformerSAM" and getattr(m.blocks[-1], "window_size", 1) == 0
+    return is_sam_encoder(name) and getattr(meta_model(name).blocks[-1], "window_size", 1) == 0
 
 
 def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[TridentSettings]:
