@@ -439,9 +439,7 @@ class TridentEncoder(ProxyCLIPEncoder):
                 + torch.tensor(self.image_mean, device=image.device).view(3, 1, 1)) * 255.0)
         n = self.settings.sam_tiles
         side = int(self.sam.native_grid[0] * self.sam.patch[0])
-        if n == 1:
-            return [sam_input(rgb, side, self.sam.patch[0])]
-        img = _multiple_resize(_uint8_image(rgb))  # trident.py: the halves of the image rounded to 16
+        img = _multiple_resize(_uint8_image(rgb))  # sam_input's steps; trident.py: the halves of the image rounded to 16
         W16 = img.shape[1]
         cuts = [k * W16 // n for k in range(n + 1)]
         tiles = [sam_normalise(np.ascontiguousarray(img[:, a:b]), side, self.sam.patch[0])
