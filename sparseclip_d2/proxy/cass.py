@@ -26,8 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 
 from ..attention import attention_weights, parse_source
@@ -138,8 +140,8 @@ def cass_proxy_input(window: torch.Tensor, clip_mean, clip_std, proxy: ProxyBack
 
     ``upstream``: the pixels ``floor(255 * (x * (0.229, 0.224, 0.255) + ImageNet mean))``
     (CASS's inverse normalisation of CLIP-normalised pixels with ImageNet's values, then
-    ``astype('uint8')``), resized to a square of the short side with PIL's bicubic (torch's
-    antialiased bicubic, rounded to integers; the identity for square windows), ``/ 255``,
+    ``astype('uint8')``), resized to a square of the short side by PIL's bicubic on those uint8
+    pixels, as upstream calls it (the identity for square windows), ``/ 255``,
     ImageNet-normalised, cropped at the bottom/right to multiples of the proxy's patch.
     ``exact``: :func:`~.backbone.to_proxy_input` at the window's size.
     """
@@ -153,9 +155,9 @@ def cass_proxy_input(window: torch.Tensor, clip_mean, clip_std, proxy: ProxyBack
     px = torch.floor((window.float() * s + m) * 255).clamp(0, 255)
     H, W = px.shape[-2:]
     side = min(H, W)
-    if (H, W) != (side, side):
-        px = F.interpolate(px[None], size=(side, side), mode="bicubic", align_corners=False, antialias=True)[0]
-        px = px.round().clamp(0, 255)
+    if (H, W) != (side, side):  # clip/model.py: inv_image.resize((small_v, small_v)), PIL's default bicubic
+        img = Image.fromarray(px.to(torch.uint8).permute(1, 2, 0).cpu().numpy()).resize((side, side), Image.BICUBIC)
+        px = torch.from_numpy(np.array(img)).permute(2, 0, 1).to(device=dev, dtype=torch.float32)
     pm = torch.tensor(proxy.image_mean, dtype=torch.float32, device=dev).view(3, 1, 1)
     ps = torch.tensor(proxy.image_std, dtype=torch.float32, device=dev).view(3, 1, 1)
     x = (px / 255 - pm) / ps
