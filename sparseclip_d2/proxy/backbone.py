@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +36,7 @@ __all__ = [
     "load_proxy_state_dict",
     "meta_model",
     "to_proxy_input",
+    "uint8_image",
 ]
 
 logger = logging.getLogger(__name__)
@@ -429,6 +431,13 @@ def build_proxy(opts: ProxyOptions, device="cpu", key: str = "MODEL.SPARSECLIP.P
 def lcm(a: int, b: int) -> int:
     """Least common multiple of two positive integers."""
     return a * b // math.gcd(a, b)
+
+
+def uint8_image(rgb: torch.Tensor) -> np.ndarray:
+    """``(3, H, W)`` float RGB on the 0-255 scale -> the ``(H, W, 3)`` uint8 image that holds it
+    (rounded, clamped), as an upstream that reads an image file or casts with ``astype('uint8')``
+    gives it (Trident's SAM input, CASS's DINO input)."""
+    return np.ascontiguousarray(rgb.detach().float().round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy())
 
 
 def to_proxy_input(images: torch.Tensor, clip_mean, clip_std, proxy: ProxyBackbone,

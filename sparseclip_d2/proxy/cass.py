@@ -37,7 +37,7 @@ from ..attention.priors import build_prior
 from ..attention.spectral import SVD_METHODS, combine_graphs, get_head_matching, low_rank_graph, match_range
 from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ..clip.spec import AttentionSpec
-from .backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input
+from .backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
 
 __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_settings", "check_cass_spec",
            "cass_proxy_input", "CASSEncoder"]
@@ -156,7 +156,7 @@ def cass_proxy_input(window: torch.Tensor, clip_mean, clip_std, proxy: ProxyBack
     H, W = px.shape[-2:]
     side = min(H, W)
     if (H, W) != (side, side):  # clip/model.py: inv_image.resize((small_v, small_v)), PIL's default bicubic
-        img = Image.fromarray(px.to(torch.uint8).permute(1, 2, 0).cpu().numpy()).resize((side, side), Image.BICUBIC)
+        img = Image.fromarray(uint8_image(px)).resize((side, side), Image.BICUBIC)
         px = torch.from_numpy(np.array(img)).permute(2, 0, 1).to(device=dev, dtype=torch.float32)
     pm = torch.tensor(proxy.image_mean, dtype=torch.float32, device=dev).view(3, 1, 1)
     ps = torch.tensor(proxy.image_std, dtype=torch.float32, device=dev).view(3, 1, 1)

@@ -39,7 +39,7 @@ from fvcore.common.registry import Registry
 from torch import nn
 
 from ..clip.spec import AttentionSpec
-from .backbone import ProxyBackbone, to_proxy_input
+from .backbone import ProxyBackbone, to_proxy_input, uint8_image
 from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = ["WINDOW_SPLICE_REGISTRY", "GLOBAL_AGGREGATION_REGISTRY", "TridentSettings", "check_trident_settings",
@@ -239,12 +239,6 @@ def sam_threshold(attn: Iterable[torch.Tensor], v: torch.Tensor, cos_fac: float 
 
 
 # ----------------------------------------------------------------------------- SAM
-def _uint8_image(rgb: torch.Tensor) -> np.ndarray:
-    """``(3, H, W)`` float RGB on the 0-255 scale -> the ``(H, W, 3)`` uint8 image that holds it
-    (rounded, clamped), as upstream's ``cv2.imread`` of the image file gives it."""
-    return np.ascontiguousarray(rgb.detach().float().round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).cpu().numpy())
-
-
 def _multiple_resize(img: np.ndarray, multiple: int = 16) -> np.ndarray:
     """Trident ``trident.py`` ``get_trident_seg``: both sides rounded up to multiples of ``multiple``
     with ``cv2.resize(tmp_img, (tmp_w, tmp_h))`` (its default ``INTER_LINEAR``, uint8 in and out;
@@ -267,7 +261,7 @@ def sam_input(rgb: torch.Tensor, side: int, patch: int, multiple: int = 16) -> T
         ``((1, 3, side, side) float32, (h, w))`` on ``rgb``'s device, ``(h, w)`` = the grid of
         SAM's patches that cover the image (``input_size // patch``).
     """
-    x, valid = sam_normalise(_multiple_resize(_uint8_image(rgb), multiple), side, patch)
+    x, valid = sam_normalise(_multiple_resize(uint8_image(rgb), multiple), side, patch)
     return x.to(rgb.device), valid
 
 
@@ -439,7 +433,7 @@ class TridentEncoder(ProxyCLIPEncoder):
                 + torch.tensor(self.image_mean, device=image.device).view(3, 1, 1)) * 255.0)
         n = self.settings.sam_tiles
         side = int(self.sam.native_grid[0] * self.sam.patch[0])
-        img = _multiple_resize(_uint8_image(rgb))  # sam_input's steps; trident.py: the halves of the image rounded to 16
+        img = _multiple_resize(uint8_image(rgb))  # sam_input's steps; trident.py: the halves of the image rounded to 16
         W16 = img.shape[1]
         cuts = [k * W16 // n for k in range(n + 1)]
         tiles = [sam_normalise(np.ascontiguousarray(img[:, a:b]), side, self.sam.patch[0])
