@@ -127,6 +127,24 @@ def test_match_range_and_combine():
         match_range(torch.ones(2, 2), ref)
 
 
+def test_match_range_fp16_onto_float32_as_upstreams_expression():
+    # fp16 keys mapped onto float32 CLIP keys on the CPU (PROXY.CASS.KEY_PRECISION fp16): upstream's
+    # `normalized * (k_max - k_min) + k_min` multiplies by the float32 span, then adds k_min rounded to
+    # fp16; rounding the span to fp16 first (this function until 2026-12-02) moves ~40 % of the entries
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 64, 16, generator=g) * 2.5).half()
+    ref = torch.randn(4, 64, 16, generator=g) * 1.7
+    out = match_range(x, ref)
+    assert out.dtype == torch.float16
+    lo, hi = x.min().float(), x.max().float()
+    unit = ((x.float() - lo).half().float() / (hi - lo).half().float()).half()  # fp16 ops, as (x - lo) / (hi - lo)
+    span = (ref.max() - ref.min()).item()
+    by_hand = ((unit.float() * span).half().float() + ref.min().half().float()).half()
+    assert torch.equal(out, by_hand)
+    span_rounded = ((unit * torch.tensor(span).half()) + ref.min().half())
+    assert (out != span_rounded).float().mean() > 0.2
+
+
 def test_upstream_proxy_input_matches_pil():
     """``INPUT upstream``: CASS's inverse normalisation, ``astype('uint8')``, PIL's bicubic resize to
     the short side (cass_segmentor.py forward_feature, clip/model.py forward): the same pixels as

@@ -182,13 +182,20 @@ def low_rank_graph(graph: torch.Tensor, rank: int, *, method: str = "randomized"
 
 def match_range(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """``x`` mapped affinely onto ``[ref.min(), ref.max()]`` (upstream ``_normalize_attention_range``
-    and ``_normalize_key_range``), in ``x``'s dtype; ``ValueError`` if ``x`` is constant."""
+    and ``_normalize_key_range``), in ``x``'s dtype; ``ValueError`` if ``x`` is constant.
+
+    Written as upstream's expression (CASS ``clip/model.py`` 228ecdd:
+    ``normalized * (k_max - k_min) + k_min``): ``ref``'s min and max stay 0-dim tensors in
+    ``ref``'s dtype, so where the dtypes differ (fp16 keys, fp32 CLIP keys) PyTorch's own
+    promotion decides, as it does upstream on the same device. On the CPU an fp16 tensor times a
+    0-dim float32 tensor uses the float32 value (``(a.float() * s).half()``), while the sum rounds
+    the 0-dim term to fp16 first (both measured in ``tests/test_cass.py``).
+    """
     lo, hi = x.min(), x.max()
     if not bool(hi > lo):
         raise ValueError("match_range: the tensor is constant, its range cannot be mapped")
     rlo, rhi = ref.min(), ref.max()
-    # the span in ref's dtype, then x's (upstream: normalized * (k_max - k_min) + k_min)
-    return (x - lo) / (hi - lo) * (rhi - rlo).to(x.dtype) + rlo.to(x.dtype)
+    return (x - lo) / (hi - lo) * (rhi - rlo) + rlo
 
 
 def combine_graphs(clip_graph: torch.Tensor, proxy_graph: torch.Tensor, mix: float) -> torch.Tensor:
