@@ -600,21 +600,18 @@ def check_sparseclip_config(cfg) -> None:
     from .proxy.config import check_proxy_config
 
     check_proxy_config(cfg)  # MODEL.SPARSECLIP.PROXY.*
-    from .clip.object_presence import object_presence_from_config
-
-    object_presence_from_config(cfg)  # MODEL.SPARSECLIP.OBJECT_PRESENCE.*
     _check_number("INPUT.CENTER_CROP_TEST", cfg.INPUT.CENTER_CROP_TEST, 0, inf, integer=True)
-    check_cluster_vote_config(cfg)  # MODEL.SPARSECLIP.CLUSTER_VOTE.*, CLS_LOGIT_PRODUCT
-    from .propagation.config import check_label_propagation_config
+    from .methods import plan_from_config
 
-    check_label_propagation_config(cfg)  # MODEL.SPARSECLIP.LABEL_PROPAGATION.*
+    plan_from_config(cfg)  # every logit head's and stage's keys, then the one check of their combination
     _warn_ignored_values(cfg)
 
 
 def check_cluster_vote_config(cfg) -> None:
     """Validate CLIPtrase's post-processing keys (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``,
-    ``CLS_LOGIT_PRODUCT``; ``modeling/cluster_vote.py``) and the paths they cannot join;
-    ``ValueError`` naming the key, its value and the valid choices."""
+    ``CLS_LOGIT_PRODUCT``; ``modeling/cluster_vote.py``); ``ValueError`` naming the key, its value
+    and the valid choices. What they cannot run with follows from the parts' declarations
+    (``methods.check_parts``)."""
     inf = math.inf
     sc = cfg.MODEL.SPARSECLIP
     c = sc.CLUSTER_VOTE
@@ -627,32 +624,13 @@ def check_cluster_vote_config(cfg) -> None:
     _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES", c.MIN_SAMPLES, 1, inf, integer=True)
     _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE", c.UPSAMPLE, 1, inf, integer=True)
     _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE", c.MEDIAN_SIZE, 1, inf, integer=True)
-    others = []
-    if cfg.TEST.TTA.MODE:
-        others.append(("TEST.TTA.MODE", cfg.TEST.TTA.MODE, "''"))
-    if sc.FEATURE_SURGERY.ENABLED:
-        others.append(("MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED", True, "False"))
-    if cfg.TEST.ATTENTION_STATS.ENABLED:
-        others.append(("TEST.ATTENTION_STATS.ENABLED", True, "False"))
     if sc.PROXY.NAME:  # the vote's pass is the CLIP encoder's own (forward_pass), not the proxy block
-        others.append(("MODEL.SPARSECLIP.PROXY.NAME", sc.PROXY.NAME, "''"))
-    for on, name in ((c.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED"),
-                     (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT")):
-        if on and others:
-            key, value, valid = others[0]
-            raise ValueError(f"{name} True cannot be combined with {key} = {value!r} (that path computes its logits "
-                             f"its own way); valid: {key} {valid}")
-    if not c.ENABLED:
-        return
-    if cfg.TEST.SLIDING_WINDOW.ENABLED:
-        raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True clusters the patches of one whole-image forward; "
-                         "TEST.SLIDING_WINDOW.ENABLED = True is invalid with it; valid: False")
-    if sc.PATCH_REMAINDER != "pad_crop":
-        raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True maps the clusters back with symmetric padding; "
-                         f"MODEL.SPARSECLIP.PATCH_REMAINDER = {sc.PATCH_REMAINDER!r} is invalid with it; valid: pad_crop")
-    if sc.LABEL_CLOSING:
-        raise ValueError(f"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True returns the voted label map; "
-                         f"MODEL.SPARSECLIP.LABEL_CLOSING = {sc.LABEL_CLOSING!r} is invalid with it; valid: 0")
+        for on, name in ((c.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED"),
+                         (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT")):
+            if on:
+                raise ValueError(f"{name} True cannot be combined with MODEL.SPARSECLIP.PROXY.NAME = "
+                                 f"{sc.PROXY.NAME!r} (that path computes its logits its own way); valid: "
+                                 "MODEL.SPARSECLIP.PROXY.NAME ''")
 
 
 # Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no

@@ -31,16 +31,15 @@ require_detectron2("sparseclip_d2.predictor")
 from detectron2.config import CfgNode, get_cfg  # noqa: E402
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 
-from .clip import AttentionSpec, DenseCLIPEncoder, describe_spec, is_random_weights, parse_attention_specs  # noqa: E402
+from .clip import AttentionSpec, describe_spec, is_random_weights, parse_attention_specs  # noqa: E402
 from .common.synonyms import SYNONYM_SEPARATORS, split_class_name  # noqa: E402
 from .config import add_sparseclip_config, check_sparseclip_config, merge_config  # noqa: E402
 from .data import available_class_name_files, display_name, load_class_names  # noqa: E402
 from .data.image_io import read_image_rgb, to_rgb_array  # noqa: E402
-from .data.mapper import build_resize  # noqa: E402
+from .data.mapper import output_frame, test_augmentations  # noqa: E402
 from .model_zoo import resolve_config_file  # noqa: E402
 from .modeling import SparseCLIP, resolve_device  # noqa: E402
 from .modeling.postprocess import ScoreMaps  # noqa: E402
-from .modeling.tta import close_labels  # noqa: E402
 
 __all__ = ["Predictor", "Prediction", "build_config", "resolve_vocabulary", "to_rgb_image"]
 
@@ -270,18 +269,14 @@ class Predictor:
             encoder = base
         else:
             try:
-                if hasattr(base, "with_spec"):  # a second backbone's encoder keeps it (proxy/encoder.py)
-                    encoder = base.with_spec(spec)
-                else:
-                    encoder = DenseCLIPEncoder(base.visual, spec, pos_embed_interp=base.pos_embed_interp,
-                                               attn_pool_dense=base.attn_pool_dense)
+                encoder = base.with_spec(spec)  # a second backbone's encoder keeps it (proxy/encoder.py)
             except ValueError as e:
                 raise ValueError(f"attention spec {self.method!r}: {e}") from e
         self.model = SparseCLIP(**dict(self._kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE))
         if _base is not None:
             self.model.share_text_cache(_base.model)  # one encoding of each vocabulary for all variants
         self.random_weights = bool(self._kwargs["random_weights"])
-        self._resize = build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
+        self._augmentations = test_augmentations(cfg)
 
     @classmethod
     def from_config(cls, config: Union[str, os.PathLike, CfgNode, None] = "demo", *, weights: Optional[str] = None,
@@ -301,27 +296,26 @@ class Predictor:
         return self.model.device
 
     def describe(self) -> str:
-        """``"<model name>: <attention>"`` for titles and logs."""
-        describe = getattr(self.model.encoder, "describe", None)  # a proxy encoder names its proxy
-        text = describe() if describe else describe_spec(self.spec)
-        lp = getattr(self.model, "label_propagation", None)  # LPOSS after the method (sparseclip_d2/propagation/)
-        if lp is not None:
-            text = f"{text}, {lp.describe()}"
-        return f"{self.cfg.MODEL.SPARSECLIP.CLIP.NAME}: {text}"
+        """``"<model name>: <attention>, <head and stages>"`` for titles and logs."""
+        return f"{self.cfg.MODEL.SPARSECLIP.CLIP.NAME}: {self.model.describe()}"
 
-    def prepare(self, image_rgb: np.ndarray, classes: List[str], background: Optional[int]) -> Dict:
-        """The META_ARCH input of one ``(H, W, 3)`` RGB photo: resized as the test mapper
-        does, channels in ``INPUT.FORMAT``, output size = the original size."""
+    @property
+    def records_attention(self) -> bool:
+        """Whether ``attention=True`` gives an attention record (see ``SparseCLIP.records_attention``)."""
+        return self.model.records_attention
+
+    def prepare(self, image_rgb: np.ndarray, classes: Optional[List[str]] = None, background: Optional[int] = None,
+                *, dataset_name: Optional[str] = None) -> Dict:
+        """The META_ARCH input of one ``(H, W, 3)`` RGB photo: resized (or centre-cropped) as the test
+        mapper does (``data.mapper.test_augmentations``), channels in ``INPUT.FORMAT``, output size
+        = the original size (the crop's with ``INPUT.CENTER_CROP_TEST``); the vocabulary as
+        ``classes`` (+ ``background``) or as a registered ``dataset_name``."""
         h, w = image_rgb.shape[:2]
         image = image_rgb
-        crop = int(self.cfg.INPUT.CENTER_CROP_TEST)
-        if crop:  # CLIPtrase's centre-crop protocol (data/center_crop.py): the output is the crop
-            from .data.center_crop import CenterCropResize
-
-            image = CenterCropResize(crop).get_transform(image).apply_image(image)
-            h = w = crop
-        for aug in ([] if crop else self._resize):
+        for aug in self._augmentations:
             image = aug.get_transform(image).apply_image(image)
+        if int(self.cfg.INPUT.CENTER_CROP_TEST):
+            h, w = image.shape[:2]
         short = min(image.shape[:2])
         min_size = self.cfg.INPUT.MIN_SIZE_TEST
         if short < min(min_size, min(h, w)) / 4:
@@ -333,48 +327,69 @@ class Predictor:
         if self.input_format == "BGR":
             image = image[:, :, ::-1]
         tensor = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
-        return {"image": tensor, "height": h, "width": w, "vocabulary": classes, "background_index": background}
+        out = {"image": tensor, "height": h, "width": w}
+        if dataset_name is not None:
+            out["dataset_name"] = dataset_name
+        else:
+            out.update(vocabulary=classes, background_index=background)
+        return out
 
-    def predict_input(self, inputs: Dict, *, attention: bool = False) -> Tuple[ScoreMaps, Optional[Dict]]:
-        """``(score maps, attention record or None)`` of one prepared input."""
-        sink: Optional[List[torch.Tensor]] = [] if attention else None
+    def output_frame(self, image_rgb: np.ndarray) -> np.ndarray:
+        """The image a prediction's label map is aligned with (the centre crop, or the image)."""
+        return output_frame(self.cfg, image_rgb)
+
+    def predict_input(self, inputs: Dict, *, attention: bool = False):
+        """The model's :meth:`~sparseclip_d2.modeling.SparseCLIP.predict` of one prepared input."""
         with torch.no_grad():
-            maps = self.model.score_maps(inputs, sink)
-        record = self.model.attention_record(sink, tuple(inputs["image"].shape[-2:])) if attention else None
-        return maps, record
+            return self.model.predict(inputs, attention=attention)
 
     def __call__(self, images: Union[ImageLike, Sequence[ImageLike]], vocabulary: VocabularyLike, *,
-                 background: Optional[Union[int, str]] = None, attention: bool = False
+                 background: Optional[Union[int, str]] = None, attention: bool = False,
+                 region_mask: Union[None, np.ndarray, torch.Tensor, Sequence] = None
                  ) -> Union[Prediction, List[Prediction]]:
         """Predict one image (returns a :class:`Prediction`) or a list of images (returns a
         list). The vocabulary's text embeddings are computed once and cached.
 
         Args:
             images: see :func:`to_rgb_image`; a ``list``/``tuple`` is a batch.
-            vocabulary, background: see :func:`resolve_vocabulary`.
-            attention: also return the last block's attention record.
+            vocabulary, background: see :func:`resolve_vocabulary`; a registered dataset's name
+                gives its classes as ``train_net`` does (``MODEL.SPARSECLIP.CLASS_NAMES`` applied).
+            attention: also return the last block's attention record (None where the method's
+                parts do not record one: :attr:`records_attention`).
+            region_mask: the per-image region map of an encoder that needs one (CorrCLIP): an
+                ``(H, W)`` integer map at the image's size (a list for a batch); by default it is read
+                from ``MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR`` by the image file's name.
         """
         classes, bg = resolve_vocabulary(vocabulary, background)
-        names = [display_name(c) for c in classes]
+        dataset = vocabulary.strip() if isinstance(vocabulary, str) and vocabulary.strip() in DatasetCatalog.list() \
+            else None
         batch = isinstance(images, (list, tuple))
         items = list(images) if batch else [images]
         if batch and not items:
             raise ValueError("an empty list of images")
+        masks = self._region_masks(region_mask, len(items), batch)
         results = []
         for i, image in enumerate(items):
             label = image if isinstance(image, (str, os.PathLike)) else f"image {i}"
             rgb = to_rgb_image(image, str(label))
-            inputs = self.prepare(rgb, classes, bg)
-            if getattr(self.model, "cluster_vote", None) is not None:  # CLIPtrase's cluster vote, as forward does
-                with torch.no_grad():
-                    maps, labels = self.model.cluster_vote_maps(inputs)
-                record = None  # attention records are refused with the cluster vote
-            else:
-                maps, record = self.predict_input(inputs, attention=attention)
-                labels = maps.labels()
-            if getattr(self.model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as forward does
-                labels = close_labels(labels, self.model.label_closing)
-            labels = labels.cpu().numpy()
-            results.append(Prediction(labels=labels, classes=classes, names=names, score_maps=maps, attention=record,
-                                      method=self.method, random_weights=self.random_weights))
+            inputs = self.prepare(rgb, classes, bg, dataset_name=dataset)
+            if isinstance(image, (str, os.PathLike)):
+                inputs["file_name"] = os.fspath(image)
+            if masks[i] is not None:
+                inputs["region_mask"] = torch.as_tensor(np.asarray(masks[i]))
+            out = self.predict_input(inputs, attention=attention)
+            used = out.vocabulary
+            results.append(Prediction(labels=out.label_map().cpu().numpy(), classes=list(used),
+                                      names=[display_name(c) for c in used], score_maps=out.score_maps,
+                                      attention=out.attention, method=self.method, random_weights=self.random_weights))
         return results if batch else results[0]
+
+    @staticmethod
+    def _region_masks(region_mask, count: int, batch: bool) -> List:
+        if region_mask is None:
+            return [None] * count
+        if not batch:
+            return [region_mask]
+        if not isinstance(region_mask, (list, tuple)) or len(region_mask) != count:
+            raise ValueError(f"region_mask with a batch of {count} images must be a list of {count} (H, W) maps")
+        return list(region_mask)

@@ -5,6 +5,8 @@ import os
 import numpy as np
 import pytest
 import torch
+
+from sparseclip_d2.common.needs import Needs
 import torch.nn.functional as F
 from PIL import Image
 from torch import nn
@@ -111,6 +113,7 @@ class ColourCodedEncoder(nn.Module):
     """Fake encoder: a patch's embedding is the one-hot of round((mean R - 20) / 40)."""
 
     patch_size = 16
+    needs = Needs()  # the encoder contract: nothing besides the windows
 
     def __init__(self, num_classes):
         super().__init__()

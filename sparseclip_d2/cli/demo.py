@@ -215,12 +215,9 @@ def resolve_vocabulary(args) -> Tuple[List[str], Optional[int], str]:
 
 
 def describe_attention(predictor: Predictor, spec: AttentionSpec) -> str:
-    """``describe_spec(spec)``, or the line of an encoder that describes itself (a second
-    backbone's encoder names its proxy, sparseclip_d2/proxy/encoder.py ``describe``)."""
-    describe = getattr(predictor.model.encoder, "describe", None)
-    text = describe() if describe else describe_spec(spec)
-    lp = getattr(predictor.model, "label_propagation", None)  # LPOSS after the method (sparseclip_d2/propagation/)
-    return f"{text}, {lp.describe()}" if lp is not None else text
+    """The model's one line: its encoder's attention (a second backbone's encoder names its proxy),
+    then the logit head and stages that are not the default (``SparseCLIP.describe``)."""
+    return predictor.model.describe()
 
 
 def build_predictors(cfg, specs: Sequence[Tuple[str, AttentionSpec]]) -> List[Predictor]:
@@ -276,15 +273,8 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
     holds the working-resolution logits, one band and the (H, W) label map, never the
     (C, H, W) probabilities."""
     with torch.no_grad():
-        voted = None
-        if getattr(predictor.model, "cluster_vote", None) is not None:  # CLIPtrase's cluster vote
-            maps, voted = predictor.model.cluster_vote_maps(inputs)
-        elif getattr(predictor.model.encoder, "needs_regions", False):  # CorrCLIP's region masks and mode vote
-            from ..modeling.region_masks import corrclip_maps
-
-            maps, voted = corrclip_maps(predictor.model, inputs)
-        else:
-            maps, _ = predictor.predict_input(inputs)
+        result = predictor.predict_input(inputs)  # the model's one prediction path
+        maps, voted = result.score_maps, result.labels
         num_classes, height, width = maps.shape
         labels = np.empty((height, width), dtype=label_map_dtype(num_classes))
         step = max(1, -(-max(height, width) // thumb_side))
@@ -310,14 +300,8 @@ def segment(predictor: Predictor, inputs: Dict, *, probs_path: Optional[str] = N
         finally:
             if writer is not None:
                 writer.close()
-        model = predictor.model
-        if voted is not None:  # the cluster vote's labels replace the score maps' (as the model's forward)
+        if voted is not None:  # the labels stages' map replaces the score maps' (as the model's forward)
             labels = voted.cpu().numpy().astype(labels.dtype)
-        if getattr(model, "label_closing", 0):  # MODEL.SPARSECLIP.LABEL_CLOSING, as the model's forward does
-            from ..modeling.tta import close_labels
-
-            labels = close_labels(torch.from_numpy(labels.astype(np.int64)), model.label_closing).numpy().astype(
-                labels.dtype)
         return Segmentation(labels, sums / float(height * width), thumbs, maps.rules())
 
 
@@ -364,11 +348,8 @@ def process_image(path: str, stem: str, args, cfg, specs, predictors, vocabulary
     t0 = time.perf_counter()
     image = read_image_rgb(path)
     inputs = predictors[0].prepare(image, vocabulary, background)
-    inputs["file_name"] = path  # CorrCLIP reads the image's region mask by its file name (MASK_DIR)
-    if int(cfg.INPUT.CENTER_CROP_TEST):  # the label maps are of the centre crop: the figures show the crop
-        from ..data.center_crop import CenterCropResize
-
-        image = CenterCropResize(int(cfg.INPUT.CENTER_CROP_TEST)).get_transform(image).apply_image(image)
+    inputs["file_name"] = path  # a side input (a region mask) is read by the image's file name
+    image = predictors[0].output_frame(image)  # the label maps are of the centre crop, if any: so are the figures
     files = []
     out = lambda suffix: os.path.join(args.output, stem + suffix)  # noqa: E731
     label_maps, titles, slugs = [], [], set()

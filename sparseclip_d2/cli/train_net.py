@@ -269,7 +269,7 @@ def main(args):
     with user_errors("model", MODEL_ERRORS), torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
         model = build_model(cfg)
-    random_weights = bool(getattr(model, "random_weights", False))
+    random_weights = bool(model.random_weights)  # both META_ARCHs (SparseCLIP, SparseCLIPFGOVD) record it
     with user_errors("data", INFERENCE_ERRORS):
         results, summaries = do_test(cfg, model, datasets, skip_bad=getattr(args, "skip_bad", False),
                                       resume=not getattr(args, "restart", False), pre_skipped=pre_skipped)

@@ -14,6 +14,7 @@ from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from ..attention import apply_attention, attention_weights, build_prior, mix_attention
 from ..attention.feedback import blend_feedback
 from ..common.cache import LRUCache
+from ..common.needs import Needs
 from .parallel import check_parallel, run_parallel
 from .calibrated import check_calibrated, is_calibrated, run_calibrated
 from .spec import AttentionSpec
@@ -401,6 +402,30 @@ class DenseCLIPEncoder(nn.Module):
         h, w = grid
         feats = self._tower.dense(tokens)
         return feats.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+
+    # ------------------------------------------------------------------ what the pipeline reads
+    @property
+    def needs(self) -> Needs:
+        """What this encoder's forward needs besides the windows (:class:`~sparseclip_d2.common.needs.Needs`):
+        a feedback spec (ResCLIP's SFR) takes the first-segmentation callable."""
+        return Needs(first_segmentation=bool(self.spec.feedback))
+
+    def with_spec(self, spec: AttentionSpec) -> "DenseCLIPEncoder":
+        """The same tower (not copied) with another attention spec (the Predictor's variants)."""
+        return DenseCLIPEncoder(self.visual, spec, pos_embed_interp=self.pos_embed_interp,
+                                attn_pool_dense=self.attn_pool_dense)
+
+    def describe(self) -> str:
+        """One line for titles and logs: the attention spec (an encoder with a second backbone
+        names it too)."""
+        from .spec import describe_spec
+
+        return describe_spec(self.spec)
+
+    def second_backbones(self) -> List[nn.Module]:
+        """The frozen second backbones this encoder reads (none for CLIP alone); each has
+        ``opts.random_weights``."""
+        return []
 
     def forward_tokens(self, images: torch.Tensor, feedback=None):
         """All final tokens after the tower's final norm (what timm's ``forward_features``

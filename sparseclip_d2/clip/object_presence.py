@@ -145,9 +145,8 @@ def object_presence_from_config(cfg):
 
     Raises:
         ValueError: a key set while disabled; a bad value (naming the key and the valid choices);
-            a path that computes its logits its own way (TTA, FEATURE_SURGERY, CLUSTER_VOTE,
-            CLS_LOGIT_PRODUCT, TEST.ATTENTION_STATS); ``GLOBAL window`` with a proxy block that
-            has no CLS token (ProxyCLIP, FSA).
+            ``GLOBAL window`` with a proxy block that has no CLS token (ProxyCLIP, FSA). The other
+            logit heads and stages it cannot join are refused by ``methods.check_parts``.
     """
     sc = cfg.MODEL.SPARSECLIP
     o = sc.OBJECT_PRESENCE
@@ -160,14 +159,6 @@ def object_presence_from_config(cfg):
     p = check_object_presence(ObjectPresence(global_weight=o.GLOBAL_WEIGHT, mean_weight=o.MEAN_WEIGHT,
                                              cluster_threshold=o.CLUSTER_THRESHOLD, top_k=o.TOP_K,
                                              global_source=o.GLOBAL), _KEY)
-    for on, what in ((cfg.TEST.TTA.MODE, f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r}"),
-                     (sc.FEATURE_SURGERY.ENABLED, "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED True"),
-                     (sc.CLUSTER_VOTE.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED True"),
-                     (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT True"),
-                     (cfg.TEST.ATTENTION_STATS.ENABLED, "TEST.ATTENTION_STATS.ENABLED True")):
-        if on:
-            raise ValueError(f"{_KEY}.ENABLED True cannot be combined with {what} (that path computes its logits its "
-                             "own way); turn one of them off")
     if p.global_source == "window" and sc.PROXY.NAME and not sc.PROXY.CASS.ENABLED:
         raise ValueError(f"{_KEY}.GLOBAL = 'window' reads the encoder's CLS embedding, which the proxy last block "
                          f"(MODEL.SPARSECLIP.PROXY.NAME {sc.PROXY.NAME!r} without PROXY.CASS) does not output; valid: "

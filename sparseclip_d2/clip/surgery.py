@@ -53,6 +53,3 @@ def check_surgery_options(cfg) -> None:
     if not isinstance(fs.ENABLED, bool):
         raise ValueError(f"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED = {fs.ENABLED!r} is invalid; valid: True, False")
     check_surgery_scale(fs.CLS_SCALE)
-    if fs.ENABLED and cfg.TEST.TTA.MODE:
-        raise ValueError(f"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED cannot be combined with TEST.TTA.MODE = "
-                         f"{cfg.TEST.TTA.MODE!r}; valid: TEST.TTA.MODE '' with feature surgery")

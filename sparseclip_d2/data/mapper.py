@@ -20,7 +20,7 @@ from fvcore.common.registry import Registry
 
 from .image_io import BadInputFile, check_input_format, convert_channel_order, read_image_rgb
 
-__all__ = ["SparseCLIPTestMapper", "MMSegRescale", "CV2ResizeTransform", "mmseg_rescale_size", "build_resize",
+__all__ = ["SparseCLIPTestMapper", "test_augmentations", "output_frame", "MMSegRescale", "CV2ResizeTransform", "mmseg_rescale_size", "build_resize",
            "RESIZE_REGISTRY", "RESIZE_MODES", "PIXEL_NORMS", "pixel_normalization"]
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,29 @@ def build_resize(mode: str, short: int, long: int) -> List[T.Augmentation]:
     return RESIZE_REGISTRY.get(mode)(short, long)
 
 
+def test_augmentations(cfg) -> List[T.Augmentation]:
+    """The test-time geometry of ``cfg`` for every entry point (mapper, Predictor, demo, app):
+    ``INPUT.CENTER_CROP_TEST`` (CLIPtrase's protocol, ``data/center_crop.py``) replaces the resize;
+    else :func:`build_resize` of ``INPUT.RESIZE_MODE``."""
+    crop = int(cfg.INPUT.get("CENTER_CROP_TEST", 0))
+    if crop:
+        from .center_crop import CenterCropResize
+
+        return [CenterCropResize(crop)]
+    return build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
+
+
+def output_frame(cfg, image: np.ndarray) -> np.ndarray:
+    """The ``(H, W, 3)`` image the prediction is made for (its size is the output size): the centre
+    crop at ``INPUT.CENTER_CROP_TEST`` px, else ``image`` itself."""
+    crop = int(cfg.INPUT.get("CENTER_CROP_TEST", 0))
+    if not crop:
+        return image
+    from .center_crop import CenterCropResize
+
+    return CenterCropResize(crop).get_transform(image).apply_image(image)
+
+
 class SparseCLIPTestMapper:
     """Dataset dict -> model input.
 
@@ -156,7 +179,7 @@ class SparseCLIPTestMapper:
         self.augmentations = T.AugmentationList(augmentations)
         self.image_format = image_format
         # INPUT.CENTER_CROP_TEST (CLIPtrase's protocol, data/center_crop.py): the crop replaces the
-        # resize and the output size is the crop's
+        # resize (as test_augmentations gives it) and the output size is the crop's
         self.center_crop = int(center_crop)
         if self.center_crop:
             from .center_crop import CenterCropResize
@@ -165,8 +188,7 @@ class SparseCLIPTestMapper:
 
     @classmethod
     def from_config(cls, cfg, dataset_name: str):
-        augs = build_resize(cfg.INPUT.RESIZE_MODE, cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST)
-        return {"dataset_name": dataset_name, "augmentations": augs, "image_format": cfg.INPUT.FORMAT,
+        return {"dataset_name": dataset_name, "augmentations": test_augmentations(cfg), "image_format": cfg.INPUT.FORMAT,
                 "center_crop": cfg.INPUT.get("CENTER_CROP_TEST", 0)}
 
     def __call__(self, dataset_dict: Dict) -> Dict:

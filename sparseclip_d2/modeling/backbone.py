@@ -193,10 +193,8 @@ def build_clip_parts(cfg) -> CLIPParts:
             memory_size=0,  # the META_ARCHs keep the one in-memory cache (bounded LRUs)
         )
 
-    proxy = getattr(encoder, "proxy", None)  # a random second backbone makes the run a smoke run too
-    random_any = random_weights or bool(proxy is not None and proxy.opts.random_weights)
-    sam = getattr(encoder, "sam", None)  # Trident's SAM (proxy/trident.py)
-    random_any = random_any or bool(sam is not None and sam.opts.random_weights)
+    # a random second backbone makes the run a smoke run too
+    random_any = random_weights or any(b.opts.random_weights for b in encoder.second_backbones())
     return CLIPParts(clip_model, random_any, encoder, text_classifier, pixel_mean, pixel_std)
 
 
@@ -218,7 +216,7 @@ class SparseCLIPBackbone(Backbone):
             out_feature: name of the output feature.
         """
         super().__init__()
-        refuse_feedback_spec(getattr(encoder, "spec", None), "SparseCLIPBackbone")
+        refuse_feedback_spec(encoder.spec, "SparseCLIPBackbone")
         self.encoder = encoder
         for p in self.encoder.parameters():
             p.requires_grad_(False)

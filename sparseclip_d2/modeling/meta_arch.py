@@ -1,31 +1,35 @@
 """``SparseCLIP``: training-free open-vocabulary semantic segmentation META_ARCH.
 
-Pipeline per image (inputs are already resized by the mapper to the working resolution):
-normalise -> whole-image or sliding-window dense encoding (``sliding_window.dense_logits``)
--> ``LOGIT_SCALE * cosine(patch, synonym)`` patch logits upsampled bilinearly ->
-resize to the original ``height x width`` -> softmax over synonyms, max per class,
-background rules (``postprocess.class_scores``) -> ``{"sem_seg": (C, H, W)}``.
+One pipeline of registered parts (``sparseclip_d2.methods``) per image; inputs are already
+resized by the mapper to the working resolution:
 
-The vocabulary comes from the input: ``vocabulary`` (list of class names with
-comma-separated synonyms) or the ``stuff_classes`` of ``MetadataCatalog.get(dataset_name)``;
-text classifiers are built once per (vocabulary, templates, device) and cached.
+normalise -> the side inputs the encoder declares (``input["region_mask"]`` ...) -> whole-image
+or sliding-window windows (``sliding_window.dense_logits``), each through the encoder and the
+*logit head* (cosine by default) -> *windows* stages (replace the window loop) -> *logits*
+stages (PAMR) -> softmax over synonyms, max per class, background rules
+(``postprocess.ScoreMaps``) -> *labels* stages (cluster vote, region vote, label closing).
 
-Other code (the demo, the attention analysis) reuses the parts:
+:meth:`SparseCLIP.predict` is the one prediction path: ``forward``, the ``Predictor``, the demo
+and the app all call it. The vocabulary comes from the input: ``vocabulary`` (list of class
+names with comma-separated synonyms) or the ``stuff_classes`` of
+``MetadataCatalog.get(dataset_name)`` (or the ``CLASS_NAMES`` set's file for it); text
+classifiers are built once per (vocabulary, templates, device) and cached.
 
-- ``model.encoder``: the ``DenseCLIPEncoder`` (``(B, 3, H, W)`` normalised images ->
-  ``(B, D, H/p, W/p)``);
+Other code reuses the parts:
+
+- ``model.encoder``: the dense encoder (``(B, 3, H, W)`` normalised images -> ``(B, D, H/p, W/p)``);
+- ``model.head`` / ``model.stages``: the logit head and the post-processing stages;
 - ``model.clip_model``: the open_clip model (None when built from parts without it);
 - ``model.text_classifier_for(vocabulary, templates=None)`` -> ``(emb (S, D), class_index (S,))``
   on ``model.device``;
 - ``model.normalize_images(batched_inputs)`` -> a detectron2 ``ImageList`` of normalised RGB
   float images padded to a multiple of the patch size.
 """
+import dataclasses
 import logging
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from detectron2.config import configurable
@@ -35,29 +39,46 @@ from detectron2.structures import ImageList
 
 from ..data.image_io import check_input_format
 from ..common.cache import LRUCache
+from ..common.needs import Needs
 from ..common.synonyms import split_class_name
 from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
-from .cluster_vote import ClusterVoteSettings, cluster_assignment, encode_window_logits, majority_vote
 from ..clip.definitions import load_definitions, mix_definitions
-from ..clip.surgery import check_surgery_options, check_surgery_scale, feature_surgery
 from .backbone import build_clip_parts
 from .feedback import FeedbackSettings, first_segmentation_prior
-from ..clip.encoder import DenseCLIPEncoder
-from ..clip.spec import AttentionSpec
-from ..clip.text import max_over_synonyms
-from ..clip.object_presence import object_presence_from_config, object_presence_logits, text_clusters
-from .pamr import pamr
-from ..propagation.config import build_label_propagation
+from ..methods import LOGIT_HEADS, SIDE_INPUTS, STAGE_KINDS, STAGES, ImageInputs, LogitHead, Stage, check_parts
+from ..methods import plan_from_config
+from ..methods.cosine import CosineHead
 from .postprocess import ScoreMaps
 from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
-from .tta import TTA_MODES, check_method_options, close_labels, tta_logits
+from .tta import check_definition_options
 
-__all__ = ["SparseCLIP"]
+__all__ = ["SparseCLIP", "PipelineOutput"]
 
 logger = logging.getLogger(__name__)
 
 TextClassifierFn = Callable[[List[str]], Tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclasses.dataclass
+class PipelineOutput:
+    """What :meth:`SparseCLIP.predict` gives for one input.
+
+    Fields:
+        score_maps: the class scores before the labels stages (band-wise, ``postprocess.ScoreMaps``).
+        labels: ``(H, W)`` long label map after the labels stages, or None when no labels stage
+            ran (then it is ``score_maps.labels()``).
+        attention: the attention record when asked for (``modeling.attention_record``), else None.
+        vocabulary: the class names used.
+    """
+
+    score_maps: ScoreMaps
+    labels: Optional[torch.Tensor]
+    attention: Optional[Dict]
+    vocabulary: List[str]
+
+    def label_map(self) -> torch.Tensor:
+        return self.labels if self.labels is not None else self.score_maps.labels()
 
 
 @META_ARCH_REGISTRY.register()
@@ -88,27 +109,20 @@ class SparseCLIP(nn.Module):
         attention_stats: bool = False,
         max_scores_mb: float = 1024.0,
         patch_remainder: str = "pad_crop",
-        pamr_steps: int = 0,
-        pamr_dilations: Sequence[int] = (8, 16),
         class_names: str = "",
-        tta_mode: str = "",
-        tta_weight: float = 0.75,
-        label_closing: int = 0,
         definitions: Optional[Sequence[Tuple[str, str]]] = None,
         definition_weight: float = 0.0,
-        feature_surgery: bool = False,
-        feature_surgery_scale: float = 2.0,
         feedback: Optional[FeedbackSettings] = None,
-        cluster_vote: Optional[ClusterVoteSettings] = None,
-        cls_logit_product: bool = False,
-        object_presence=None,
-        label_propagation: Optional[nn.Module] = None,
+        head: Optional[LogitHead] = None,
+        stages: Sequence[Stage] = (),
+        side_inputs: Optional[Dict[str, object]] = None,
     ):
         """
         Args:
-            encoder: module with ``patch_size`` and ``embed_dim`` attributes mapping
-                ``(N, 3, h, w)`` normalised images (h, w multiples of ``patch_size``) to
-                ``(N, D, h/p, w/p)`` patch embeddings (a ``DenseCLIPEncoder``).
+            encoder: module with ``patch_size``, ``embed_dim`` and ``needs``
+                (:class:`~sparseclip_d2.common.needs.Needs`) mapping ``(N, 3, h, w)`` normalised
+                images (h, w multiples of ``patch_size``) to ``(N, D, h/p, w/p)`` patch embeddings
+                (a ``DenseCLIPEncoder``).
             text_classifier: ``class_names -> (emb (S, D), class_index (S,))`` for the
                 default ``templates`` (a ``TextClassifier``; any callable in tests).
             pixel_mean, pixel_std: per-channel RGB normalisation in 0-255 scale.
@@ -130,39 +144,41 @@ class SparseCLIP(nn.Module):
                 of ``{"sem_seg": (C, H, W)}``.
             patch_remainder: windows whose sides are not multiples of the patch size, one of
                 ``sliding_window.PATCH_REMAINDER_MODES``.
-            pamr_steps, pamr_dilations: PAMR refinement of the synonym logits at the output
-                size, guided by the normalised image resized to it (``modeling.pamr``); 0 steps
-                disables it.
             class_names: "" (the dataset's ``stuff_classes``) or an upstream class-name set
                 (``sclip``, ``clearclip``, ``naclip``, ``maskclip``) whose file for the dataset's
                 ``class_names_file`` replaces them.
-            tta_mode, tta_weight: test-time augmentation of each window's logits
-                (``modeling.tta``, ``""`` = none).
-            label_closing: morphological closing of the label map (0 = off); when on, outputs
-                are ``{"sem_seg_labels": (H, W) long}``.
             definitions, definition_weight: ``[(name, text)]`` class definitions (background
                 excluded) mixed into the synonym embeddings (``clip.definitions``), or None.
-            feature_surgery, feature_surgery_scale: CLIP Surgery's feature surgery of each
-                window's logits (``clip.surgery``), its CLS factor.
-            feedback: how the first segmentation of an ``encoder.spec.feedback`` spec (ResCLIP's
-                SFR) is made (``modeling.feedback``); None = ``FeedbackSettings()``.
-            cluster_vote: CLIPtrase's DBSCAN cluster vote (``modeling.cluster_vote``), or None;
-                outputs are then ``{"sem_seg_labels": (H, W) long}``.
-            cls_logit_product: multiply each window's patch logits by its CLS logits (CLIPtrase's
-                VOC20 rule).
-            label_propagation: LPOSS / LPOSS+ over the windows' patch logits
-                (``propagation.LabelPropagation``), or None.
+            feedback: how the first segmentation of an encoder that needs one (ResCLIP's SFR) is
+                made (``modeling.feedback``); None = ``FeedbackSettings()``.
+            head: the logit head (``methods.LOGIT_HEADS``); None = the cosine head.
+            stages: post-processing stages (``methods.STAGES``), run in ``STAGE_KINDS`` order.
+            side_inputs: ``{name: SideInput}`` for the side inputs the encoder needs
+                (``methods.SIDE_INPUTS``); missing ones are made with their defaults.
         """
         super().__init__()
-        for name in ("patch_size", "embed_dim"):
-            if not hasattr(encoder, name):
-                raise ValueError(f"encoder {type(encoder).__name__} lacks the attribute {name!r}")
+        try:  # the contract of an encoder, checked once here
+            encoder.patch_size, encoder.embed_dim, encoder.needs
+        except AttributeError as e:
+            raise ValueError(f"encoder {type(encoder).__name__} lacks an attribute of the encoder contract "
+                             f"(patch_size, embed_dim, needs): {e}") from None
         check_input_format(input_format)
         if sliding_window and (crop_size <= 0 or stride <= 0 or window_batch_size <= 0):
             raise ValueError(
                 f"TEST.SLIDING_WINDOW needs positive CROP_SIZE/STRIDE/BATCH_SIZE, got "
                 f"{crop_size}/{stride}/{window_batch_size}"
             )
+        if patch_remainder not in PATCH_REMAINDER_MODES:
+            raise ValueError(f"MODEL.SPARSECLIP.PATCH_REMAINDER must be one of {', '.join(PATCH_REMAINDER_MODES)}, "
+                             f"got {patch_remainder!r}")
+        if attention_stats and patch_remainder != "pad_crop":
+            raise ValueError(
+                f"TEST.ATTENTION_STATS.ENABLED needs MODEL.SPARSECLIP.PATCH_REMAINDER pad_crop (the attention "
+                f"record maps patches to pixels with symmetric padding), got {patch_remainder!r}")
+        self.class_names = str(class_names or "")
+        if self.class_names and self.class_names not in CLASS_NAME_SETS:
+            raise ValueError(f"unknown MODEL.SPARSECLIP.CLASS_NAMES {self.class_names!r}; valid: '' (each "
+                             f"dataset's packaged names), {', '.join(CLASS_NAME_SETS)}")
         self.encoder = encoder
         self.clip_model = clip_model
         self._text_classifier = text_classifier
@@ -183,60 +199,24 @@ class SparseCLIP(nn.Module):
         self.max_scores_bytes = float(max_scores_mb) * 2 ** 20
         self._warned_labels_only = False
         self._checked_vocabularies: set = set()
-        if patch_remainder not in PATCH_REMAINDER_MODES:
-            raise ValueError(f"MODEL.SPARSECLIP.PATCH_REMAINDER must be one of {', '.join(PATCH_REMAINDER_MODES)}, "
-                             f"got {patch_remainder!r}")
-        if int(pamr_steps) != pamr_steps or pamr_steps < 0:
-            raise ValueError(f"MODEL.SPARSECLIP.PAMR.STEPS must be a non-negative integer, got {pamr_steps!r}")
-        if attention_stats and patch_remainder != "pad_crop":
-            raise ValueError(
-                f"TEST.ATTENTION_STATS.ENABLED needs MODEL.SPARSECLIP.PATCH_REMAINDER pad_crop (the attention "
-                f"record maps patches to pixels with symmetric padding), got {patch_remainder!r}")
         self.patch_remainder = patch_remainder
-        self.pamr_steps = int(pamr_steps)
-        self.pamr_dilations = tuple(pamr_dilations)
-        if self.pamr_steps:
-            pamr(torch.zeros(1, 3, 2, 2), torch.zeros(1, 1, 2, 2), 1, self.pamr_dilations)  # validates dilations
-        self.class_names = str(class_names or "")
-        if self.class_names and self.class_names not in CLASS_NAME_SETS:
-            raise ValueError(f"unknown MODEL.SPARSECLIP.CLASS_NAMES {self.class_names!r}; valid: '' (each "
-                             f"dataset's packaged names), {', '.join(CLASS_NAME_SETS)}")
-        if tta_mode not in TTA_MODES:
-            raise ValueError(f"TEST.TTA.MODE must be one of {TTA_MODES}, got {tta_mode!r}")
-        if tta_mode and attention_stats:
-            raise ValueError("TEST.TTA.MODE cannot be combined with TEST.ATTENTION_STATS.ENABLED")
-        self.tta_mode, self.tta_weight = tta_mode, float(tta_weight)
-        self.label_closing = int(label_closing)
         self.definitions = list(definitions) if definitions else None
         self.definition_weight = float(definition_weight)
-        if feature_surgery and tta_mode:
-            raise ValueError("MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED cannot be combined with TEST.TTA.MODE")
-        self.feature_surgery = bool(feature_surgery)
-        self.feature_surgery_scale = check_surgery_scale(feature_surgery_scale)
         self.feedback = feedback if feedback is not None else FeedbackSettings()
-        if getattr(getattr(encoder, "spec", None), "feedback", False) and tta_mode:
-            raise ValueError(f"TEST.TTA.MODE = {tta_mode!r} cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED "
-                             "(the TTA views have no first segmentation); valid: TEST.TTA.MODE ''")
-        self.cluster_vote = cluster_vote
-        self.cls_logit_product = bool(cls_logit_product)
-        if (cluster_vote is not None or self.cls_logit_product) and (tta_mode or feature_surgery or attention_stats):
-            raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE / CLS_LOGIT_PRODUCT cannot be combined with TEST.TTA.MODE, "
-                             "FEATURE_SURGERY.ENABLED or TEST.ATTENTION_STATS.ENABLED")
-        if cluster_vote is not None and (sliding_window or patch_remainder != "pad_crop" or label_closing):
-            raise ValueError("MODEL.SPARSECLIP.CLUSTER_VOTE needs whole-image inference (TEST.SLIDING_WINDOW.ENABLED "
-                             "False), PATCH_REMAINDER pad_crop and LABEL_CLOSING 0")
-        # CASS's object-presence prompt adjustment (clip/object_presence.py); its "image" embedding
-        # comes from the unmodified tower (the default spec is CLIP's own block)
-        self.object_presence = object_presence
-        self._native_encoder = None
-        if object_presence is not None and object_presence.global_source == "image":
-            self._native_encoder = DenseCLIPEncoder(encoder.visual, AttentionSpec(),
-                                                    pos_embed_interp=encoder.pos_embed_interp,
-                                                    attn_pool_dense=encoder.attn_pool_dense)
-        self.label_propagation = label_propagation
-        if label_propagation is not None and (cluster_vote is not None or self.pamr_steps or attention_stats):
-            raise ValueError("MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND cannot be combined with CLUSTER_VOTE, PAMR or "
-                             "TEST.ATTENTION_STATS.ENABLED")
+        self.head = head if head is not None else CosineHead()
+        ordered = sorted(stages, key=lambda st: STAGE_KINDS.index(st.kind))
+        self.stages = nn.ModuleList(ordered)
+        check_parts((encoder.needs, type(encoder).__name__), self.head, list(self.stages),
+                    sliding_window=self.sliding_window, patch_remainder=patch_remainder,
+                    attention_stats=self.attention_stats)
+        self.needs = encoder.needs
+        for st in self.stages:
+            self.needs = self.needs | st.needs
+        side_inputs = dict(side_inputs or {})
+        for name in self.needs.side_inputs():
+            if name not in side_inputs:
+                side_inputs[name] = SIDE_INPUTS.get(name)()
+        self.side_inputs = side_inputs
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
         self.eval()
@@ -244,22 +224,20 @@ class SparseCLIP(nn.Module):
     @classmethod
     def from_config(cls, cfg):
         sc = cfg.MODEL.SPARSECLIP
-        check_method_options(cfg)
-        check_surgery_options(cfg)
         feedback = FeedbackSettings.from_config(cfg)
-        if not cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED and feedback != FeedbackSettings():
+        if not sc.FEEDBACK.ENABLED and feedback != FeedbackSettings():
             logger.warning("MODEL.SPARSECLIP.FEEDBACK.THRESHOLD/PAMR_*/CONNECTIVITY/SMOOTH_STD = %s change nothing: "
                            "MODEL.SPARSECLIP.FEEDBACK.ENABLED is False", feedback)
-        if cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED and cfg.TEST.TTA.MODE:
-            raise ValueError(f"TEST.TTA.MODE = {cfg.TEST.TTA.MODE!r} cannot be combined with "
-                             "MODEL.SPARSECLIP.FEEDBACK.ENABLED (the TTA views have no first segmentation); valid: "
-                             "TEST.TTA.MODE '' or FEEDBACK.ENABLED False")
+        check_definition_options(cfg)
+        plan = plan_from_config(cfg)  # every part's keys and their combination, before the weights load
         parts = build_clip_parts(cfg)  # validates every user-facing value before the weights load
         clip_model, encoder = parts.clip_model, parts.encoder
         logit_scale = float(sc.LOGIT_SCALE)  # >= 0, checked by build_clip_parts
         if logit_scale == 0:
             logit_scale = float(clip_model.logit_scale.detach().float().exp())
-
+        head = LOGIT_HEADS.get(plan.head).from_config(cfg, parts)
+        stages = [STAGES.get(name).from_config(cfg, parts) for name, _ in plan.stages]
+        side_inputs = {name: SIDE_INPUTS.get(name)(cfg) for name in encoder.needs.side_inputs()}
         sw = cfg.TEST.SLIDING_WINDOW
         return {
             "encoder": encoder,
@@ -281,29 +259,45 @@ class SparseCLIP(nn.Module):
             "attention_stats": cfg.TEST.ATTENTION_STATS.ENABLED,
             "max_scores_mb": cfg.TEST.SEM_SEG_SCORES_MAX_MB,
             "patch_remainder": sc.PATCH_REMAINDER,
-            "pamr_steps": sc.PAMR.STEPS,
-            "pamr_dilations": tuple(sc.PAMR.DILATIONS),
             "class_names": sc.CLASS_NAMES,
-            "tta_mode": cfg.TEST.TTA.MODE,
-            "tta_weight": cfg.TEST.TTA.WEIGHT,
-            "label_closing": sc.LABEL_CLOSING,
             "definitions": load_definitions(sc.TEXT.DEFINITIONS) if sc.TEXT.DEFINITIONS else None,
             "definition_weight": sc.TEXT.DEFINITION_WEIGHT,
-            "feature_surgery": sc.FEATURE_SURGERY.ENABLED,
-            "feature_surgery_scale": sc.FEATURE_SURGERY.CLS_SCALE,
             "feedback": feedback,
-            "cluster_vote": ClusterVoteSettings.from_config(cfg),
-            "cls_logit_product": sc.CLS_LOGIT_PRODUCT,
-            "object_presence": object_presence_from_config(cfg),
-            "label_propagation": build_label_propagation(
-                cfg, cfg.MODEL.DEVICE, [m / 255.0 for m in parts.pixel_mean], [v / 255.0 for v in parts.pixel_std]),
+            "head": head,
+            "stages": stages,
+            "side_inputs": side_inputs,
         }
 
     @property
     def device(self) -> torch.device:
         return self.pixel_mean.device
 
-    # ------------------------------------------------------------------ parts reused by other code
+    @property
+    def records_attention(self) -> bool:
+        """Whether :meth:`predict` can return the last block's attention record (the head and
+        every stage record it)."""
+        return bool(self.head.records_attention and all(st.records_attention for st in self.stages))
+
+    def with_encoder(self, encoder: nn.Module) -> "SparseCLIP":
+        """A model with another encoder (an attention variant of the same tower) and the same head,
+        stages, text classifier and text cache (nothing copied)."""
+        other = SparseCLIP.__new__(SparseCLIP)
+        nn.Module.__init__(other)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_modules",)})
+        other._modules = dict(self._modules)
+        other._modules["encoder"] = encoder
+        check_parts((encoder.needs, type(encoder).__name__), other.head, list(other.stages),
+                    sliding_window=other.sliding_window, patch_remainder=other.patch_remainder,
+                    attention_stats=other.attention_stats)
+        return other
+
+    def describe(self) -> str:
+        """One line: the encoder's attention, then the head and stages that are not the default."""
+        parts = [self.encoder.describe()]
+        parts += [d for d in [self.head.describe()] + [st.describe() for st in self.stages] if d]
+        return ", ".join(parts)
+
+    # ------------------------------------------------------------------ text
     def text_classifier_for(
         self, vocabulary: Sequence[str], templates: Optional[str] = None, background_index: Optional[int] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -357,6 +351,7 @@ class SparseCLIP(nn.Module):
             f"{self.templates!r} (no text_classifier_factory)"
         )
 
+    # ------------------------------------------------------------------ images
     def normalize_image(self, image: torch.Tensor) -> torch.Tensor:
         """``(3, H, W)`` uint8 image in ``input_format`` -> ``(3, H, W)`` float32 normalised RGB."""
         if image.dim() != 3 or image.shape[0] != 3:
@@ -366,6 +361,11 @@ class SparseCLIP(nn.Module):
             image = image.flip(0)
         return (image - self.pixel_mean) / self.pixel_std
 
+    def rgb01(self, image: torch.Tensor) -> torch.Tensor:
+        """``(3, H, W)`` uint8 image in ``input_format`` -> ``(3, H, W)`` float32 RGB / 255."""
+        rgb = image.to(self.device, torch.float32)
+        return (rgb.flip(0) if self.input_format == "BGR" else rgb) / 255.0
+
     def normalize_images(self, batched_inputs: List[Dict]) -> ImageList:
         """Normalised RGB images of a batch, zero-padded (after normalisation) to a common
         size divisible by ``encoder.patch_size``: ``ImageList`` with ``.tensor (B, 3, H', W')``
@@ -373,267 +373,165 @@ class SparseCLIP(nn.Module):
         images = [self.normalize_image(x["image"]) for x in batched_inputs]
         return ImageList.from_tensors(images, int(self.encoder.patch_size))
 
-    # ------------------------------------------------------------------ inference
-    def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor,
-                      attention_sink: Optional[List[torch.Tensor]] = None,
-                      presence: Optional[Tuple[np.ndarray, Optional[torch.Tensor]]] = None) -> torch.Tensor:
-        """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` patch logits
-        ``logit_scale * cosine(patch embedding, synonym embedding)`` (float32). With
-        ``attention_sink`` (a list), the last block's attention of each window,
-        ``(heads, T + h*w, T + h*w)`` float32 (``T`` = the encoder's prefix tokens), is
-        appended to it. ``presence``: with ``OBJECT_PRESENCE`` on, the windows' image's
-        :meth:`object_presence_context`; without it each window is its own image."""
-        # the encoder casts the images to its own weights' dtype
-        if attention_sink is None and self.tta_mode:
-            return tta_logits(self.tta_mode, self.encoder, images, text_emb, self.logit_scale, self.tta_weight)
+    # ------------------------------------------------------------------ the pipeline
+    def image_inputs(self, x: Dict) -> ImageInputs:
+        """One input dict's vocabulary, text embeddings, normalised image, output size and the
+        side inputs the encoder declares (:class:`~sparseclip_d2.methods.ImageInputs`)."""
+        vocabulary, background_index = self._vocabulary(x)
+        emb, class_index = self.text_classifier_for(vocabulary, background_index=background_index)
+        image = self.normalize_image(x["image"])
+        out_size = (int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1])))
+        inputs = ImageInputs(x, vocabulary, background_index, emb, class_index, image, out_size)
+        for name, side in self.side_inputs.items():
+            full = side.full(self, x, out_size).to(image.device)
+            inputs.side_full[name] = full
+            inputs.side[name] = side.working(full, tuple(image.shape[-2:]))
+        return inputs
+
+    def encoder_inputs(self, images: torch.Tensor, text_emb: torch.Tensor, side: Optional[torch.Tensor] = None
+                       ) -> Dict:
+        """The encoder's keyword inputs for a batch of windows, from its declared ``needs``."""
+        needs: Needs = self.encoder.needs
         kwargs = {}
-        if getattr(getattr(self.encoder, "spec", None), "feedback", False):
+        if needs.first_segmentation:
             kwargs["feedback"] = lambda first: first_segmentation_prior(
                 first, images, text_emb, self.logit_scale, self.feedback, int(self.encoder.patch_size),
                 int(self.encoder.num_prefix_tokens))
-        if getattr(self.encoder, "needs_text", False):  # a last block that classifies (FSA, proxy/fsa.py)
+        if needs.text:
             kwargs["text_emb"] = text_emb
-        if self.object_presence is not None:  # CASS's object-presence prompt (clip/object_presence.py)
-            return self.logit_scale * self._object_presence_logits(images, text_emb, kwargs, presence)
-        if self.cls_logit_product:  # CLIPtrase's VOC20 rule (modeling/cluster_vote.py)
-            return encode_window_logits(self.encoder, images, text_emb, self.logit_scale, cls_product=True,
-                                        feedback=kwargs.get("feedback"))[0]
-        if self.feature_surgery:  # CLIP Surgery's text-side feature surgery (clip/surgery.py)
-            tokens, grid, attn = self.encoder.forward_tokens(images, **kwargs)
-            if attention_sink is not None:
-                attention_sink.extend(attn.unbind(0))
-            feats = F.normalize(self.encoder.dense_embedding(tokens, grid).float(), dim=1)
-            cls = F.normalize(self.encoder.pooled_embedding(tokens).float(), dim=-1)
-            return self.logit_scale * feature_surgery(torch.einsum("ndhw,sd->nshw", feats, text_emb),
-                                                      cls @ text_emb.T, self.feature_surgery_scale)
-        if attention_sink is None:
-            feats = self.encoder(images, **kwargs)
-        else:
-            feats, attn = self.encoder(images, return_attention=True, **kwargs)
-            attention_sink.extend(attn.unbind(0))
-        feats = F.normalize(feats.float(), dim=1)
-        return self.logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb)
+        for name in needs.side_inputs():
+            if side is None:
+                raise ValueError(f"encoder {type(self.encoder).__name__} needs the side input {name!r} for its "
+                                 f"windows: give input[{name!r}]")
+            kwargs[self.side_inputs[name].encoder_keyword] = side
+        return kwargs
 
-    def synonym_logits(self, image: torch.Tensor, text_emb: torch.Tensor,
-                       attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
-        """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits at that size,
-        whole-image or sliding-window per the config (``attention_sink``: see ``encode_logits``;
-        windows are appended in ``window_grid`` order)."""
-        presence = self.object_presence_context(image, text_emb)
+    def window_logits_fn(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None):
+        """``(crops[, side crops]) -> (N, S, h/p, w/p)`` logits of windows of ``inputs``' image through
+        the encoder and the head (the tapped block's self-correlation collected into
+        ``inputs.correlation`` when a stage needs it)."""
+        text_emb = inputs.text_emb
+        layer = self.needs.correlation_layer
+        if inputs.context is None:
+            inputs.context = self.head.image_context(self, inputs.image, text_emb)
+
+        def logits_fn(crops: torch.Tensor, side: Optional[torch.Tensor] = None) -> torch.Tensor:
+            kwargs = self.encoder_inputs(crops, text_emb, side)
+            if layer is not None:
+                logits, corr = self.head.with_correlation(self, crops, text_emb, kwargs, layer)
+                inputs.correlation.extend(corr.unbind(0))
+                return logits
+            return self.head(self, crops, text_emb, kwargs, attention_sink, inputs.context)
+
+        return logits_fn
+
+    def window_loop(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """``(S, H, W)`` synonym logits of ``inputs``' image at the working size: whole-image or
+        sliding-window per the config, windows appended to ``attention_sink`` in ``window_grid`` order."""
+        side_name = next(iter(self.side_inputs), None)
+        side = inputs.side.get(side_name) if side_name is not None else None
         return dense_logits(
-            image,
-            lambda crops: self.encode_logits(crops, text_emb, attention_sink, presence),
+            inputs.image,
+            self.window_logits_fn(inputs, attention_sink),
             patch_size=int(self.encoder.patch_size),
             crop_size=self.crop_size if self.sliding_window else None,
             stride=self.stride if self.sliding_window else None,
             batch_size=self.window_batch_size,
             patch_remainder=self.patch_remainder,
+            side=side,
+            side_pad_value=self.side_inputs[side_name].pad_value if side_name is not None else 0,
         )
 
-    def object_presence_context(self, image: torch.Tensor,
-                                text_emb: torch.Tensor) -> Optional[Tuple[np.ndarray, Optional[torch.Tensor]]]:
-        """What CASS's object-presence prompt needs once per image, passed to every window's
-        :meth:`encode_logits` (``None`` when ``OBJECT_PRESENCE`` is off): the synonyms' cluster ids
-        and, with ``GLOBAL image``, the unmodified tower's unit pooled embedding ``(1, D)`` of the
-        whole ``(3, H, W)`` normalised image (``None`` with ``GLOBAL window``)."""
-        if self.object_presence is None:
-            return None
-        clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
-        if self._native_encoder is None:
-            return clusters, None
-        p = int(self._native_encoder.patch_size)
-        h, w = image.shape[-2] // p * p, image.shape[-1] // p * p  # conv1 drops a partial patch
-        tokens, _, _ = self._native_encoder.forward_tokens(image[None, :, :h, :w])
-        return clusters, F.normalize(self._native_encoder.pooled_embedding(tokens).float(), dim=-1)
+    def predict(self, x: Dict, *, attention: bool = False) -> PipelineOutput:
+        """The one prediction path of one input dict (``image`` (3, H, W) uint8 at the working size,
+        optional ``height`` / ``width``, ``dataset_name`` or ``vocabulary`` [+ ``background_index``],
+        and the side inputs the encoder needs such as ``region_mask``). ``attention``: also the last
+        block's attention record (None when the head or a stage does not record it, see
+        :attr:`records_attention`)."""
+        inputs = self.image_inputs(x)
+        sink: Optional[List[torch.Tensor]] = [] if attention and self.records_attention else None
+        windows = [st for st in self.stages if st.kind == "windows"]
+        if windows:
+            logits, class_index = windows[0](self, inputs, self.window_logits_fn(inputs))
+        else:
+            logits, class_index = self.window_loop(inputs, sink), inputs.class_index
+        if self.prob_threshold > 0 and inputs.background_index is None:
+            self._warn_threshold_ignored(x)
+        for st in self.stages:
+            if st.kind == "logits":
+                logits = st(self, inputs, logits)
+        maps = ScoreMaps(logits, class_index, len(inputs.vocabulary), prob_threshold=self.prob_threshold,
+                         area_threshold=self.area_threshold, background_index=inputs.background_index,
+                         out_size=inputs.out_size)
+        labels = None
+        for st in self.stages:
+            if st.kind == "labels":
+                labels = st(self, inputs, maps.labels() if labels is None else labels)
+        record = self.attention_record(sink, tuple(x["image"].shape[-2:])) if sink is not None else None
+        return PipelineOutput(maps, labels, record, inputs.vocabulary)
 
     def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, torch.Tensor]]:
         """
         Args:
-            batched_inputs: dicts with ``image`` (3, H, W) uint8, optional ``height``/``width``
-                (output size; default the image size), and ``dataset_name`` or ``vocabulary``
-                (+ optional ``background_index``). FG-OVD has its own META_ARCH,
+            batched_inputs: dicts as :meth:`predict` takes them. FG-OVD has its own META_ARCH,
                 ``SparseCLIPFGOVD`` (``modeling/fgovd.py``).
 
         Returns:
             list of ``{"sem_seg": (C, height, width) float32}`` class scores, or of
-            ``{"sem_seg_labels": (height, width) long}`` label maps for outputs whose scores
-            would exceed ``TEST.SEM_SEG_SCORES_MAX_MB``.
+            ``{"sem_seg_labels": (height, width) long}`` label maps after a labels stage or for
+            outputs whose scores would exceed ``TEST.SEM_SEG_SCORES_MAX_MB``; with
+            ``TEST.ATTENTION_STATS`` also ``"attention"``.
         """
-        if not batched_inputs:
-            return []
         outputs = []
         with torch.no_grad():
             for x in batched_inputs:
-                if self.cluster_vote is not None:  # CLIPtrase's cluster vote (modeling/cluster_vote.py)
-                    outputs.append({"sem_seg_labels": self.cluster_vote_maps(x)[1]})
-                    continue
-                if getattr(self.encoder, "needs_regions", False):  # CorrCLIP (modeling/region_masks.py)
-                    from .region_masks import corrclip_labels
-
-                    outputs.append({"sem_seg_labels": corrclip_labels(self, x)})
-                    continue
-                sink: Optional[List[torch.Tensor]] = [] if self.attention_stats else None
-                maps = self.score_maps(x, sink)
-                num_classes, out_h, out_w = maps.shape
-                if self.label_closing:
-                    out = {"sem_seg_labels": close_labels(maps.labels(), self.label_closing)}
-                elif num_classes * out_h * out_w * 4 <= self.max_scores_bytes:
-                    out = {"sem_seg": maps.scores()}
-                else:
-                    # The (C, H, W) scores would exceed TEST.SEM_SEG_SCORES_MAX_MB: only the
-                    # label map, computed in bands (the evaluator reads either).
-                    if not self._warned_labels_only:
-                        self._warned_labels_only = True
-                        logger.info("output of %dx%d with %d classes: returning the label map "
-                                    "'sem_seg_labels' instead of the %.0f MiB of scores "
-                                    "(TEST.SEM_SEG_SCORES_MAX_MB = %.0f)", out_w, out_h, num_classes,
-                                    num_classes * out_h * out_w * 4 / 2 ** 20,
-                                    self.max_scores_bytes / 2 ** 20)
-                    out = {"sem_seg_labels": maps.labels()}
-                del maps
-                if sink is not None:
-                    out["attention"] = self.attention_record(sink, tuple(x["image"].shape[-2:]))
-                outputs.append(out)
+                result = self.predict(x, attention=self.attention_stats)
+                outputs.append(self._output(result))
         return outputs
 
-    def score_maps(self, x: Dict, attention_sink: Optional[List[torch.Tensor]] = None) -> ScoreMaps:
-        """The class scores of one input at its output size (``height`` x ``width``) as a
-        :class:`~sparseclip_d2.modeling.postprocess.ScoreMaps`: working-resolution logits
-        from which the probabilities, the label map and the scores are computed in bands of
-        output rows (no full-size ``(C, H, W)`` tensor unless asked for).
-        ``attention_sink``: see :meth:`encode_logits`."""
-        vocabulary, background_index = self._vocabulary(x)
-        emb, class_index = self.text_classifier_for(vocabulary, background_index=background_index)
-        image = self.normalize_image(x["image"])
-        if self.label_propagation is not None:  # LPOSS / LPOSS+ (sparseclip_d2/propagation/)
-            logits = self.propagated_logits(x["image"], image, emb)
-            if self.label_propagation.settings.reduce_synonyms == "before_resize":
-                # LPOSS's order (LABEL_PROPAGATION.REDUCE_SYNONYMS): the max over each class's synonym
-                # logits at the working resolution (lposs_eval.py reduce_to_true_classes), then the resize
-                logits = max_over_synonyms(logits, class_index, len(vocabulary), dim=0)
-                class_index = torch.arange(len(vocabulary), device=logits.device)
+    def _output(self, result: PipelineOutput) -> Dict:
+        maps = result.score_maps
+        num_classes, out_h, out_w = maps.shape
+        if result.labels is not None:
+            out = {"sem_seg_labels": result.labels}
+        elif num_classes * out_h * out_w * 4 <= self.max_scores_bytes:
+            out = {"sem_seg": maps.scores()}
         else:
-            logits = self.synonym_logits(image, emb, attention_sink)
-        out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
-        if self.prob_threshold > 0 and background_index is None:
-            self._warn_threshold_ignored(x)
-        if self.pamr_steps:
-            # As NACLIP's predict: the logits and the normalised image bilinearly resized to
-            # the output size, then PAMR (linear in the logits, so the logit scale commutes
-            # with it); the band-wise resize below is then the identity.
-            logits = self.refine_pamr(image, logits, (out_h, out_w))
-        return ScoreMaps(
-            logits,
-            class_index,
-            len(vocabulary),
-            prob_threshold=self.prob_threshold,
-            area_threshold=self.area_threshold,
-            background_index=background_index,
-            out_size=(out_h, out_w),
-        )
+            # The (C, H, W) scores would exceed TEST.SEM_SEG_SCORES_MAX_MB: only the
+            # label map, computed in bands (the evaluator reads either).
+            if not self._warned_labels_only:
+                self._warned_labels_only = True
+                logger.info("output of %dx%d with %d classes: returning the label map "
+                            "'sem_seg_labels' instead of the %.0f MiB of scores "
+                            "(TEST.SEM_SEG_SCORES_MAX_MB = %.0f)", out_w, out_h, num_classes,
+                            num_classes * out_h * out_w * 4 / 2 ** 20, self.max_scores_bytes / 2 ** 20)
+            out = {"sem_seg_labels": maps.labels()}
+        if result.attention is not None:
+            out["attention"] = result.attention
+        return out
 
-    def propagated_logits(self, raw: torch.Tensor, image: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
-        """``(S, H, W)`` synonym logits of one image after label propagation (LPOSS / LPOSS+): the
-        windows of :meth:`synonym_logits` encoded by :meth:`encode_logits` and the VFM, propagated
-        jointly, merged by the same window loop; LPOSS+ then propagates over the pixels of ``raw``
-        (the ``(3, H, W)`` uint8 input in ``input_format``, as RGB / 255)."""
-        from .sliding_window import symmetric_pad, window_grid
+    # ------------------------------------------------------------------ pieces for tests and tools
+    def score_maps(self, x: Dict) -> ScoreMaps:
+        """The class scores of one input before the labels stages (:meth:`predict`'s ``score_maps``)."""
+        return self.predict(x).score_maps
 
-        lp = self.label_propagation
-        p = lp.window_multiple(int(self.encoder.patch_size))
-        H, W = image.shape[-2:]
-        crop = self.crop_size if self.sliding_window else None
-        windows = window_grid(H, W, self.crop_size, self.stride) if self.sliding_window else [(0, H, 0, W)]
-        wh, ww = windows[0][1] - windows[0][0], windows[0][3] - windows[0][2]
-        pad = symmetric_pad(wh, ww, p) if self.patch_remainder == "pad_crop" else (0, 0, 0, 0)
+    def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor,
+                      attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` logits of the head, each window
+        its own image (no side input)."""
+        kwargs = self.encoder_inputs(images, text_emb)
+        return self.head(self, images, text_emb, kwargs, attention_sink, None)
 
-        def dense(fn):
-            return dense_logits(image, fn, patch_size=p, crop_size=crop, stride=self.stride if crop else None,
-                                batch_size=self.window_batch_size, patch_remainder=self.patch_remainder)
-
-        rgb = None
-        if "pixel_lab" in lp.settings.stages:
-            rgb = raw.to(self.device, torch.float32)
-            rgb = (rgb.flip(0) if self.input_format == "BGR" else rgb) / 255.0
-        presence = self.object_presence_context(image, text_emb)
-        return lp(lambda crops: self.encode_logits(crops, text_emb, None, presence), dense, windows, (pad[2], pad[0]),
-                  rgb, crop)
-
-    def cluster_vote_maps(self, x: Dict) -> Tuple[ScoreMaps, torch.Tensor]:
-        """``(score maps, (height, width) long labels)`` of one input with CLIPtrase's cluster
-        vote: the whole image encoded once (block ``cluster_vote.layer``'s self-correlation from
-        the same pass), the labels of the score maps' rules, then DBSCAN clusters and the vote
-        (``modeling.cluster_vote``); the score maps are those before the vote."""
-        from .sliding_window import symmetric_pad
-
-        settings = self.cluster_vote
-        vocabulary, background_index = self._vocabulary(x)
-        emb, class_index = self.text_classifier_for(vocabulary, background_index=background_index)
-        image = self.normalize_image(x["image"])
-        p = int(self.encoder.patch_size)
-        corr: List[torch.Tensor] = []
-
-        def logits_fn(crops):
-            feedback = None
-            if getattr(getattr(self.encoder, "spec", None), "feedback", False):
-                def feedback(first):
-                    return first_segmentation_prior(first, crops, emb, self.logit_scale, self.feedback, p,
-                                                    int(self.encoder.num_prefix_tokens))
-            logits, c = encode_window_logits(self.encoder, crops, emb, self.logit_scale,
-                                             cls_product=self.cls_logit_product, correlation_layer=settings.layer,
-                                             feedback=feedback)
-            corr.extend(c.unbind(0))
-            return logits
-
-        logits = dense_logits(image, logits_fn, patch_size=p, batch_size=1, patch_remainder="pad_crop")
-        out_h, out_w = int(x.get("height", image.shape[-2])), int(x.get("width", image.shape[-1]))
-        if self.pamr_steps:
-            logits = self.refine_pamr(image, logits, (out_h, out_w))
-        maps = ScoreMaps(logits, class_index, len(vocabulary), prob_threshold=self.prob_threshold,
-                         area_threshold=self.area_threshold, background_index=background_index,
-                         out_size=(out_h, out_w))
-        labels = maps.labels()
-        H, W = image.shape[-2:]
-        pad = symmetric_pad(H, W, p)
-        grid = ((H + pad[2] + pad[3]) // p, (W + pad[0] + pad[1]) // p)
-        assignment = cluster_assignment(corr[0], grid, settings, (out_h, out_w), pad=pad, patch_size=p)
-        if assignment is None:  # every patch is DBSCAN noise: the labels stay (as upstream)
-            return maps, labels
-        return maps, majority_vote(labels, assignment.to(labels.device))
-
-    def _object_presence_logits(self, images: torch.Tensor, text_emb: torch.Tensor, kwargs,
-                                presence: Optional[Tuple[np.ndarray, Optional[torch.Tensor]]]) -> torch.Tensor:
-        """Cosine logits ``(N, S, h, w)`` of windows with CASS's object-presence adjustment (before
-        the logit scale): the image embedding of ``presence`` (:meth:`object_presence_context`),
-        or each window's own pooled embedding (``GLOBAL window``, or no ``presence``)."""
-        clusters, glob = presence if presence is not None else (None, None)
-        if self.object_presence.global_source == "window":
-            tokens, grid, _ = self.encoder.forward_tokens(images, **kwargs)
-            feats = self.encoder.dense_embedding(tokens, grid)
-            glob = F.normalize(self.encoder.pooled_embedding(tokens).float(), dim=-1)
-        else:
-            feats = self.encoder(images, **kwargs)
-        if clusters is None:
-            clusters = text_clusters(text_emb, self.object_presence.cluster_threshold)
-        elif len(clusters) != text_emb.shape[0]:
-            raise ValueError(f"object-presence context of {len(clusters)} synonyms for {text_emb.shape[0]} text "
-                             "embeddings: build it with object_presence_context(image, text_emb) of these texts")
-        if glob is None:  # encode_logits called without an image's context: the windows are the images
-            glob = F.normalize(self._native_pooled(images).float(), dim=-1)
-        return object_presence_logits(F.normalize(feats.float(), dim=1), glob, text_emb, clusters,
-                                      self.object_presence)
-
-    def _native_pooled(self, images: torch.Tensor) -> torch.Tensor:
-        tokens, _, _ = self._native_encoder.forward_tokens(images)
-        return self._native_encoder.pooled_embedding(tokens)
-
-    def refine_pamr(self, image: torch.Tensor, logits: torch.Tensor, out_size: Tuple[int, int]) -> torch.Tensor:
-        """PAMR-refined ``(S, out_h, out_w)`` logits from ``(S, h, w)`` logits and the ``(3, h, w)``
-        normalised image (both bilinearly resized to ``out_size`` first, ``align_corners=False``)."""
-        size = (int(out_size[0]), int(out_size[1]))
-        img = F.interpolate(image[None].float(), size=size, mode="bilinear", align_corners=False)
-        full = F.interpolate(logits[None].float(), size=size, mode="bilinear", align_corners=False)
-        return pamr(img, full, self.pamr_steps, self.pamr_dilations)[0]
+    def synonym_logits(self, image: torch.Tensor, text_emb: torch.Tensor,
+                       attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits of the window loop
+        (no side input, no stage)."""
+        inputs = ImageInputs({}, [], None, text_emb, torch.zeros(0), image, tuple(image.shape[-2:]))
+        return dense_logits(image, self.window_logits_fn(inputs, attention_sink),
+                            patch_size=int(self.encoder.patch_size),
+                            crop_size=self.crop_size if self.sliding_window else None,
+                            stride=self.stride if self.sliding_window else None,
+                            batch_size=self.window_batch_size, patch_remainder=self.patch_remainder)
 
     def attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
         """``output["attention"]`` for the attention-statistics evaluator (per-head weights of

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.functional as TF
 
-__all__ = ["TTA_MODES", "tta_logits", "close_labels"]
+__all__ = ["TTA_MODES", "tta_logits", "close_labels", "check_tta_options", "check_label_closing",
+           "check_definition_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,22 +112,32 @@ def close_labels(labels: torch.Tensor, kernel: int) -> torch.Tensor:
     return torch.from_numpy(out.astype(np.int64)).to(labels.device)
 
 
-def check_method_options(cfg) -> None:
-    """Validate the test-time augmentation, label-closing and class-definition keys before any
-    model is built; ``ValueError`` / ``FileNotFoundError`` naming the key, the value and the
-    valid choices."""
-    from ..clip.definitions import load_definitions
-
+def check_tta_options(cfg) -> None:
+    """Validate ``TEST.TTA.*`` before any model is built; ``ValueError`` naming the key, the value
+    and the valid choices."""
     t = cfg.TEST.TTA
     if t.MODE not in TTA_MODES:
         raise ValueError(f"TEST.TTA.MODE = {t.MODE!r} is invalid; valid: {', '.join(repr(m) for m in TTA_MODES)}")
     w = t.WEIGHT
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= float(w) <= 1.0:
         raise ValueError(f"TEST.TTA.WEIGHT = {w!r} is invalid; valid: a number in [0, 1]")
-    sc = cfg.MODEL.SPARSECLIP
-    k = sc.LABEL_CLOSING
+
+
+def check_label_closing(cfg) -> int:
+    """The validated ``MODEL.SPARSECLIP.LABEL_CLOSING`` kernel (0 = off)."""
+    k = cfg.MODEL.SPARSECLIP.LABEL_CLOSING
     if isinstance(k, bool) or not isinstance(k, int) or (k != 0 and (k < 3 or k % 2 == 0)):
         raise ValueError(f"MODEL.SPARSECLIP.LABEL_CLOSING = {k!r} is invalid; valid: 0 (off) or an odd integer >= 3")
+    return k
+
+
+def check_definition_options(cfg) -> None:
+    """Validate ``MODEL.SPARSECLIP.TEXT.DEFINITIONS`` / ``DEFINITION_WEIGHT`` (ITACLIP's class
+    definitions); ``ValueError`` / ``FileNotFoundError`` naming the key, the value and the valid
+    choices; a weight without a file is logged."""
+    from ..clip.definitions import load_definitions
+
+    sc = cfg.MODEL.SPARSECLIP
     dw = sc.TEXT.DEFINITION_WEIGHT
     if isinstance(dw, bool) or not isinstance(dw, (int, float)) or not 0.0 <= float(dw) <= 1.0:
         raise ValueError(f"MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = {dw!r} is invalid; valid: a number in [0, 1]")
@@ -141,6 +152,3 @@ def check_method_options(cfg) -> None:
         logger.warning("MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = %s is unused: no MODEL.SPARSECLIP.TEXT.DEFINITIONS "
                        "file ('name >=definition' lines, e.g. ITACLIP's llama_generated_texts/<dataset>_*.txt) is "
                        "given, so no class definitions are mixed in", dw)
-    if t.MODE and cfg.TEST.ATTENTION_STATS.ENABLED:
-        raise ValueError(f"TEST.TTA.MODE = {t.MODE!r} cannot be combined with TEST.ATTENTION_STATS.ENABLED (the "
-                         "attention record is of the unaugmented windows); valid: TEST.TTA.MODE ''")

@@ -53,8 +53,8 @@ def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettin
 
     Raises:
         ValueError: a key set while ``KIND`` is ``""``; a bad value (naming the key and the valid
-            choices); ``KIND`` with the cluster vote, PAMR, the attention statistics, the FG-OVD
-            META_ARCH or ``INPUT_SIZE -1`` without the sliding window.
+            choices); ``KIND`` with the FG-OVD META_ARCH or ``INPUT_SIZE -1`` without the sliding
+            window (the stages it cannot join: ``methods/lposs.py``, checked by ``methods.check_parts``).
         FileNotFoundError: ``VFM.WEIGHTS`` names a missing file (key and path in the message).
     """
     n = _node(cfg)
@@ -67,10 +67,7 @@ def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettin
             f"{KEY}.KIND is ''", f"set KIND (valid: {', '.join(PROPAGATION_KINDS)}) or leave these keys at their defaults")
         return None
     sc = cfg.MODEL.SPARSECLIP
-    for on, what, valid in ((sc.CLUSTER_VOTE.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED = True", "False"),
-                            (sc.PAMR.STEPS, f"MODEL.SPARSECLIP.PAMR.STEPS = {sc.PAMR.STEPS!r}", "0"),
-                            (cfg.TEST.ATTENTION_STATS.ENABLED, "TEST.ATTENTION_STATS.ENABLED = True", "False"),
-                            (cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD",
+    for on, what, valid in ((cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD",
                              "MODEL.META_ARCHITECTURE = 'SparseCLIPFGOVD'", "SparseCLIP")):
         if on:
             raise ValueError(f"{KEY}.KIND = {got[0].kind!r} cannot be combined with {what} (the propagated "

@@ -203,6 +203,9 @@ class CASSEncoder(DenseCLIPEncoder):
         return super().extra_repr() + (f", proxy={self.proxy.name}, cass(matching={c.matching}, rank={c.rank}, "
                                        f"svd={c.svd}, singular=[{c.singular_low:g}, {c.singular_high:g}])")
 
+    def second_backbones(self):
+        return [self.proxy]
+
     def with_spec(self, spec: AttentionSpec) -> "CASSEncoder":
         """The same encoder (tower and proxy shared) with another attention spec."""
         return type(self)(self.visual, spec, self.proxy, cass=self.cass, pos_embed_interp=self.pos_embed_interp,

@@ -238,3 +238,20 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
         kw.pop("beta"), kw.pop("gamma")
         return CorrCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, settings=corr, **kw)
     return ProxyCLIPEncoder(visual, AttentionSpec.from_config(cfg), proxy, **kw)
+
+
+def encoder_needs_from_config(cfg):
+    """``(Needs, key)``: what the encoder the config builds will need besides the windows (the
+    class's own ``needs`` declaration, read before it is built) and the key that chooses it."""
+    from ..common.needs import Needs
+    from .corrclip import CorrCLIPEncoder
+    from .fsa import FSAEncoder
+
+    p = _node(cfg)
+    if p.NAME and p.FSA.ENABLED:
+        return FSAEncoder.needs, f"{KEY}.FSA.ENABLED"
+    if p.NAME and p.CORRCLIP.ENABLED:
+        return CorrCLIPEncoder.needs, f"{KEY}.CORRCLIP.ENABLED"
+    if cfg.MODEL.SPARSECLIP.FEEDBACK.ENABLED:
+        return Needs(first_segmentation=True), "MODEL.SPARSECLIP.FEEDBACK.ENABLED"
+    return Needs(), (f"{KEY}.NAME" if p.NAME else "the CLIP encoder")

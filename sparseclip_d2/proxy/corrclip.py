@@ -38,6 +38,7 @@ from fvcore.common.registry import Registry
 from torch import nn
 
 from ..clip.encoder import EncoderPass, check_pass_inputs
+from ..common.needs import Needs
 from .attention import resample_grid
 from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
@@ -317,7 +318,8 @@ class CorrCLIPEncoder(ProxyCLIPEncoder):
     own projections).
     """
 
-    needs_regions = True
+    #: the pipeline cuts ``input["region_mask"]`` into the windows (common/needs.py)
+    needs = Needs(region_mask=True)
 
     def __init__(self, visual: nn.Module, spec, proxy, *, settings: CorrCLIPSettings = CorrCLIPSettings(),
                  crop_size: Optional[int] = None, pos_embed_interp: str = "size", attn_pool_dense: str = "value"):

@@ -136,6 +136,9 @@ class ProxyCLIPEncoder(DenseCLIPEncoder):
         """One line for titles and logs: the proxy, its scores, the normaliser, the block."""
         return describe_proxy_block(self.proxy.opts, self.spec, self.beta, self.gamma)
 
+    def second_backbones(self):
+        return [self.proxy]
+
     def grid_for(self, height: int, width: int) -> Tuple[int, int]:
         """CLIP's patch grid of a window; raises unless its sides are multiples of ``patch_size``."""
         ph, pw = self._window_patch

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..attention import get_normalizer
 from ..attention.nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask
+from ..common.needs import Needs
 from .encoder import ProxyCLIPEncoder
 
 __all__ = ["FSASettings", "check_fsa_settings", "kl_similarity", "fsa_scores", "fsa_ensemble", "FSAEncoder"]
@@ -128,8 +129,8 @@ class FSAEncoder(ProxyCLIPEncoder):
     ``alpha`` on the FSA scores. Attention returned: the ensemble, shared by every head.
     """
 
-    #: the META_ARCH passes ``text_emb`` to this encoder (modeling/meta_arch.py encode_logits)
-    needs_text = True
+    #: the pipeline passes ``text_emb`` to this encoder (common/needs.py)
+    needs = Needs(text=True)
 
     def __init__(self, visual: nn.Module, spec, proxy, *, fsa: Optional[FSASettings] = None, **kw):
         super().__init__(visual, spec, proxy, **kw)

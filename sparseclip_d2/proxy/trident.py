@@ -389,6 +389,9 @@ class TridentEncoder(ProxyCLIPEncoder):
     def _init_kwargs(self):
         return dict(super()._init_kwargs(), sam=self.sam, settings=self.settings)
 
+    def second_backbones(self):
+        return [self.proxy, self.sam]
+
     def describe(self) -> str:
         s = self.settings
         return (f"Trident: {super().describe()} on {s.crop_size} px windows every {s.stride} px (one mean over "

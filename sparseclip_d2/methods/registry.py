@@ -1,0 +1,302 @@
+"""The registries of the one inference pipeline: logit heads, post-processing stages and per-image
+side inputs, and the one place where combinations of parts are refused.
+
+The segmentation META_ARCH (``modeling.meta_arch.SparseCLIP``) runs, per image::
+
+    encoder (CLIP with its attention spec, or a second-backbone encoder)
+      -> logit head, per window            (LOGIT_HEADS: cosine, tta, cls_product, ...)
+      -> stages of kind "windows"           (replace the window loop: label propagation)
+      -> stages of kind "logits"            (output-size logits: PAMR)
+      -> the background rules (ScoreMaps)
+      -> stages of kind "labels"            (cluster vote, region vote, label closing)
+
+Every part states what it needs (:class:`~sparseclip_d2.common.needs.Needs`) and what it can
+do (``records_attention``, ``passes_encoder_inputs``, ``reads_correlation``); :func:`check_parts`
+derives every refusal from those declarations, once, before any weight is loaded, and again
+with the real encoder when the model is built.
+
+A head or a stage is a class registered with ``@LOGIT_HEADS.register()`` /
+``@STAGES.register()`` whose ``from_config(cfg, clip)`` returns an instance when the config
+switches it on and None otherwise (``clip``: the built CLIP parts, or None while only
+validating); ``settings_from_config(cfg)`` validates its keys without building it. Writing a
+method: ``docs/writing_a_method.md``.
+"""
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..common.needs import Needs
+
+__all__ = ["Registry", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "ImageInputs",
+           "PipelinePlan", "plan_from_config", "check_parts"]
+
+class Registry:
+    """Named parts of one kind, in registration order; ``get`` names the valid choices."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._items: Dict[str, type] = {}
+
+    def register(self, name: str):
+        def deco(obj):
+            if name in self._items:
+                raise ValueError(f"{self.what}: {name!r} is registered twice")
+            self._items[name] = obj
+            return obj
+        return deco
+
+    def get(self, name: str):
+        if name not in self._items:
+            raise KeyError(f"unknown {self.what} {name!r}; valid: {', '.join(self._items)}")
+        return self._items[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def __iter__(self):
+        return iter(list(self._items.items()))
+
+
+LOGIT_HEADS = Registry("logit head")
+LOGIT_HEADS.__doc__ = """Per-window logit heads: ``(N, 3, h, w)`` windows -> ``(N, S, h/p, w/p)`` scaled logits.
+
+A head subclasses :class:`LogitHead`. Exactly one head runs; ``cosine`` when no other is on."""
+
+STAGES = Registry("post-processing stage")
+STAGES.__doc__ = """Post-processing stages, each of one kind in :data:`STAGE_KINDS` (see :class:`Stage`)."""
+
+SIDE_INPUTS = Registry("side input")
+SIDE_INPUTS.__doc__ = """Per-image inputs besides the image that an encoder declares in its ``needs``
+(``region_mask``), read from the input dict or from a file, and cut into the windows."""
+
+#: the stage kinds in the order they run
+STAGE_KINDS = ("windows", "logits", "labels")
+
+
+@dataclasses.dataclass
+class ImageInputs:
+    """One image's state through the pipeline.
+
+    Fields:
+        x: the input dict.
+        vocabulary: class names (comma-separated synonyms); background_index: or None.
+        text_emb: ``(S, D)`` unit synonym embeddings; class_index: ``(S,)`` class of each synonym.
+        image: ``(3, H, W)`` normalised float32 RGB at the working size.
+        out_size: ``(height, width)`` of the output.
+        side: ``{name: (H, W) map at the working size}`` of the encoder's side inputs.
+        side_full: the same at the output size (what label stages read).
+        correlation: the tapped block's self-correlation of each window, filled by the window loop
+            when a part needs ``correlation_layer``.
+        context: what the head's :meth:`LogitHead.image_context` returned.
+    """
+
+    x: Dict
+    vocabulary: List[str]
+    background_index: Optional[int]
+    text_emb: torch.Tensor
+    class_index: torch.Tensor
+    image: torch.Tensor
+    out_size: Tuple[int, int]
+    side: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    side_full: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    correlation: List[torch.Tensor] = dataclasses.field(default_factory=list)
+    context: Any = None
+
+
+class LogitHead(nn.Module):
+    """Contract of a logit head (a module: a head may hold a second view of the tower).
+
+    ``forward(model, images, text_emb, inputs, sink, context)``: ``images`` ``(N, 3, h, w)``
+    normalised windows (``h, w`` multiples of the patch), ``text_emb`` ``(S, D)`` unit synonym
+    embeddings, ``inputs`` the encoder's keyword inputs built from its ``needs`` (pass them on
+    when ``passes_encoder_inputs``), ``sink`` None or a list to append the last block's attention
+    of each window to (only when ``records_attention``), ``context`` what :meth:`image_context`
+    returned for the windows' image. Returns ``(N, S, h/p, w/p)`` float32 logits with the logit
+    scale ``model.logit_scale`` applied.
+
+    Declarations: ``key`` (the config key that switches it on, for messages),
+    ``passes_encoder_inputs``, ``records_attention``, ``reads_correlation`` (implements
+    :meth:`with_correlation`).
+    """
+
+    key = ""
+    passes_encoder_inputs = True
+    records_attention = False
+    reads_correlation = False
+
+    @classmethod
+    def settings_from_config(cls, cfg):
+        """Validate this head's keys; its settings when the config switches it on, else None."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, cfg, clip) -> Optional["LogitHead"]:
+        raise NotImplementedError
+
+    def image_context(self, model, image: torch.Tensor, text_emb: torch.Tensor) -> Any:
+        """What the head needs once per image (``(3, H, W)`` normalised), passed to every window."""
+        return None
+
+    def with_correlation(self, model, images, text_emb, inputs, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(logits, (N, h*w, h*w) self-correlation of block ``layer``)`` from one encoding pass."""
+        raise NotImplementedError(f"the {type(self).__name__} head does not read a block's self-correlation")
+
+    def describe(self) -> str:
+        return ""
+
+
+class Stage(nn.Module):
+    """Contract of a post-processing stage (a module: a stage may hold a second backbone).
+
+    ``kind`` is one of :data:`STAGE_KINDS`:
+
+    - ``windows``: ``forward(model, inputs, window_logits_fn) -> (logits (S, H, W), class_index)``
+      replaces the window loop (``window_logits_fn(crops)`` gives the head's logits of windows);
+    - ``logits``: ``forward(model, inputs, logits (S, h, w)) -> logits`` (may resize to the
+      output size);
+    - ``labels``: ``forward(model, inputs, labels (H_out, W_out) long) -> labels``; the output is
+      then a label map (``sem_seg_labels``).
+
+    Declarations: ``needs`` (:class:`Needs`), ``records_attention`` (False: an attention record
+    cannot be taken with it), ``excludes`` (names of stages it cannot run with, and why).
+    """
+
+    kind = "labels"
+    key = ""
+    needs = Needs()
+    records_attention = True
+    excludes: Dict[str, str] = {}
+
+    @classmethod
+    def settings_from_config(cls, cfg):
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, cfg, clip) -> Optional["Stage"]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return ""
+
+
+class SideInput:
+    """Contract of a per-image side input named like its :class:`Needs` field.
+
+    ``full(model, x, out_size) -> (H_out, W_out) tensor`` at the output size;
+    ``working(full, image_size) -> (H, W)`` at the working size (cut into the windows with the
+    image, padded with ``pad_value``); ``encoder_keyword``: the encoder's keyword for the windows.
+    """
+
+    name = ""
+    encoder_keyword = ""
+    pad_value: float = 0
+
+    def __init__(self, cfg=None):
+        self.cfg = cfg
+
+    def full(self, model, x: Dict, out_size: Tuple[int, int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def working(self, full: torch.Tensor, image_size: Tuple[int, int]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinePlan:
+    """The parts a config switches on, validated, before anything is built: the head's registry
+    name and its settings, and ``[(stage name, settings)]`` in run order."""
+
+    head: str
+    head_settings: Any
+    stages: Tuple[Tuple[str, Any], ...]
+
+
+def _head_classes():
+    return {name: cls for name, cls in LOGIT_HEADS}
+
+
+def _stage_classes():
+    return {name: cls for name, cls in STAGES}
+
+
+def plan_from_config(cfg) -> PipelinePlan:
+    """Validate every head's and stage's keys and the combination of the parts switched on
+    (:func:`check_parts` with the encoder's needs as far as the config tells them)."""
+    heads = [(name, cls, cls.settings_from_config(cfg)) for name, cls in sorted(_head_classes().items())]
+    chosen = [(name, cls, s) for name, cls, s in heads if s is not None and name != "cosine"]
+    if len(chosen) > 1:
+        (a, ca, _), (b, cb, _) = chosen[:2]
+        raise ValueError(f"{ca.key} cannot be combined with {cb.key}: both compute the window logits (the {a!r} and "
+                         f"{b!r} logit heads); turn one of them off")
+    head = chosen[0] if chosen else [h for h in heads if h[0] == "cosine"][0]
+    stages = []
+    for kind in STAGE_KINDS:
+        for name, cls in _stage_classes().items():
+            if cls.kind == kind:
+                s = cls.settings_from_config(cfg)
+                if s is not None:
+                    stages.append((name, s))
+    plan = PipelinePlan(head[0], head[2], tuple(stages))
+    check_parts(_config_encoder_needs(cfg), _head_classes()[plan.head], [_stage_classes()[n] for n, _ in stages],
+                sliding_window=bool(cfg.TEST.SLIDING_WINDOW.ENABLED),
+                patch_remainder=cfg.MODEL.SPARSECLIP.PATCH_REMAINDER,
+                attention_stats=bool(cfg.TEST.ATTENTION_STATS.ENABLED))
+    return plan
+
+
+def _config_encoder_needs(cfg) -> Tuple[Needs, str]:
+    """The encoder's needs as the config tells them before it is built, and the key naming it."""
+    from ..proxy.config import encoder_needs_from_config
+
+    return encoder_needs_from_config(cfg)
+
+
+def check_parts(encoder: Tuple[Needs, str], head, stages: Sequence, *, sliding_window: bool, patch_remainder: str,
+                attention_stats: bool) -> None:
+    """Refuse the combinations the parts' declarations rule out, one clear error each.
+
+    Args:
+        encoder: ``(needs, the config key or name of the encoder)``.
+        head: the head class (or instance); stages: the stage classes (or instances), in order.
+        sliding_window, patch_remainder, attention_stats: the META_ARCH's settings.
+    """
+    enc_needs, enc_key = encoder
+    if not head.passes_encoder_inputs:
+        for needed, what in ((enc_needs.text, "the class texts"), (enc_needs.region_mask, "per-window region masks"),
+                             (enc_needs.first_segmentation, "a first segmentation (a second pass)")):
+            if needed:
+                raise ValueError(f"{head.key} cannot be combined with {enc_key}: the encoder needs {what}, which "
+                                 f"the {head.key} views do not carry; turn one of them off")
+    if attention_stats and not head.records_attention:
+        raise ValueError(f"{head.key} cannot be combined with TEST.ATTENTION_STATS.ENABLED (its logits are not "
+                         "those of one recorded attention); turn one of them off")
+    for stage in stages:
+        if attention_stats and not stage.records_attention:
+            raise ValueError(f"{stage.key} cannot be combined with TEST.ATTENTION_STATS.ENABLED; turn one of them off")
+        for other in stages:
+            if other is not stage and _stage_name(other) in stage.excludes:
+                raise ValueError(f"{stage.key} cannot be combined with {other.key} "
+                                 f"({stage.excludes[_stage_name(other)]}); turn one of them off")
+        n = stage.needs
+        if n.correlation_layer is not None and (enc_needs.text or enc_needs.region_mask):
+            raise ValueError(f"{stage.key} cannot be combined with {enc_key}: it taps a block of CLIP's own encoding "
+                             "pass, which that encoder replaces; turn one of them off")
+        if n.correlation_layer is not None and not head.reads_correlation:
+            raise ValueError(f"{stage.key} cannot be combined with {head.key}: it reads a block's self-correlation "
+                             "from the encoding pass, which that logit head does not give; turn one of them off")
+        if n.whole_image and sliding_window:
+            raise ValueError(f"{stage.key} True works on one whole-image forward; TEST.SLIDING_WINDOW.ENABLED = True "
+                             "is invalid with it; valid: False")
+        if n.whole_image and patch_remainder != "pad_crop":
+            raise ValueError(f"{stage.key} True maps the patches back with symmetric padding; "
+                             f"MODEL.SPARSECLIP.PATCH_REMAINDER = {patch_remainder!r} is invalid with it; valid: pad_crop")
+
+
+def _stage_name(stage) -> str:
+    cls = stage if isinstance(stage, type) else type(stage)
+    for name, c in STAGES:
+        if c is cls:
+            return name
+    return cls.__name__
