@@ -35,21 +35,20 @@ with quiet_library_imports():
     import detectron2.data  # noqa: F401
 from detectron2.utils.logger import setup_logger  # noqa: E402
 
+from .analysis.patch_attention import attention_at  # noqa: E402
 from .analysis.visualize import attention_figure  # noqa: E402
 from .cli.demo import DEFAULT_CONFIG, ProbabilityWriter, write_probability_metadata  # noqa: E402
 from .clip.spec import PRESETS, NORMALIZER_REGISTRY, parse_attention_spec  # noqa: E402
 from .data import available_class_name_files  # noqa: E402
 from .data.image_io import read_image_rgb, parse_vocabulary  # noqa: E402
-from .evaluation.attention_stats import ROW_STAT_KEYS, resize_labels, row_statistics, window_patch_labels  # noqa: E402
 from .model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
 from .modeling.postprocess import ScoreMaps  # noqa: E402
-from .modeling.sliding_window import symmetric_pad  # noqa: E402
 from .predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
 from .utils.visualize import (  # noqa: E402
     BANNER_COLOR, RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay, font_path_for, load_font, save_label_map)
 
 __all__ = ["AppEngine", "AppError", "build_app", "config_methods", "grid_columns", "main", "method_choices",
-           "probability_panel", "query_token", "sample_photo", "spec_from_controls", "tile_images", "SAMPLE_PHOTOS"]
+           "probability_panel", "sample_photo", "spec_from_controls", "tile_images", "SAMPLE_PHOTOS"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,94 +111,6 @@ def spec_from_controls(source: str, normalizer: str, alpha: float, layers: int) 
 
 def _normalizer_names() -> List[str]:
     return [name for name, _ in NORMALIZER_REGISTRY]
-
-
-# ------------------------------------------------------------------------ attention lookup
-def query_token(record: Dict, x: float, y: float, size: Tuple[int, int]) -> Dict:
-    """Where pixel ``(x, y)`` of the ORIGINAL photo (``size = (H, W)``) lies in an attention
-    record (``docs/diagnostics.md``).
-
-    The pixel is mapped to the resized image the model saw (``record["image_size"]``) by its
-    centre, ``floor((x + 0.5) * W' / W)``; among the windows holding it the one whose centre
-    is nearest is taken (whole-image inference: the only one); inside it, the padding of
-    ``symmetric_pad`` is added and the patch is ``(row, col) = (y // p, x // p)``.
-
-    Returns:
-        ``{"window", "token" (prefix tokens counted), "patch": (row, col), "grid": (h, w),
-        "resized_xy": (x', y')}``.
-    """
-    H, W = int(size[0]), int(size[1])
-    if not (0 <= x < W and 0 <= y < H):
-        raise AppError(f"the point (x={x:g}, y={y:g}) lies outside the {W}x{H} photo")
-    Hr, Wr = (int(v) for v in record["image_size"])
-    xr = min(int(np.floor((float(x) + 0.5) * Wr / W)), Wr - 1)
-    yr = min(int(np.floor((float(y) + 0.5) * Hr / H)), Hr - 1)
-    boxes = record.get("boxes") or [(0, Hr, 0, Wr)]
-    p = int(record["patch_size"])
-    best = None
-    for i, (y1, y2, x1, x2) in enumerate(boxes):
-        if y1 <= yr < y2 and x1 <= xr < x2:
-            d = ((y1 + y2) / 2 - yr) ** 2 + ((x1 + x2) / 2 - xr) ** 2
-            if best is None or d < best[0]:
-                best = (d, i)
-    if best is None:  # pragma: no cover - the windows tile the image
-        raise AppError(f"no attention window holds the point ({xr}, {yr}) of the {Wr}x{Hr} resized image")
-    i = best[1]
-    y1, y2, x1, x2 = boxes[i]
-    left, _, top, _ = symmetric_pad(y2 - y1, x2 - x1, p)
-    gh, gw = (int(v) for v in record["grids"][i])
-    row, col = (yr - y1 + top) // p, (xr - x1 + left) // p
-    T = int(record.get("num_prefix_tokens", 1))
-    return {"window": i, "token": T + row * gw + col, "patch": (row, col), "grid": (gh, gw), "resized_xy": (xr, yr)}
-
-
-def attention_at(record: Dict, labels: np.ndarray, x: float, y: float) -> Dict:
-    """The attention row of the patch under pixel ``(x, y)`` of the original photo, with its
-    statistics (:func:`~sparseclip_d2.evaluation.attention_stats.row_statistics` on the
-    predicted label map: "same class" = the patches predicted as the query's class).
-
-    Args:
-        record: a Prediction's attention record.
-        labels: ``(H, W)`` predicted labels at the photo's size.
-
-    Returns:
-        ``{"row": (heads, L) float32 raw row, "map": (H', W') float64 head mean of the row
-        divided by its sum over the resized image (0 outside the window), "support",
-        "perplexity", "same_class_mass" (means over heads), "num_tokens", "query": query_token}``.
-    """
-    H, W = labels.shape
-    q = query_token(record, x, y, (H, W))
-    i = q["window"]
-    weights = record["weights"][i]
-    if weights.dim() == 4:
-        weights = weights[0]
-    T = int(record.get("num_prefix_tokens", 1))
-    p = int(record["patch_size"])
-    gh, gw = q["grid"]
-    Hr, Wr = (int(v) for v in record["image_size"])
-    box = tuple((record.get("boxes") or [(0, Hr, 0, Wr)])[i])
-    num_classes = int(labels.max()) + 1
-    pad_label = max(num_classes, 256)  # padding patches: neither a class nor the query's
-    resized = resize_labels(labels, tuple(record["image_size"]))
-    plab = window_patch_labels(resized, box, (gh, gw), p, ignore_label=pad_label).reshape(-1)
-    k = q["token"] - T
-    if plab[k] == pad_label:  # a border patch mostly made of padding: it takes the clicked pixel's class
-        plab[k] = int(labels[int(y), int(x)])
-    fg = np.nonzero(plab != pad_label)[0]
-    stats = row_statistics(weights, plab, ignore_label=pad_label, num_prefix_tokens=T)
-    stats = stats.reshape(weights.shape[0], len(fg), -1)[:, int(np.searchsorted(fg, k))]  # (heads, 8)
-    mean = dict(zip(ROW_STAT_KEYS, stats.mean(0).tolist()))
-    row = weights[:, q["token"], :].float()
-    r = row.double() / row.double().sum(-1, keepdim=True)
-    grid_map = r[:, T:].mean(0).reshape(gh, gw).cpu().numpy()
-    y1, y2, x1, x2 = box
-    left, _, top, _ = symmetric_pad(y2 - y1, x2 - x1, p)
-    full = np.kron(grid_map, np.ones((p, p)))[top:top + (y2 - y1), left:left + (x2 - x1)]
-    canvas = np.zeros((Hr, Wr), dtype=np.float64)
-    canvas[y1:y2, x1:x2] = full
-    return {"row": row.cpu().numpy(), "map": canvas, "support": mean["support_size"],
-            "perplexity": mean["perplexity"], "same_class_mass": mean["same_class_mass"],
-            "num_tokens": int(weights.shape[-1]), "query": q}
 
 
 # ------------------------------------------------------------------------------ the engine
