@@ -1,4 +1,4 @@
-"""The Gradio app (``sparseclip_d2/app.py``) driven through ``gradio_client``.
+"""The Gradio app (``sparseclip_d2/app/``) driven through ``gradio_client``.
 
 The app is started in-process on a free local port with the tiny random-weight tower; its
 outputs are checked against a ``Predictor`` built independently for the same input (label
@@ -147,7 +147,7 @@ def test_outputs_equal_the_predictor(app, photo):
         assert [m for _, m in shown_means] == sorted((m for _, m in shown_means), reverse=True)
     # The overlay picture: the two 500x375 overlays side by side, 8 white pixels apart, each
     # the overlay of that method's Predictor labels (JPEG: close, and closer than the other's).
-    from sparseclip_d2.app import probability_panel
+    from sparseclip_d2.app.render import probability_panel
     from sparseclip_d2.utils.visualize import RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay
 
     picture = np.asarray(Image.open(overlays).convert("RGB"))
@@ -276,7 +276,9 @@ def test_models_are_built_once_and_bounded(app):
 
 
 def test_launch_options(tmp_path):
-    from sparseclip_d2.app import get_parser, method_choices, spec_from_controls
+    from sparseclip_d2.app.cli import get_parser
+    from sparseclip_d2.app.engine import method_choices
+    from sparseclip_d2.app.ui import spec_from_controls
 
     args = get_parser().parse_args(["--opts", "MODEL.DEVICE", "cpu"])
     assert args.host == "127.0.0.1" and args.port == 7860 and not args.share and args.config_file == "demo"
@@ -295,7 +297,7 @@ def test_probability_panel_by_hand(photo):
     import torch
     import torch.nn.functional as F
 
-    from sparseclip_d2.app import probability_panel
+    from sparseclip_d2.app.render import probability_panel
 
     classes = CLASSES + ", sofa, plant; tree, floor, window, door, sky"  # 11 classes: the top 8 are shown
     pred = Predictor.from_config("demo", opts=TINY)(photo, parse_vocabulary(classes))
@@ -319,7 +321,7 @@ def test_probability_panel_by_hand(photo):
 
 
 def test_run_folders_follow_the_kept_runs(photo):
-    from sparseclip_d2.app import AppEngine
+    from sparseclip_d2.app.engine import AppEngine
 
     engine = AppEngine("demo", TINY, max_runs=2)
     try:
@@ -340,7 +342,7 @@ def test_run_folders_follow_the_kept_runs(photo):
 def test_tiles_by_hand():
     """The overlay and probability pictures are laid out as written here: rows as full as
     possible, cells as wide as their column's widest tile, white between and after."""
-    from sparseclip_d2.app import grid_columns, tile_images
+    from sparseclip_d2.app.render import grid_columns, tile_images
 
     assert [grid_columns(n) for n in range(1, 9)] == [1, 2, 3, 2, 3, 3, 3, 3]
     with pytest.raises(ValueError, match="at least one tile"):

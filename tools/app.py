@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The interactive Gradio app (the ``sparseclip-app`` console script; needs the ``app`` extra).
 
-The program lives in ``sparseclip_d2/app.py``; ``python tools/app.py --help`` prints its
-options and ``docs/app.md`` describes the page."""
+The program lives in ``sparseclip_d2/app/`` (options and launch: ``cli.py``; the page:
+``ui.py``; the engine: ``engine.py``; the pictures: ``render.py``); ``python tools/app.py
+--help`` prints its options and ``docs/app.md`` describes the page."""
 import os
 import sys
 

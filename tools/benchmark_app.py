@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Seconds per request of the app (``sparseclip_d2/app.py``) next to the Predictor calls it wraps.
+"""Seconds per request of the app (``sparseclip_d2/app/``) next to the Predictor calls it wraps.
 
 Starts the app in-process on a free local port, sends ``--repeats`` identical ``/run``
 requests through ``gradio_client`` (the sample VOC photo, the classes below, the chosen
@@ -60,7 +60,8 @@ def main(argv=None):
 
     from gradio_client import Client
 
-    from sparseclip_d2.app import main as app_main, sample_photo
+    from sparseclip_d2.app import main as app_main
+    from sparseclip_d2.app.engine import sample_photo
     from sparseclip_d2.data.image_io import parse_vocabulary
 
     with socket.socket() as s:
