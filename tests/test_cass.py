@@ -364,14 +364,14 @@ def test_cass_and_object_presence_through_the_meta_arch():
     assert type(m.encoder).__name__ == "CASSEncoder"
     assert (c.rank, c.k_eigen, c.singular_low, c.singular_high, c.svd, c.seed, c.matching, c.scale_factor,
             c.key_precision, c.input) == (3, 6, 1.0, 1.0, "exact", 3, "sequential", 5.0, "fp16", "exact")
-    p = m.object_presence
+    p = m.head.settings
     assert (p.global_weight, p.mean_weight, p.cluster_threshold, p.top_k, p.global_source) == (0.2, 0.1, 0.3, 2,
                                                                                                "image")
     image = torch.randn(3, 64, 80, generator=torch.Generator().manual_seed(3))
     text = F.normalize(torch.randn(4, 32, generator=torch.Generator().manual_seed(4)), dim=-1)
     with torch.no_grad():
         got = m.synonym_logits(image, text)
-        enc = m._native_encoder
+        enc = m.head.native_encoder
         tokens, _, _ = enc.forward_tokens(image[None, :, :64, :80])
         glob = F.normalize(enc.pooled_embedding(tokens).float(), dim=-1)
         feats = F.normalize(m.encoder(image[None]).float(), dim=1)
@@ -380,7 +380,7 @@ def test_cass_and_object_presence_through_the_meta_arch():
     torch.testing.assert_close(got, want[0], rtol=0, atol=1e-4)
     w = _model(**_CASS, **op, **{"MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL": "window",
                                  "MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K": "3"})
-    assert w.object_presence.global_source == "window" and w.object_presence.top_k == 3 and w._native_encoder is None
+    assert w.head.settings.global_source == "window" and w.head.settings.top_k == 3 and w.head.native_encoder is None
 
 
 @pytest.mark.parametrize("opts, match", [
@@ -407,7 +407,7 @@ def test_cass_and_object_presence_through_the_meta_arch():
     ({"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True", "MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K": "0"},
      r"TOP_K = 0 is invalid"),
     ({"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True", "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": "True"},
-     r"OBJECT_PRESENCE\.ENABLED True cannot be combined with MODEL\.SPARSECLIP\.FEATURE_SURGERY"),
+     r"FEATURE_SURGERY\.ENABLED cannot be combined with MODEL\.SPARSECLIP\.OBJECT_PRESENCE\.ENABLED"),
     ({"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True", "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL": "window",
       "MODEL.SPARSECLIP.PROXY.NAME": DINO, "MODEL.SPARSECLIP.BLOCK.FFN": "False"}, r"GLOBAL = 'window' reads"),
 ])
@@ -484,12 +484,12 @@ def test_object_presence_keeps_no_state_between_images():
         m.synonym_logits(a, text)
         after_a = m.synonym_logits(b, text)
         direct = m.encode_logits(b[None], text)
-        enc = m._native_encoder
+        enc = m.head.native_encoder
         glob = F.normalize(enc.pooled_embedding(enc.forward_tokens(b[None])[0]).float(), dim=-1)
         want = m.logit_scale * object_presence_logits(F.normalize(m.encoder(b[None]).float(), dim=1), glob, text,
-                                                      text_clusters(text, 0.3), m.object_presence)
+                                                      text_clusters(text, 0.3), m.head.settings)
         with pytest.raises(ValueError, match="context of 4 synonyms for 3 text embeddings"):
-            m.encode_logits(b[None], text[:3], presence=m.object_presence_context(b, text))
+            m.encode_logits(b[None], text[:3], context=m.head.image_context(m, b, text))
     torch.testing.assert_close(after_a, alone, rtol=0, atol=0)
     torch.testing.assert_close(direct, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(fresh, want, rtol=0, atol=1e-5)

@@ -6,6 +6,8 @@ import math
 import numpy as np
 import pytest
 import torch
+
+from sparseclip_d2.methods.cosine import CosineHead
 import torch.nn.functional as F
 
 from sparseclip_d2.attention.self_correlation import cls_denoised_correlation, self_correlation_map
@@ -188,7 +190,7 @@ def test_cls_logit_product_multiplies_each_synonym_by_the_cls_logit():
     images = torch.randn(2, 3, 64, 48)
     emb = F.normalize(torch.randn(5, model.encoder.embed_dim), dim=-1)
     got = model.encode_logits(images, emb)
-    model.cls_logit_product = False
+    model.head = CosineHead()  # the same model without its CLS-product head
     plain = model.encode_logits(images, emb).double()
     tokens, grid, _ = model.encoder.forward_tokens(images)
     cls = F.normalize(model.encoder.pooled_embedding(tokens).double(), dim=-1)
@@ -210,7 +212,8 @@ def test_cluster_vote_through_the_model_is_the_vote_of_its_own_labels():
     image = torch.randint(0, 256, (3, 64, 80), dtype=torch.uint8)
     x = {"image": image, "vocabulary": ["cat", "dog", "sky", "grass"], "height": 64, "width": 80}
     voted = model([x])[0]["sem_seg_labels"]
-    maps, labels2 = model.cluster_vote_maps(x)
+    out = model.predict(x)
+    maps, labels2 = out.score_maps, out.labels
     assert torch.equal(voted, labels2)
     plain = maps.labels()
     p = model.encoder.forward_pass(model.normalize_image(image)[None], tap_layers=[1])
@@ -223,7 +226,7 @@ def test_cluster_vote_through_the_model_is_the_vote_of_its_own_labels():
     from sparseclip_d2.modeling.cluster_vote import cluster_assignment
 
     a = cluster_assignment(cls_denoised_correlation(self_correlation_map(*model.encoder.block_qkv(
-        -1, p.taps[1], p.grid)))[0], p.grid, model.cluster_vote, (64, 80))
+        -1, p.taps[1], p.grid)))[0], p.grid, model.stage("cluster_vote").settings, (64, 80))
     changed = 0
     for c in a.unique().tolist():
         mask = a == c
@@ -243,9 +246,9 @@ def test_cluster_vote_through_the_model_is_the_vote_of_its_own_labels():
     ({"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": "True", "MODEL.SPARSECLIP.PATCH_REMAINDER": "truncate"},
      "PATCH_REMAINDER = 'truncate' is invalid with it; valid: pad_crop"),
     ({"MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT": "True", "MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": "True"},
-     "CLS_LOGIT_PRODUCT True cannot be combined with MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED"),
+     "CLS_LOGIT_PRODUCT cannot be combined with MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED: both compute the window logits"),
     ({"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": "True", "TEST.TTA.MODE": "itaclip"},
-     "CLUSTER_VOTE.ENABLED True cannot be combined with TEST.TTA.MODE = 'itaclip'"),
+     "CLUSTER_VOTE.ENABLED cannot be combined with TEST.TTA.MODE: it reads a block's self-correlation"),
     ({"MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT": "True", "MODEL.SPARSECLIP.PROXY.NAME": "vit_base_patch8_224.dino"},
      "CLS_LOGIT_PRODUCT True cannot be combined with MODEL.SPARSECLIP.PROXY.NAME = 'vit_base_patch8_224.dino'"),
 ])

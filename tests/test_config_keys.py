@@ -149,13 +149,13 @@ def test_pixel_mean_matching_pixel_norm_is_accepted():
 # model or the loader built from it, or is refused naming itself (tests/test_cliptrase.py has
 # the refusals and the numeric checks).
 CLIPTRASE_EFFECTS = {
-    "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": ("True", lambda m: m.cluster_vote is not None),
-    "MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER": ("-1", lambda m: m.cluster_vote.layer == -1),
-    "MODEL.SPARSECLIP.CLUSTER_VOTE.EPS": ("1.1", lambda m: m.cluster_vote.eps == 1.1),
-    "MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES": ("7", lambda m: m.cluster_vote.min_samples == 7),
-    "MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE": ("2", lambda m: m.cluster_vote.upsample == 2),
-    "MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE": ("3", lambda m: m.cluster_vote.median_size == 3),
-    "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT": ("True", lambda m: m.cls_logit_product is True),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": ("True", lambda m: m.stage("cluster_vote") is not None),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER": ("-1", lambda m: m.stage("cluster_vote").settings.layer == -1),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.EPS": ("1.1", lambda m: m.stage("cluster_vote").settings.eps == 1.1),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES": ("7", lambda m: m.stage("cluster_vote").settings.min_samples == 7),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE": ("2", lambda m: m.stage("cluster_vote").settings.upsample == 2),
+    "MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE": ("3", lambda m: m.stage("cluster_vote").settings.median_size == 3),
+    "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT": ("True", lambda m: m.head_name == "cls_product"),
 }
 
 
@@ -223,13 +223,13 @@ CASS_EFFECTS = {
                                                                          m.encoder.cass.singular_high) == (1.0, 1.0)),
     "MODEL.SPARSECLIP.PROXY.CASS.KEY_PRECISION": ("fp16", lambda m: m.encoder.cass.key_precision == "fp16"),
     "MODEL.SPARSECLIP.PROXY.CASS.INPUT": ("exact", lambda m: m.encoder.cass.input == "exact"),
-    "MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": ("True", lambda m: m.object_presence is not None),
-    "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": ("0.2", lambda m: m.object_presence.global_weight == 0.2),
-    "MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT": ("0.1", lambda m: m.object_presence.mean_weight == 0.1),
-    "MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K": ("3", lambda m: m.object_presence.top_k == 3),
-    "MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD": ("0.3", lambda m: m.object_presence.cluster_threshold == 0.3),
-    "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL": ("window", lambda m: m.object_presence.global_source == "window"
-                                                and m._native_encoder is None),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": ("True", lambda m: m.head_name == "object_presence"),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": ("0.2", lambda m: m.head.settings.global_weight == 0.2),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT": ("0.1", lambda m: m.head.settings.mean_weight == 0.1),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K": ("3", lambda m: m.head.settings.top_k == 3),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD": ("0.3", lambda m: m.head.settings.cluster_threshold == 0.3),
+    "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL": ("window", lambda m: m.head.settings.global_source == "window"
+                                                and m.head.native_encoder is None),
 }
 
 
@@ -237,32 +237,32 @@ def test_cass_keys_take_effect():
     model = _model(**_CASS_BASE, **{k: v for k, (v, _) in CASS_EFFECTS.items()})
     for key, (value, check) in CASS_EFFECTS.items():
         assert check(model), f"{key} = {value} did not take effect"
-    assert _model().object_presence is None
+    assert _model().head_name == "cosine"
 # MODEL.SPARSECLIP.LABEL_PROPAGATION.* (not in the Base config; LPOSS / LPOSS+ of
 # configs/baselines/lposs*_b16*.yaml): key -> (value, check(model)); every key is set together with
 # KIND and a tiny VFM (tests/test_label_propagation.py has the refusals and the numeric checks).
 _LP_ON = {"MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": "lposs", "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME":
           "sparseclip_tiny_mae", "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": "none"}
 LABEL_PROPAGATION_EFFECTS = {
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": ("lposs_plus", lambda m: m.label_propagation.settings.kind == "lposs_plus"),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.K": ("7", lambda m: m.label_propagation.settings.k == 7),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.SIGMA": ("0.05", lambda m: m.label_propagation.settings.sigma == 0.05),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.PIX_DIST_POW": ("2.0", lambda m: m.label_propagation.settings.pix_dist_pow == 2.0),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.GAMMA": ("2.0", lambda m: m.label_propagation.settings.gamma == 2.0),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.ALPHA": ("0.9", lambda m: m.label_propagation.settings.alpha == 0.9),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.TOL": ("1.0e-4", lambda m: m.label_propagation.settings.tol == 1e-4),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER": ("5", lambda m: m.label_propagation.settings.max_iter == 5),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU": ("0.2", lambda m: m.label_propagation.settings.tau == 0.2),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": ("7", lambda m: m.label_propagation.settings.radius == 7),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": ("lposs_plus", lambda m: m.stage("label_propagation").propagation.settings.kind == "lposs_plus"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.K": ("7", lambda m: m.stage("label_propagation").propagation.settings.k == 7),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.SIGMA": ("0.05", lambda m: m.stage("label_propagation").propagation.settings.sigma == 0.05),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.PIX_DIST_POW": ("2.0", lambda m: m.stage("label_propagation").propagation.settings.pix_dist_pow == 2.0),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.GAMMA": ("2.0", lambda m: m.stage("label_propagation").propagation.settings.gamma == 2.0),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.ALPHA": ("0.9", lambda m: m.stage("label_propagation").propagation.settings.alpha == 0.9),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.TOL": ("1.0e-4", lambda m: m.stage("label_propagation").propagation.settings.tol == 1e-4),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER": ("5", lambda m: m.stage("label_propagation").propagation.settings.max_iter == 5),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU": ("0.2", lambda m: m.stage("label_propagation").propagation.settings.tau == 0.2),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": ("7", lambda m: m.stage("label_propagation").propagation.settings.radius == 7),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS": (
-        "before_resize", lambda m: m.label_propagation.settings.reduce_synonyms == "before_resize"),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME": ("sparseclip_tiny_dino8", lambda m: m.label_propagation.vfm.name == "sparseclip_tiny_dino8"),
+        "before_resize", lambda m: m.stage("label_propagation").propagation.settings.reduce_synonyms == "before_resize"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME": ("sparseclip_tiny_dino8", lambda m: m.stage("label_propagation").propagation.vfm.name == "sparseclip_tiny_dino8"),
     "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": ("/nonexistent/vfm.pth", "LABEL_PROPAGATION.VFM.WEIGHTS = '/nonexistent/vfm.pth': no such file"),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER": ("0", lambda m: m.label_propagation.vfm.layer == 0),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE": ("keys", lambda m: m.label_propagation.vfm.feature == "keys"),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.INPUT_SIZE": ("32", lambda m: m.label_propagation.vfm.opts.input_size == 32),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.POS_EMBED_INTERP": ("size", lambda m: m.label_propagation.vfm.opts.pos_embed_interp == "size"),
-    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.PRECISION": ("bf16", lambda m: str(m.label_propagation.vfm.dtype) == "torch.bfloat16"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER": ("0", lambda m: m.stage("label_propagation").propagation.vfm.layer == 0),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE": ("keys", lambda m: m.stage("label_propagation").propagation.vfm.feature == "keys"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.INPUT_SIZE": ("32", lambda m: m.stage("label_propagation").propagation.vfm.opts.input_size == 32),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.POS_EMBED_INTERP": ("size", lambda m: m.stage("label_propagation").propagation.vfm.opts.pos_embed_interp == "size"),
+    "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.PRECISION": ("bf16", lambda m: str(m.stage("label_propagation").propagation.vfm.dtype) == "torch.bfloat16"),
 }
 
 

@@ -264,7 +264,7 @@ def test_first_segmentation_prior_by_hand():
     ("MODEL.SPARSECLIP.FEEDBACK.PAMR_STEPS", -1, "FEEDBACK.PAMR_STEPS = -1 is invalid; valid: an integer >= 0"),
     ("MODEL.SPARSECLIP.FEEDBACK.PAMR_DILATIONS", [0], r"FEEDBACK.PAMR_DILATIONS = \(0,\) is invalid; valid: a non-empty"),
     ("MODEL.SPARSECLIP.FEEDBACK.SMOOTH_STD", 0.0, "FEEDBACK.SMOOTH_STD = 0.0 is invalid; valid: a finite number > 0"),
-    ("TEST.TTA.MODE", "itaclip", "TEST.TTA.MODE = 'itaclip' cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED"),
+    ("TEST.TTA.MODE", "itaclip", "TEST.TTA.MODE cannot be combined with MODEL.SPARSECLIP.FEEDBACK.ENABLED: the encoder needs a first segmentation"),
     ("MODEL.SPARSECLIP.FEEDBACK.PRECISION", "bf16", "MODEL.SPARSECLIP.FEEDBACK: unknown feedback precision 'bf16'; valid: float32, float16"),
     ("MODEL.SPARSECLIP.FEEDBACK.WEIGHT", 1.2, r"MODEL.SPARSECLIP.FEEDBACK: feedback_weight must be in \[0, 1\]"),
 ])

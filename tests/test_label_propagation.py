@@ -223,13 +223,13 @@ def test_lposs_after_sclip_with_entmax_matches_float64_reference():
     text = F.normalize(torch.randn(4, m.encoder.embed_dim, generator=g), dim=-1)
     image = m.normalize_image(raw)
     with torch.no_grad():
-        ours = m.propagated_logits(raw, image, text)
+        ours = m.working_logits(m.image_inputs_for(raw, text))[0]
         windows = [(0, 64, 0, 64), (0, 64, 32, 96), (0, 64, 64, 128)]
         crops = torch.stack([image[:, y1:y2, x1:x2] for (y1, y2, x1, x2) in windows])
         feats64, _ = _tower64(m.clip_model.visual, crops, source="qq+kk", mix_layers=(), mix_source="qk",
                               mix_weight=0.0, mix_scale=1.0, residual=True, ffn=True, alpha=1.2)
         logits64 = 40.0 * torch.einsum("ndhw,sd->nshw", F.normalize(feats64, dim=1), text.double())
-        vfm = m.label_propagation.vfm_features(crops, 64)  # the proxy backbone (tests/test_proxy.py)
+        vfm = m.stage("label_propagation").propagation.vfm_features(crops, 64)  # the proxy backbone (tests/test_proxy.py)
     y = logits64.flatten(2).permute(0, 2, 1).reshape(-1, 4).numpy()
     f = vfm.double().flatten(2).permute(0, 2, 1).reshape(-1, vfm.shape[1]).numpy()
     f /= np.linalg.norm(f, axis=1, keepdims=True)
@@ -256,9 +256,9 @@ def test_lposs_plus_is_the_pixel_stage_after_lposs():
                         "MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS": "5", "MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU": "0.1"})
     text = F.normalize(torch.randn(3, plain.encoder.embed_dim, generator=g), dim=-1)
     with torch.no_grad():
-        a = plain.propagated_logits(raw, plain.normalize_image(raw), text)
-        b = plus.propagated_logits(raw, plus.normalize_image(raw), text)
-    want = propagate_pixels(a, raw.double() / 255.0, plus.label_propagation.settings)
+        a = plain.working_logits(plain.image_inputs_for(raw, text))[0]
+        b = plus.working_logits(plus.image_inputs_for(raw, text))[0]
+    want = propagate_pixels(a, raw.double() / 255.0, plus.stage("label_propagation").propagation.settings)
     torch.testing.assert_close(b, want, atol=1e-5, rtol=1e-5)
     assert (a - b).abs().max() > 1e-4
 
@@ -278,7 +278,7 @@ def test_label_map_reduces_synonyms_where_reduce_synonyms_says(rule):
     out_h, out_w = 41, 97
     x = {"image": raw, "vocabulary": ["a, b, c", "d", "e, f", "g"], "height": out_h, "width": out_w}
     with torch.no_grad():
-        y = m.propagated_logits(raw, m.normalize_image(raw), text).double().numpy()  # (7, 64, 128)
+        y = m.working_logits(m.image_inputs_for(raw, text))[0].double().numpy()  # (7, 64, 128), each synonym its own row
         labels = m.score_maps(x).labels().numpy()
 
     def resize64(a):  # bilinear, align_corners False: src = (dst + 0.5) * in / out - 0.5, clamped at 0
@@ -326,16 +326,16 @@ def test_label_propagation_keys_reach_the_model():
     m = _lp_model(**{k: v for k, (v, _, _) in LP_KEYS.items()}, **{
         "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": "lposs_plus", "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER": "0",
         "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE": "keys"})
-    s = m.label_propagation.settings
+    s = m.stage("label_propagation").propagation.settings
     assert s.kind == "lposs_plus" and s.stages == ("patch_knn", "pixel_lab")
     for key, (value, field, want) in LP_KEYS.items():
         assert getattr(s, field) == want, key
-    assert m.label_propagation.vfm.name == TINY_VFM and m.label_propagation.vfm.layer == 0
-    assert m.label_propagation.vfm.feature == "keys"
-    assert m.label_propagation.describe() == f"then LPOSS+ (k 7, {TINY_VFM} keys)"
+    assert m.stage("label_propagation").propagation.vfm.name == TINY_VFM and m.stage("label_propagation").propagation.vfm.layer == 0
+    assert m.stage("label_propagation").propagation.vfm.feature == "keys"
+    assert m.stage("label_propagation").propagation.describe() == f"then LPOSS+ (k 7, {TINY_VFM} keys)"
     from detectron2.modeling import build_model
 
-    assert build_model(tiny_cfg()).label_propagation is None
+    assert build_model(tiny_cfg()).stage("label_propagation") is None
 
 
 @pytest.mark.parametrize("opts, error, match", [
@@ -351,7 +351,7 @@ def test_label_propagation_keys_reach_the_model():
      r"LABEL_PROPAGATION\.VFM\.FEATURE = 'attention' is invalid; valid: tokens, keys, queries, values"),
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": "/nonexistent/dino.pth"}, FileNotFoundError,
      r"LABEL_PROPAGATION\.VFM\.WEIGHTS = '/nonexistent/dino\.pth': no such file"),
-    ({"MODEL.SPARSECLIP.PAMR.STEPS": "10"}, ValueError, r"cannot be combined with MODEL\.SPARSECLIP\.PAMR\.STEPS = 10"),
+    ({"MODEL.SPARSECLIP.PAMR.STEPS": "10"}, ValueError, r"LABEL_PROPAGATION\.KIND cannot be combined with MODEL\.SPARSECLIP\.PAMR\.STEPS"),
     ({"MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED": "True", "TEST.SLIDING_WINDOW.ENABLED": "False"}, ValueError,
      r"cannot be combined with MODEL\.SPARSECLIP\.CLUSTER_VOTE\.ENABLED"),
     ({"MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": "", "MODEL.SPARSECLIP.LABEL_PROPAGATION.K": "5"}, ValueError,
@@ -395,7 +395,7 @@ def test_lposs_after_object_presence_uses_each_images_own_embedding():
     a, b = (torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8, generator=g) for _ in range(2))
     text = F.normalize(torch.randn(4, m.encoder.embed_dim, generator=g), dim=-1)
     with torch.no_grad():
-        alone = m.propagated_logits(b, m.normalize_image(b), text)
-        m.propagated_logits(a, m.normalize_image(a), text)
-        after_a = m.propagated_logits(b, m.normalize_image(b), text)
+        alone = m.working_logits(m.image_inputs_for(b, text))[0]
+        m.working_logits(m.image_inputs_for(a, text))[0]
+        after_a = m.working_logits(m.image_inputs_for(b, text))[0]
     torch.testing.assert_close(after_a, alone, rtol=0, atol=0)

@@ -365,12 +365,12 @@ def test_feature_surgery_matches_the_elementwise_form():
 def test_feature_surgery_in_the_meta_arch():
     from detectron2.modeling import build_model
 
-    from sparseclip_d2.clip.surgery import check_surgery_options
+    from sparseclip_d2.methods import plan_from_config
 
     model = build_model(tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": True,
                                     "MODEL.SPARSECLIP.ATTENTION.SOURCE": "vv", "MODEL.SPARSECLIP.PARALLEL.LAYERS": 2,
                                     "MODEL.SPARSECLIP.PARALLEL.CLS": "main", "MODEL.SPARSECLIP.BLOCK.FFN": False}))
-    assert model.feature_surgery and model.encoder.spec.parallel_cls == "main"
+    assert model.head_name == "feature_surgery" and model.encoder.spec.parallel_cls == "main"
     images = _images(B=1, dtype=torch.float32)
     text = F.normalize(torch.randn(4, model.encoder.embed_dim, generator=torch.Generator().manual_seed(1)), dim=-1)
     with torch.no_grad():
@@ -382,7 +382,7 @@ def test_feature_surgery_in_the_meta_arch():
     torch.testing.assert_close(logits[0].double(), model.logit_scale * ref.T.reshape(4, *grid), rtol=1e-4, atol=1e-4)
     bad = tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": True, "TEST.TTA.MODE": "itaclip"})
     with pytest.raises(ValueError, match="FEATURE_SURGERY.ENABLED cannot be combined with TEST.TTA.MODE"):
-        check_surgery_options(bad)
+        plan_from_config(bad)
     with pytest.raises(ValueError, match=r"FEATURE_SURGERY.CLS_SCALE = -1.0 is invalid"):
         build_model(tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.CLS_SCALE": -1.0}))
 

@@ -52,6 +52,14 @@ class Registry:
             raise KeyError(f"unknown {self.what} {name!r}; valid: {', '.join(self._items)}")
         return self._items[name]
 
+    def name_of(self, obj) -> str:
+        """The registered name of a part (an instance or its class)."""
+        cls = obj if isinstance(obj, type) else type(obj)
+        for name, c in self._items.items():
+            if c is cls:
+                return name
+        raise KeyError(f"{cls.__name__} is not a registered {self.what}; valid: {', '.join(self._items)}")
+
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
@@ -295,8 +303,4 @@ def check_parts(encoder: Tuple[Needs, str], head, stages: Sequence, *, sliding_w
 
 
 def _stage_name(stage) -> str:
-    cls = stage if isinstance(stage, type) else type(stage)
-    for name, c in STAGES:
-        if c is cls:
-            return name
-    return cls.__name__
+    return STAGES.name_of(stage)

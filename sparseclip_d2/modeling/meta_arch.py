@@ -278,6 +278,16 @@ class SparseCLIP(nn.Module):
         every stage record it)."""
         return bool(self.head.records_attention and all(st.records_attention for st in self.stages))
 
+    @property
+    def head_name(self) -> str:
+        """The registered name of the logit head (``methods.LOGIT_HEADS``)."""
+        return LOGIT_HEADS.name_of(self.head)
+
+    def stage(self, name: str) -> Optional[Stage]:
+        """The stage registered as ``name`` (``methods.STAGES``) if this model runs it, else None."""
+        cls = STAGES.get(name)
+        return next((st for st in self.stages if type(st) is cls), None)
+
     def with_encoder(self, encoder: nn.Module) -> "SparseCLIP":
         """A model with another encoder (an attention variant of the same tower) and the same head,
         stages, text classifier and text cache (nothing copied)."""
@@ -442,6 +452,25 @@ class SparseCLIP(nn.Module):
             side_pad_value=self.side_inputs[side_name].pad_value if side_name is not None else 0,
         )
 
+    def working_logits(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``((S', H, W) logits at the working size, (S',) class of each row)``: the window loop, or
+        the windows stage that replaces it (which may reduce the synonyms to classes)."""
+        for st in self.stages:
+            if st.kind == "windows":
+                return st(self, inputs, self.window_logits_fn(inputs))
+        return self.window_loop(inputs, attention_sink), inputs.class_index
+
+    def image_inputs_for(self, image: torch.Tensor, text_emb: torch.Tensor) -> ImageInputs:
+        """:class:`~sparseclip_d2.methods.ImageInputs` of a ``(3, H, W)`` uint8 image (``input_format``)
+        and ``(S, D)`` unit text embeddings, each synonym its own class (no side input): for
+        :meth:`working_logits` outside :meth:`predict`."""
+        normalised = self.normalize_image(image)
+        vocabulary = [f"class {i}" for i in range(text_emb.shape[0])]
+        return ImageInputs({"image": image}, vocabulary, None, text_emb,
+                           torch.arange(text_emb.shape[0], device=text_emb.device), normalised,
+                           tuple(normalised.shape[-2:]))
+
     def predict(self, x: Dict, *, attention: bool = False) -> PipelineOutput:
         """The one prediction path of one input dict (``image`` (3, H, W) uint8 at the working size,
         optional ``height`` / ``width``, ``dataset_name`` or ``vocabulary`` [+ ``background_index``],
@@ -450,11 +479,7 @@ class SparseCLIP(nn.Module):
         :attr:`records_attention`)."""
         inputs = self.image_inputs(x)
         sink: Optional[List[torch.Tensor]] = [] if attention and self.records_attention else None
-        windows = [st for st in self.stages if st.kind == "windows"]
-        if windows:
-            logits, class_index = windows[0](self, inputs, self.window_logits_fn(inputs))
-        else:
-            logits, class_index = self.window_loop(inputs, sink), inputs.class_index
+        logits, class_index = self.working_logits(inputs, sink)
         if self.prob_threshold > 0 and inputs.background_index is None:
             self._warn_threshold_ignored(x)
         for st in self.stages:
@@ -516,11 +541,12 @@ class SparseCLIP(nn.Module):
         return self.predict(x).score_maps
 
     def encode_logits(self, images: torch.Tensor, text_emb: torch.Tensor,
-                      attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
-        """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` logits of the head, each window
-        its own image (no side input)."""
+                      attention_sink: Optional[List[torch.Tensor]] = None, context=None) -> torch.Tensor:
+        """``(N, 3, h, w)`` normalised windows -> ``(N, S, h/p, w/p)`` logits of the head (no side
+        input); ``context``: the head's ``image_context`` of the windows' image (None: each window
+        is its own image)."""
         kwargs = self.encoder_inputs(images, text_emb)
-        return self.head(self, images, text_emb, kwargs, attention_sink, None)
+        return self.head(self, images, text_emb, kwargs, attention_sink, context)
 
     def synonym_logits(self, image: torch.Tensor, text_emb: torch.Tensor,
                        attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:

@@ -66,12 +66,9 @@ def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettin
             changed_keys(n, LABEL_PROPAGATION_KEY_DEFAULTS, KEY) + changed_keys(n.VFM, VFM_KEY_DEFAULTS, f"{KEY}.VFM"),
             f"{KEY}.KIND is ''", f"set KIND (valid: {', '.join(PROPAGATION_KINDS)}) or leave these keys at their defaults")
         return None
-    sc = cfg.MODEL.SPARSECLIP
-    for on, what, valid in ((cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD",
-                             "MODEL.META_ARCHITECTURE = 'SparseCLIPFGOVD'", "SparseCLIP")):
-        if on:
-            raise ValueError(f"{KEY}.KIND = {got[0].kind!r} cannot be combined with {what} (the propagated "
-                             f"scores replace that path's); valid: {valid}")
+    if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":
+        raise ValueError(f"{KEY}.KIND = {got[0].kind!r} cannot be combined with MODEL.META_ARCHITECTURE = "
+                         "'SparseCLIPFGOVD' (the propagated scores replace that path's); valid: SparseCLIP")
     if got[1].input_size == -1 and not cfg.TEST.SLIDING_WINDOW.ENABLED:
         raise ValueError(f"{KEY}.VFM.INPUT_SIZE = -1 (each window resized to the crop) needs "
                          "TEST.SLIDING_WINDOW.ENABLED True; or give INPUT_SIZE in pixels")
