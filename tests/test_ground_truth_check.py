@@ -124,11 +124,8 @@ def test_check_names_every_bad_file_in_one_error(tmp_path):
 
 
 def test_prepare_check_reads_every_mask_by_default(tmp_path):
-    import importlib.util
+    from sparseclip_d2.prepare import check as module
 
-    spec = importlib.util.spec_from_file_location("prepare_datasets_gt", os.path.join(ROOT, "tools", "prepare_datasets.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     dicts = _dataset(tmp_path, 12, bad={1})  # 8 evenly spaced picks of 12 skip index 1
     register_sem_seg("gt_check_all", dicts, ["a", "b", "c"])
     problems = module.check_masks("gt_check_all", dicts)

@@ -97,14 +97,12 @@ def test_no_assert_in_package_and_tools():
 
 
 def test_prepare_datasets_id_tables():
-    """The constant tables of tools/prepare_datasets.py (checked here, not by asserts)."""
-    import importlib.util
+    """The constant tables of tools/prepare_datasets.py (sparseclip_d2.prepare; checked here, not by asserts)."""
+    from sparseclip_d2.prepare.context import CONTEXT59_DETAIL_IDS
+    from sparseclip_d2.prepare.convert import STUFF_IDS, THING_IDS
 
-    spec = importlib.util.spec_from_file_location("prepare_datasets", ROOT / "tools" / "prepare_datasets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert len(module.THING_IDS) == 80 and len(module.STUFF_IDS) == 91
-    ids = list(module.CONTEXT59_DETAIL_IDS)
+    assert len(THING_IDS) == 80 and len(STUFF_IDS) == 91
+    ids = list(CONTEXT59_DETAIL_IDS)
     assert len(ids) == 59 and ids == sorted(set(ids))
 
 
@@ -137,13 +135,9 @@ def test_unreadable_checkpoint_names_the_file(tmp_path, name):
 
 
 def test_prepare_datasets_check_validates_a_sample_of_masks(tmp_path):
-    import importlib.util
-
     from conftest import register_sem_seg
+    from sparseclip_d2.prepare import check as module
 
-    spec = importlib.util.spec_from_file_location("prepare_datasets", ROOT / "tools" / "prepare_datasets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     dicts = []
     for i, (mask_hw, value) in enumerate([((20, 30), 1), ((20, 30), 7), ((30, 20), 0), ((20, 30), 255)]):
         image, mask = tmp_path / f"{i}.jpg", tmp_path / f"{i}.png"

@@ -79,7 +79,7 @@ def test_datasets_root_is_read_in_one_place(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip().splitlines()[-1] == expected
     readers = []
-    for folder in ("sparseclip_d2/data", "sparseclip_d2/evaluation", "tools/prepare_datasets.py"):
+    for folder in ("sparseclip_d2/data", "sparseclip_d2/evaluation", "sparseclip_d2/prepare", "tools/prepare_datasets.py"):
         path = os.path.join(ROOT, folder)
         files = [path] if path.endswith(".py") else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs
                                                       if f.endswith(".py")]

@@ -36,6 +36,8 @@ LAYERS = {
     "model_zoo": 0,   # standard library only: finds the packaged configs
     "analysis": 6,    # tools' helpers: tables, plots, figures
     "sweeps": 6,      # the sweep package (spec, validation, identity, launchers, store)
+    "prepare": 6,     # dataset preparation behind tools/prepare_datasets.py (conversions, check)
+    "benchmarks": 6,  # the methods benchmark behind tools/benchmark_methods.py
     "utils": 6,
     "predictor": 6,   # the Python API: modeling + data + figures' helpers
     "cli": 7,         # the command-line programs

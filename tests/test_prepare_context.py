@@ -1,11 +1,11 @@
-"""``tools/prepare_datasets.py context``: PASCAL in Detail json -> PASCAL-Context 60-class masks.
+"""``tools/prepare_datasets.py context`` (``sparseclip_d2.prepare.context``): PASCAL in Detail json
+-> PASCAL-Context 60-class masks.
 
 The synthetic ``trainval_merged.json`` has the fields the Detail API reads: ``images``
 (``image_id``, ``file_name``, ``height``, ``width``, ``phase``), ``annos_segmentation`` (``id``,
 ``image_id``, ``category_id``, ``segmentation`` as COCO RLE) and ``categories``
 (``category_id``, ``name``).
 """
-import importlib.util
 import json
 import os
 
@@ -21,11 +21,9 @@ from sparseclip_d2.data.datasets.segmentation import load_split_file_dataset
 
 @pytest.fixture(scope="module")
 def prep():
-    path = os.path.join(os.path.dirname(__file__), "..", "tools", "prepare_datasets.py")
-    spec = importlib.util.spec_from_file_location("prepare_datasets_ctx", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from sparseclip_d2.prepare import context
+
+    return context
 
 
 def _rle(binary):

@@ -17,27 +17,7 @@ import argparse
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-
-def grid_brightness_partition(rgb: np.ndarray, cell: int = 48, grey: int = 16) -> np.ndarray:
-    """``(H, W, 3)`` uint8 RGB -> ``(H, W)`` int64 labels: ``1 + 2 * cell index + (luma >= 128)``
-    (cells row-major), 0 where ``max - min`` channel ``< grey``."""
-    if rgb.ndim != 3 or rgb.shape[2] != 3:
-        raise ValueError(f"expected an (H, W, 3) RGB image, got shape {rgb.shape}")
-    if cell < 1:
-        raise ValueError(f"--cell must be >= 1, got {cell}")
-    h, w = rgb.shape[:2]
-    f = rgb.astype(np.float64)
-    luma = 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
-    ys, xs = np.arange(h)[:, None] // cell, np.arange(w)[None, :] // cell
-    cells = ys * ((w + cell - 1) // cell) + xs
-    labels = 1 + 2 * cells + (luma >= 128)
-    chroma = rgb.max(axis=2).astype(np.int64) - rgb.min(axis=2).astype(np.int64)
-    labels[chroma < grey] = 0
-    return labels.astype(np.int64)
 
 
 def main(argv=None):
@@ -51,6 +31,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     from sparseclip_d2.data.image_io import read_image_rgb
     from sparseclip_d2.proxy.corrclip import write_region_mask
+    from sparseclip_d2.proxy.region_partition import grid_brightness_partition
 
     if a.dataset:
         import sparseclip_d2  # noqa: F401  (registers the datasets)

@@ -1,0 +1,61 @@
+"""Upstream checkouts, read without importing their code: the check that a path is the named
+repository (:func:`check_upstream`), the ``model`` dict of an mmseg-style config
+(:func:`upstream_config`), a dataset class's ``CLASSES`` (:func:`dataset_classes`) and a
+``cls_*.txt`` vocabulary (:func:`read_vocabulary`).
+
+Standard library only: both the tool's process and the upstream worker import it.
+"""
+import os
+
+from .methods import METHODS
+
+
+def check_upstream(method: str, path, meta=None, option=None) -> str:
+    """The absolute checkout path of ``method``'s upstream repository; ``SystemExit`` naming the
+    option, the path, the file that was looked for and how to fetch the repository otherwise."""
+    meta = meta or METHODS[method]
+    option = option or method
+    fetch = (f"fetch it with: git clone https://github.com/{meta['repo']} && "
+             f"git -C {meta['repo'].split('/')[1]} checkout {meta['commit']}")
+    if not path:
+        raise SystemExit(f"--{option}: the path of a {meta['repo']} checkout is required for method "
+                         f"{method!r} (or pass --project-only); {fetch}")
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise SystemExit(f"--{option} {path}: no such directory; {fetch}")
+    if not os.path.isfile(os.path.join(path, meta["marker"])):
+        raise SystemExit(f"--{option} {path}: not a checkout of {meta['repo']} (it has no {meta['marker']}); {fetch}")
+    return path
+
+
+def upstream_config(path: str, rel: str) -> dict:
+    """The ``model`` dict of an mmseg-style upstream config file over its ``_base_``."""
+    def read(p):
+        ns = {"dict": dict}
+        exec(compile(open(p).read(), p, "exec"), ns)
+        return ns
+    ns = read(os.path.join(path, rel))
+    model = {}
+    if "_base_" in ns:
+        model.update(read(os.path.normpath(os.path.join(os.path.dirname(os.path.join(path, rel)), ns["_base_"])))["model"])
+    model.update(ns["model"])
+    return model
+
+
+def dataset_classes(path: str, rel: str, cls: str):
+    """``CLASSES`` of class ``cls`` in the checkout's ``rel`` file, read without importing it."""
+    import ast
+
+    for node in ast.walk(ast.parse(open(os.path.join(path, rel)).read())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for st in node.body:
+                if isinstance(st, ast.Assign) and any(getattr(t, "id", "") == "CLASSES" for t in st.targets):
+                    return list(ast.literal_eval(st.value))
+    raise SystemExit(f"{os.path.join(path, rel)}: no class {cls} with a CLASSES tuple")
+
+
+def read_vocabulary(path: str):
+    """Class names of an upstream ``cls_*.txt`` file: one class a line, its synonyms split by
+    ``", "`` (ProxyCLIP's files: ``"; "``), as the project's vocabularies write them (``", "``)."""
+    with open(path) as f:
+        return [line.strip().replace("; ", ", ") for line in f.read().split("\n") if line.strip()]

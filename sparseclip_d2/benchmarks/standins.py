@@ -1,0 +1,217 @@
+"""Stand-ins, in the upstream worker only, for what the upstream segmentors import or call and
+the worker has not (named in the tool's description and docs/upstream_agreement.md because they
+are not upstream's): mmseg / mmengine's test-time names and ``pkg_resources``
+(:func:`install_standins`), CUDA calls kept on the CPU (:func:`cpu_cuda_standins`,
+:func:`tensor_cuda_standin`), ``torch.hub``'s DINO answered from a local checkout with random
+weights (:func:`random_dino`), and LPOSS's GPU libraries and mmcv / mmseg imports
+(:func:`lposs_standins`, :func:`lposs_gpu_standins`).
+
+Each patches the worker process's modules; the upstream worker imports torch, numpy, cv2 and
+the upstream checkout only (never this project's model code or detectron2, so that an
+interpreter with other library versions can run it).
+"""
+import os
+import sys
+
+def install_standins():
+    """mmseg / mmengine names the segmentors import, and ``pkg_resources`` where it is missing."""
+    import importlib.util
+    import types
+
+    import torch
+    import torch.nn as nn
+
+    class BaseSegmentor(nn.Module):  # holds the data preprocessor, as mmseg's at test time
+        def __init__(self, data_preprocessor=None, init_cfg=None):
+            super().__init__()
+            self.data_preprocessor = data_preprocessor
+
+    class SegDataPreProcessor:  # test time: channel flip, (x - mean) / std, no padding
+        def __init__(self, mean=None, std=None, rgb_to_bgr=False, bgr_to_rgb=False, **_):
+            self.mean = torch.tensor(mean).view(3, 1, 1)
+            self.std = torch.tensor(std).view(3, 1, 1)
+            self.flip = bool(rgb_to_bgr or bgr_to_rgb)
+
+        def __call__(self, img_hwc_uint8):
+            x = torch.from_numpy(img_hwc_uint8).permute(2, 0, 1).float()
+            if self.flip:
+                x = x[[2, 1, 0]]
+            return ((x - self.mean) / self.std)[None]
+
+    class PixelData:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class _Registry:
+        def register_module(self, *a, **k):
+            return lambda cls: cls
+
+    mods = {name: types.ModuleType(name) for name in (
+        "mmseg", "mmseg.models", "mmseg.models.segmentors", "mmseg.models.data_preprocessor",
+        "mmseg.registry", "mmengine", "mmengine.structures")}
+    mods["mmseg.models.segmentors"].BaseSegmentor = BaseSegmentor
+    mods["mmseg.models.data_preprocessor"].SegDataPreProcessor = SegDataPreProcessor
+    mods["mmseg.registry"].MODELS = _Registry()
+    mods["mmengine.structures"].PixelData = PixelData
+    sys.modules.update(mods)
+    if importlib.util.find_spec("pkg_resources") is None:
+        import packaging.version
+        stub = types.ModuleType("pkg_resources")
+        stub.packaging = packaging
+        sys.modules["pkg_resources"] = stub
+
+
+
+# itaclip_segmentor.py / resclip_segmentor.py SegDataPreProcessor(mean, std, rgb_to_bgr=True)
+MMSEG_MEAN = [122.771, 116.746, 104.094]
+MMSEG_STD = [68.501, 66.632, 70.323]
+
+
+def cpu_cuda_standins():
+    """Without CUDA: ``Tensor.cuda`` returns the tensor and ``Module.to('cuda')`` stays on the CPU
+    (ResCLIP's SFR path hard-codes both). Worker process only."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    module_to = torch.nn.Module.to
+
+    def to(self, *a, **k):
+        a = tuple("cpu" if isinstance(x, (str, torch.device)) and str(x).startswith("cuda") else x for x in a)
+        return module_to(self, *a, **k)
+
+    torch.nn.Module.to = to
+
+
+def tensor_cuda_standin():
+    """Without CUDA: ``Tensor.to('cuda')`` (and ``device='cuda'``) stays on the CPU (CASS's
+    ``_encode_text_features`` and LPOSS's loop hard-code it). Worker process only."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    tensor_to = torch.Tensor.to
+
+    def cpu(x):
+        return "cpu" if isinstance(x, (str, torch.device)) and str(x).startswith("cuda") else x
+
+    def to(self, *a, **k):
+        if "device" in k:
+            k["device"] = cpu(k["device"])
+        return tensor_to(self, *tuple(cpu(x) for x in a), **k)
+    torch.Tensor.to = to
+
+
+def random_dino(spec: dict, entry: str) -> str:
+    """The random DINO state dict of ``spec['vfm_weights']`` (drawn once by DINO's own hub code,
+    ``torch.manual_seed(0)``), and ``torch.hub.load('facebookresearch/dino:main', entry)`` answered
+    from the ``--dino`` checkout with it (``source='local'``, ``pretrained=False``, strict load)."""
+    import torch
+
+    dino, vfm_file = spec["dino"], spec["vfm_weights"]
+    hub_load = torch.hub.load
+    if not os.path.exists(vfm_file):
+        before = set(sys.modules)
+        torch.manual_seed(0)
+        torch.save(hub_load(dino, entry, source="local", pretrained=False).state_dict(), vfm_file)
+        for name in set(sys.modules) - before:  # the hub's vision_transformer / utils: an upstream may vendor its own
+            if os.path.abspath(getattr(sys.modules[name], "__file__", "") or "").startswith(os.path.abspath(dino) + os.sep):
+                del sys.modules[name]
+
+    def local_hub_load(repo, e, *a, **k):
+        vfm = hub_load(dino, e, source="local", pretrained=False)
+        vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
+        return vfm
+    torch.hub.load = local_hub_load
+    return vfm_file
+
+
+def lposs_standins(path: str):
+    """LPOSS's CUDA-only and mmcv / mmseg imports on the CPU (docs/upstream_agreement.md, "LPOSS"):
+    ``cupy`` -> numpy, ``cupyx.scipy.sparse`` -> ``scipy.sparse``, its ``linalg.cg(A, b, tol, maxiter)``
+    -> scipy's ``cg`` with ``rtol=tol`` (cupy stops at ``||r|| <= tol ||b||``), ``mmseg.ops.resize`` =
+    the checkout's own ``mmseg/ops/wrappers.py``, ``mmseg.models.EncoderDecoder`` = ``nn.Module`` (its
+    ``__init__`` only is called), ``mmcv.utils.Registry`` = ``register_module`` / ``build``."""
+    import importlib.util
+    import types
+
+    import numpy as np
+    import scipy.sparse
+    import scipy.sparse.linalg
+    import torch.nn as nn
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        sys.modules[name] = m
+        return m
+
+    def asarray(x):
+        return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+    module("cupy", asarray=asarray, array=np.array, zeros=np.zeros, sqrt=np.sqrt, isnan=np.isnan, isinf=np.isinf)
+
+    def cg(A, b, x0=None, tol=1e-5, maxiter=None, M=None, callback=None, atol=None):
+        return scipy.sparse.linalg.cg(A, b, x0=x0, rtol=tol, maxiter=maxiter, M=M, callback=callback,
+                                      atol=0.0 if atol is None else atol)
+    linalg = module("cupyx.scipy.sparse.linalg", cg=cg)
+    sparse = module("cupyx.scipy.sparse", csr_matrix=scipy.sparse.csr_matrix, diags=scipy.sparse.diags,
+                    eye=scipy.sparse.eye, coo_matrix=scipy.sparse.coo_matrix, linalg=linalg)
+    module("cupyx.scipy", sparse=sparse)
+    module("cupyx", scipy=sys.modules["cupyx.scipy"])
+
+    class Registry:
+        def __init__(self, name):
+            self.name, self._m = name, {}
+
+        def register_module(self, name=None, force=False, module=None):
+            def deco(cls):
+                self._m[name or cls.__name__] = cls
+                return cls
+            return deco
+
+        def build(self, cfg, default_args=None):
+            args = dict(cfg)
+            typ = args.pop("type")
+            for k, v in (default_args or {}).items():
+                args.setdefault(k, v)
+            return self._m[typ](**args)
+    module("mmcv.utils", Registry=Registry)
+    module("mmcv", utils=sys.modules["mmcv.utils"])
+    wrappers = importlib.util.spec_from_file_location("_lposs_mmseg_wrappers", os.path.join(path, "mmseg", "ops", "wrappers.py"))
+    wmod = importlib.util.module_from_spec(wrappers)
+    wrappers.loader.exec_module(wmod)
+    module("mmseg.ops", resize=wmod.resize)
+
+    class EncoderDecoder(nn.Module):
+        pass
+    module("mmseg.models", EncoderDecoder=EncoderDecoder)
+    module("mmseg", ops=sys.modules["mmseg.ops"], models=sys.modules["mmseg.models"])
+
+
+def lposs_gpu_standins():
+    """faiss-gpu's ``StandardGpuResources`` (a no-op) and ``knn_gpu`` (faiss-cpu's exact ``faiss.knn``),
+    ``Tensor.to('cuda')``, ``torch.as_tensor(..., device=)`` and ``Module.cuda`` on the CPU. Returns the
+    ``knn_gpu`` stand-in (installed after LPOSS's own ``import faiss.contrib.torch_utils``)."""
+    import faiss
+    import numpy as np
+    import torch
+
+    class GpuResources:  # faiss-gpu's; faiss-cpu's exact knn below needs none
+        def setDefaultNullStreamAllDevices(self):
+            pass
+
+        def setTempMemory(self, n):
+            pass
+
+    def knn(res, xq, xb, k, metric=faiss.METRIC_L2):  # knn_gpu: exact brute force, as faiss.knn
+        D, I = faiss.knn(np.ascontiguousarray(xq.detach().cpu().numpy(), dtype=np.float32),
+                         np.ascontiguousarray(xb.detach().cpu().numpy(), dtype=np.float32), int(k), metric=metric)
+        return torch.from_numpy(D), torch.from_numpy(I)
+    faiss.StandardGpuResources = GpuResources
+    tensor_cuda_standin()
+    as_tensor = torch.as_tensor
+    torch.as_tensor = lambda x, *a, device=None, **k: as_tensor(x, *a, **k)  # as_tensor(..., device="cuda")
+    torch.nn.Module.cuda = lambda self, *a, **k: self
+    return knn
