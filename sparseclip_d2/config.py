@@ -15,12 +15,13 @@ import math
 import os
 
 from . import require_detectron2
+from .common.keys import check_number
 
 require_detectron2("sparseclip_d2.config")
 
 from detectron2.config import CfgNode as CN
 
-__all__ = ["add_sparseclip_config", "check_sparseclip_config", "merge_config", "check_cluster_vote_config"]
+__all__ = ["add_sparseclip_config", "check_sparseclip_config", "merge_config"]
 
 logger = logging.getLogger(__name__)
 _WARNED = set()  # config warnings already logged in this process (one line each)
@@ -461,7 +462,7 @@ def add_sparseclip_config(cfg):
     # Windows encoded together per encoder call.
     _C.TEST.SLIDING_WINDOW.BATCH_SIZE = 8
 
-    # Test-time augmentation of each window's logits (sparseclip_d2.modeling.tta): "" = none,
+    # Test-time augmentation of each window's logits (sparseclip_d2.dense.tta): "" = none,
     # "itaclip" = ITACLIP's image engineering (original + grayscale + blur features averaged,
     # mixed with the flipped windows' logits: WEIGHT * L + (1 - WEIGHT) * L_flip).
     _C.TEST.TTA = CN()
@@ -481,7 +482,7 @@ def add_sparseclip_config(cfg):
     # results.json so a partial number is never mistaken for a full one.
     _C.TEST.MAX_IMAGES = 0
 
-    # CLIPtrase's post-processing (sparseclip_d2/modeling/cluster_vote.py), usable with any method:
+    # CLIPtrase's post-processing (sparseclip_d2/dense/cluster_vote.py), usable with any method:
     # DBSCAN over the rows of block LAYER's CLS-denoised Q-Q/K-K/V-V cosine map, cluster maps
     # upsampled UPSAMPLE x and median-filtered (MEDIAN_SIZE), each cluster's pixels take its
     # majority label. Whole-image inference only; outputs are "sem_seg_labels".
@@ -542,18 +543,7 @@ def add_sparseclip_config(cfg):
     return cfg
 
 
-def _check_number(key: str, value, low: float, high: float, *, integer: bool = False,
-                  low_open: bool = False) -> None:
-    """Raise ValueError naming ``key``, ``value`` and the valid range when out of it."""
-    kind = "an integer" if integer else "a number"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (float(value).is_integer() if integer else math.isfinite(float(value)))
-    if ok:
-        ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        lo = "(" if low_open else "["
-        hi = "inf)" if math.isinf(high) else f"{high:g}]"
-        raise ValueError(f"{key} = {value!r} is invalid; valid: {kind} in {lo}{low:g}, {hi}")
+_check_number = check_number  # the one number check (common/keys.py)
 
 
 def check_sparseclip_config(cfg) -> None:
@@ -605,32 +595,6 @@ def check_sparseclip_config(cfg) -> None:
 
     plan_from_config(cfg)  # every logit head's and stage's keys, then the one check of their combination
     _warn_ignored_values(cfg)
-
-
-def check_cluster_vote_config(cfg) -> None:
-    """Validate CLIPtrase's post-processing keys (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``,
-    ``CLS_LOGIT_PRODUCT``; ``modeling/cluster_vote.py``); ``ValueError`` naming the key, its value
-    and the valid choices. What they cannot run with follows from the parts' declarations
-    (``methods.check_parts``)."""
-    inf = math.inf
-    sc = cfg.MODEL.SPARSECLIP
-    c = sc.CLUSTER_VOTE
-    for key, value in (("MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED", c.ENABLED),
-                       ("MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT", sc.CLS_LOGIT_PRODUCT)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{key} = {value!r} is invalid; valid: True, False")
-    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER", c.LAYER, -inf, inf, integer=True)
-    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.EPS", c.EPS, 0, inf, low_open=True)
-    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES", c.MIN_SAMPLES, 1, inf, integer=True)
-    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE", c.UPSAMPLE, 1, inf, integer=True)
-    _check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE", c.MEDIAN_SIZE, 1, inf, integer=True)
-    if sc.PROXY.NAME:  # the vote's pass is the CLIP encoder's own (forward_pass), not the proxy block
-        for on, name in ((c.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED"),
-                         (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT")):
-            if on:
-                raise ValueError(f"{name} True cannot be combined with MODEL.SPARSECLIP.PROXY.NAME = "
-                                 f"{sc.PROXY.NAME!r} (that path computes its logits its own way); valid: "
-                                 "MODEL.SPARSECLIP.PROXY.NAME ''")
 
 
 # Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no

@@ -20,8 +20,8 @@ from sparseclip_d2.data.class_names import CLASS_NAME_SETS, available_class_name
 from sparseclip_d2.data.mapper import (
     MMSegRescale, build_resize, mmseg_rescale_size, pixel_normalization,
 )
-from sparseclip_d2.modeling.pamr import pamr, pamr_offsets
-from sparseclip_d2.modeling.sliding_window import dense_logits
+from sparseclip_d2.dense.pamr import pamr, pamr_offsets
+from sparseclip_d2.dense.windows import dense_logits
 
 
 # ---------------------------------------------------------------- position embeddings

@@ -7,7 +7,7 @@ import pytest
 
 from sparseclip_d2.benchmarks.checkouts import dataset_classes
 from sparseclip_d2.benchmarks.cli import main, parse_args
-from sparseclip_d2.benchmarks.methods import vfm_file
+from sparseclip_d2.benchmarks.method_table import vfm_file
 from sparseclip_d2.benchmarks.project import prepare_project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

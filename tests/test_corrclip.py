@@ -1,4 +1,4 @@
-"""CorrCLIP's parts (``sparseclip_d2.proxy.corrclip``, ``modeling/region_masks.py``).
+"""CorrCLIP's parts (``sparseclip_d2.proxy.corrclip``, ``methods/corrclip.py``).
 
 Each part against a hand-written float64 computation: the region restriction (both registered
 rules) by loops over token pairs, the DBSCAN region merge against connected components of the
@@ -376,7 +376,7 @@ def test_corrclip_through_the_meta_arch(tmp_path, monkeypatch):
 def test_dense_logits_cuts_and_pads_the_side_map_like_the_image():
     """The region mask is cut into the same windows as the image and padded with 10000 where
     the image is zero-padded (corrclip_segmentor.py forward_slide)."""
-    from sparseclip_d2.modeling.sliding_window import dense_logits, symmetric_pad, window_grid
+    from sparseclip_d2.dense.windows import dense_logits, symmetric_pad, window_grid
 
     H, W = 40, 70
     image = torch.randn(3, H, W, generator=torch.Generator().manual_seed(6))

@@ -240,7 +240,7 @@ def test_feedback_second_pass_matches_float64_reference_with_softmax_and_entmax(
 
 # ----------------------------------------------------------------------------- layer 4
 def test_first_segmentation_prior_by_hand():
-    from sparseclip_d2.modeling.feedback import FeedbackSettings, first_segmentation_prior
+    from sparseclip_d2.dense.first_segmentation import FeedbackSettings, first_segmentation_prior
 
     # 2 synonyms; features of a 2x3 patch grid pointing at synonym 0 or 1 (patch 4 px)
     want = torch.tensor([[[0, 1, 1], [0, 0, 1]], [[1, 1, 1], [0, 1, 0]]])

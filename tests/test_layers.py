@@ -29,19 +29,21 @@ LAYERS = {
     "clip": 2,        # + open_clip
     "proxy": 2,       # the second backbone: torch, timm and the clip layer; no detectron2
     "propagation": 2,  # label propagation (LPOSS): numpy, scipy, faiss and the proxy layer; no detectron2
-    "config": 3,      # detectron2 from here on
-    "data": 3,
-    "modeling": 4,
-    "evaluation": 5,
+    "dense": 2,       # dense-prediction ops on windows, logits and label maps; no detectron2
+    "methods": 3,     # the pipeline's registered parts (heads, stages, side inputs) over the layers below
+    "config": 4,      # detectron2 from here on; validates the parts' keys through methods
+    "data": 4,
+    "modeling": 5,    # the META_ARCHs run the parts
+    "evaluation": 6,
     "model_zoo": 0,   # standard library only: finds the packaged configs
-    "analysis": 6,    # tools' helpers: tables, plots, figures
-    "sweeps": 6,      # the sweep package (spec, validation, identity, launchers, store)
-    "prepare": 6,     # dataset preparation behind tools/prepare_datasets.py (conversions, check)
-    "benchmarks": 6,  # the methods benchmark behind tools/benchmark_methods.py
-    "utils": 6,
-    "predictor": 6,   # the Python API: modeling + data + figures' helpers
-    "cli": 7,         # the command-line programs
-    "app": 7,         # the interactive Gradio app (on the Predictor)
+    "analysis": 7,    # tools' helpers: tables, plots, figures
+    "sweeps": 7,      # the sweep package (spec, validation, identity, launchers, store)
+    "prepare": 7,     # dataset preparation behind tools/prepare_datasets.py (conversions, check)
+    "benchmarks": 7,  # the methods benchmark behind tools/benchmark_methods.py
+    "utils": 7,
+    "predictor": 7,   # the Python API: modeling + data + figures' helpers
+    "cli": 8,         # the command-line programs
+    "app": 8,         # the interactive Gradio app (on the Predictor)
 }
 # Third-party packages a layer must not import.
 FORBIDDEN = {0: ("torch", "detectron2", "open_clip"), 1: ("detectron2", "open_clip"), 2: ("detectron2",)}
@@ -254,9 +256,9 @@ def test_the_graph_reader_sees_lazy_and_relative_imports(tmp_path):
     assert "sparseclip_d2.attention.entmax" in graph["sparseclip_d2.attention.normalizers"]
     assert "sparseclip_d2.modeling.attention_record" in graph["sparseclip_d2.modeling.meta_arch"]
     src = tmp_path / "m.py"
-    src.write_text("def f():\n    from ..modeling.sliding_window import window_grid\n")
+    src.write_text("def f():\n    from ..dense.windows import window_grid\n")
     got = _imports("sparseclip_d2.evaluation.m", src, _modules())
-    assert "sparseclip_d2.modeling.sliding_window" in got
+    assert "sparseclip_d2.dense.windows" in got
 
 
 if __name__ == "__main__":  # pragma: no cover

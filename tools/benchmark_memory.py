@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     from sparseclip_d2 import add_sparseclip_config
     from sparseclip_d2.data import SparseCLIPTestMapper
     from sparseclip_d2.modeling import resolve_device
-    from sparseclip_d2.modeling.sliding_window import window_grid
+    from sparseclip_d2.dense.windows import window_grid
 
     cfg = get_cfg()
     add_sparseclip_config(cfg)

@@ -12,7 +12,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from ..evaluation.attention_stats import ROW_STAT_KEYS, resize_labels, row_statistics, window_patch_labels
-from ..modeling.sliding_window import symmetric_pad
+from ..dense.windows import symmetric_pad
 
 __all__ = ["query_token", "attention_at"]
 

@@ -7,7 +7,7 @@ Standard library only: both the tool's process and the upstream worker import it
 """
 import os
 
-from .methods import METHODS
+from .method_table import METHODS
 
 
 def check_upstream(method: str, path, meta=None, option=None) -> str:

@@ -133,7 +133,7 @@ import tempfile
 
 from .checkouts import check_upstream
 from .harness import time_sides
-from .methods import DINO, DINO_HELP, METHODS, NEEDS_DINO, vfm_file
+from .method_table import DINO, DINO_HELP, METHODS, NEEDS_DINO, vfm_file
 from .project import prepare_project, random_weights
 
 

@@ -10,7 +10,7 @@ import os
 import sys
 
 from .checkouts import dataset_classes, read_vocabulary
-from .methods import METHODS, vfm_file
+from .method_table import METHODS, vfm_file
 
 
 def rescale_size(h: int, w: int, short: int, long: int = 2048):

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .checkouts import dataset_classes, upstream_config
-from .methods import METHODS
+from .method_table import METHODS
 from .standins import (cpu_cuda_standins, install_standins, lposs_gpu_standins, lposs_standins, random_dino,
                        tensor_cuda_standin)
 

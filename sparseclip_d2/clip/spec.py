@@ -688,7 +688,7 @@ PRESETS["clipsurgery"] = AttentionSpec(source="vv", normalizer="softmax", parall
 #:   softmax(VV^T s)``, ``s = d**-0.5``, rows summing to 3 (``normalize_then_sum``), residual and FFN
 #:   kept (``ResidualAttentionBlock.forward`` unchanged). Its layer-11 self-correlation, DBSCAN
 #:   cluster vote and VOC20 CLS-logit product are post-processing keys
-#:   (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``, ``CLS_LOGIT_PRODUCT``; ``modeling/cluster_vote.py``).
+#:   (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``, ``CLS_LOGIT_PRODUCT``; ``dense/cluster_vote.py``).
 PRESETS["cliptrase"] = AttentionSpec(source="qq+kk+vv", normalizer="softmax", sum_mode="normalize_then_sum",
                                      residual=True, ffn=True)
 

@@ -2,9 +2,10 @@
 
 A method's keys set while the method is disabled would change nothing; every section with an
 ``ENABLED`` (or ``KIND``) switch refuses them the same way, naming each key and its value."""
+import math
 from typing import Any, Iterable, List, Mapping
 
-__all__ = ["changed_keys", "refuse_keys_while_off"]
+__all__ = ["changed_keys", "refuse_keys_while_off", "check_number"]
 
 
 def _differs(value: Any, default: Any) -> bool:
@@ -26,3 +27,17 @@ def refuse_keys_while_off(changed: Iterable[str], off: str, remedy: str) -> None
     changed = list(changed)
     if changed:
         raise ValueError(f"{', '.join(changed)} changes nothing while {off}: {remedy}")
+
+
+def check_number(key: str, value, low: float, high: float, *, integer: bool = False,
+                  low_open: bool = False) -> None:
+    """Raise ValueError naming ``key``, ``value`` and the valid range when out of it."""
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (float(value).is_integer() if integer else math.isfinite(float(value)))
+    if ok:
+        ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        lo = "(" if low_open else "["
+        hi = "inf)" if math.isinf(high) else f"{high:g}]"
+        raise ValueError(f"{key} = {value!r} is invalid; valid: {kind} in {lo}{low:g}, {hi}")

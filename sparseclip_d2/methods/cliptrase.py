@@ -1,19 +1,40 @@
 """CLIPtrase's parts (leaves162/CLIPtrase @ 2b7de61 ``clip_self_correlation.py``): the CLS-logit
 product (a logit head, ``MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT``) and the DBSCAN cluster vote on a
 block's self-correlation (a labels stage, ``MODEL.SPARSECLIP.CLUSTER_VOTE.*``). The maths is in
-``modeling/cluster_vote.py``; the centre-crop protocol is ``INPUT.CENTER_CROP_TEST`` (data/)."""
+``dense/cluster_vote.py``; the centre-crop protocol is ``INPUT.CENTER_CROP_TEST`` (data/)."""
+from ..common.keys import check_number
 from ..common.needs import Needs
-from ..modeling.cluster_vote import ClusterVoteSettings, cluster_assignment, encode_window_logits, majority_vote
-from ..modeling.sliding_window import symmetric_pad
+from ..dense.cluster_vote import ClusterVoteSettings, cluster_assignment, encode_window_logits, majority_vote
+from ..dense.windows import symmetric_pad
 from .registry import LOGIT_HEADS, STAGES, LogitHead, Stage
 
 __all__ = ["CLSProductHead", "ClusterVoteStage"]
 
 
-def _check_keys(cfg):
-    from ..config import check_cluster_vote_config
-
-    check_cluster_vote_config(cfg)
+def _check_keys(cfg) -> None:
+    """Validate CLIPtrase's post-processing keys (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``,
+    ``CLS_LOGIT_PRODUCT``; ``dense/cluster_vote.py``); ``ValueError`` naming the key, its value
+    and the valid choices. What they cannot run with follows from the parts' declarations
+    (``methods.check_parts``)."""
+    inf = float("inf")
+    sc = cfg.MODEL.SPARSECLIP
+    c = sc.CLUSTER_VOTE
+    for key, value in (("MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED", c.ENABLED),
+                       ("MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT", sc.CLS_LOGIT_PRODUCT)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} = {value!r} is invalid; valid: True, False")
+    check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER", c.LAYER, -inf, inf, integer=True)
+    check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.EPS", c.EPS, 0, inf, low_open=True)
+    check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES", c.MIN_SAMPLES, 1, inf, integer=True)
+    check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE", c.UPSAMPLE, 1, inf, integer=True)
+    check_number("MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE", c.MEDIAN_SIZE, 1, inf, integer=True)
+    if sc.PROXY.NAME:  # the vote's pass is the CLIP encoder's own (forward_pass), not the proxy block
+        for on, name in ((c.ENABLED, "MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED"),
+                         (sc.CLS_LOGIT_PRODUCT, "MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT")):
+            if on:
+                raise ValueError(f"{name} True cannot be combined with MODEL.SPARSECLIP.PROXY.NAME = "
+                                 f"{sc.PROXY.NAME!r} (that path computes its logits its own way); valid: "
+                                 "MODEL.SPARSECLIP.PROXY.NAME ''")
 
 
 @LOGIT_HEADS.register("cls_product")

@@ -8,13 +8,33 @@ from typing import Dict, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..modeling.region_masks import region_mask_of
-from ..proxy.corrclip import PAD_LABEL, region_mode_labels
+from ..proxy.corrclip import PAD_LABEL, load_region_mask, mask_file_for, region_mode_labels
 from .registry import SIDE_INPUTS, STAGES, SideInput, Stage
 
-__all__ = ["RegionMaskInput", "RegionVoteStage"]
+__all__ = ["RegionMaskInput", "RegionVoteStage", "region_mask_of"]
 
 KEY = "MODEL.SPARSECLIP.PROXY.CORRCLIP"
+MASK_KEY = f"{KEY}.MASK_DIR"
+
+
+def region_mask_of(x: Dict, mask_dir: str, out_hw) -> torch.Tensor:
+    """The ``(H, W)`` int64 region mask of input ``x``: ``x["region_mask"]`` when given, else
+    ``<mask_dir>/<stem of x["file_name"]>.npz``; it must have the output (original image) size.
+
+    Raises:
+        ValueError: neither ``region_mask`` nor ``file_name`` in ``x``; a mask of another size.
+        FileNotFoundError: no mask file (naming the key and the path).
+    """
+    if "region_mask" in x:
+        m = torch.as_tensor(x["region_mask"])
+        if m.dim() != 2 or m.is_floating_point() or tuple(m.shape) != tuple(out_hw):
+            raise ValueError(f"input 'region_mask' must be an ({out_hw[0]}, {out_hw[1]}) integer map (the image's "
+                             f"original size), got a {m.dtype} tensor of shape {tuple(m.shape)}")
+        return m.long()
+    if "file_name" not in x:
+        raise ValueError(f"CorrCLIP ({MASK_KEY}) reads one region mask per image by its file name; this input has "
+                         "neither 'file_name' nor 'region_mask' (an (H, W) integer map)")
+    return load_region_mask(mask_file_for(mask_dir, x["file_name"]), MASK_KEY, image_hw=tuple(out_hw))
 
 
 @SIDE_INPUTS.register("region_mask")

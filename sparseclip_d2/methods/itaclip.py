@@ -1,7 +1,7 @@
 """ITACLIP's parts (m-arda-aydn/ITACLIP @ 521a33c ``itaclip_segmentor.py``): test-time augmentation
 of each window's logits (a logit head) and the closing of the label map (a labels stage). The
-maths is in ``modeling/tta.py``; the keys are ``TEST.TTA.*`` and ``MODEL.SPARSECLIP.LABEL_CLOSING``."""
-from ..modeling.tta import check_label_closing, check_tta_options, close_labels, tta_logits
+maths is in ``dense/tta.py``; the keys are ``TEST.TTA.*`` and ``MODEL.SPARSECLIP.LABEL_CLOSING``."""
+from ..dense.tta import check_label_closing, check_tta_options, close_labels, tta_logits
 from .registry import LOGIT_HEADS, STAGES, LogitHead, Stage
 
 __all__ = ["TTAHead", "LabelClosingStage"]

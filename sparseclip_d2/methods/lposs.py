@@ -4,7 +4,7 @@ the VFM are in ``propagation/``; the keys are ``MODEL.SPARSECLIP.LABEL_PROPAGATI
 import torch
 
 from ..clip.text import max_over_synonyms
-from ..modeling.sliding_window import dense_logits, symmetric_pad, window_grid
+from ..dense.windows import dense_logits, symmetric_pad, window_grid
 from ..common.needs import Needs
 from .registry import STAGES, Stage
 

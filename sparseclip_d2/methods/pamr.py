@@ -1,9 +1,9 @@
 """PAMR (Araslanov & Roth 2020) as a logits stage, as NACLIP and ResCLIP run it after the logits
-(``MODEL.SPARSECLIP.PAMR.*``; the maths is in ``modeling/pamr.py``)."""
+(``MODEL.SPARSECLIP.PAMR.*``; the maths is in ``dense/pamr.py``)."""
 import torch
 import torch.nn.functional as F
 
-from ..modeling.pamr import pamr
+from ..dense.pamr import pamr
 from .registry import STAGES, Stage
 
 __all__ = ["PAMRStage"]

@@ -8,7 +8,7 @@ from .backbone import SparseCLIPBackbone, build_clip_from_config, resolve_device
 from .meta_arch import SparseCLIP
 from .fgovd import SparseCLIPFGOVD
 from .postprocess import class_scores
-from .sliding_window import dense_logits, symmetric_pad, window_grid
+from ..dense.windows import dense_logits, symmetric_pad, window_grid
 
 __all__ = [
     "SparseCLIP",

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from ..attention import parse_source
-from .sliding_window import symmetric_pad, window_grid
+from ..dense.windows import symmetric_pad, window_grid
 
 __all__ = ["attention_record", "rows_sum_to"]
 

@@ -28,7 +28,7 @@ from ..clip import (
 )
 from ..config import check_device, check_sparseclip_config
 from ..data.mapper import PIXEL_NORMS, pixel_normalization
-from .feedback import refuse_feedback_spec
+from ..dense.first_segmentation import refuse_feedback_spec
 
 __all__ = [
     "CLIPParts",

@@ -39,7 +39,7 @@ from ..data.image_io import check_input_format
 from ..common.cache import LRUCache
 from ..clip import AttentionSpec
 from .backbone import build_clip_parts
-from .feedback import refuse_feedback_spec
+from ..dense.first_segmentation import refuse_feedback_spec
 from .fgovd_conventions import CONVENTION_CHOICES, conventions_from_config
 
 __all__ = [

@@ -45,13 +45,13 @@ from ..data.class_names import CLASS_NAME_SETS, load_class_names
 from .attention_record import attention_record
 from ..clip.definitions import load_definitions, mix_definitions
 from .backbone import build_clip_parts
-from .feedback import FeedbackSettings, first_segmentation_prior
+from ..dense.first_segmentation import FeedbackSettings, first_segmentation_prior
 from ..methods import LOGIT_HEADS, SIDE_INPUTS, STAGE_KINDS, STAGES, ImageInputs, LogitHead, Stage, check_parts
 from ..methods import plan_from_config
 from ..methods.cosine import CosineHead
 from .postprocess import ScoreMaps
-from .sliding_window import PATCH_REMAINDER_MODES, dense_logits
-from .tta import check_definition_options
+from ..dense.windows import PATCH_REMAINDER_MODES, dense_logits
+from ..dense.tta import check_definition_options
 
 __all__ = ["SparseCLIP", "PipelineOutput"]
 
@@ -150,7 +150,7 @@ class SparseCLIP(nn.Module):
             definitions, definition_weight: ``[(name, text)]`` class definitions (background
                 excluded) mixed into the synonym embeddings (``clip.definitions``), or None.
             feedback: how the first segmentation of an encoder that needs one (ResCLIP's SFR) is
-                made (``modeling.feedback``); None = ``FeedbackSettings()``.
+                made (``dense.first_segmentation``); None = ``FeedbackSettings()``.
             head: the logit head (``methods.LOGIT_HEADS``); None = the cosine head.
             stages: post-processing stages (``methods.STAGES``), run in ``STAGE_KINDS`` order.
             side_inputs: ``{name: SideInput}`` for the side inputs the encoder needs

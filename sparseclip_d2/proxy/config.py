@@ -97,7 +97,7 @@ def corrclip_settings_from_config(cfg) -> Optional[CorrCLIPSettings]:
 
 
 def _check_corrclip_paths(cfg) -> None:
-    """What CorrCLIP's per-image path (``modeling/region_masks.py``) cannot join."""
+    """What CorrCLIP's per-image path (``methods/corrclip.py``) cannot join."""
     sc = cfg.MODEL.SPARSECLIP
     bad = [(on, key, valid) for on, key, valid in (
         (sc.PROXY.FSA.ENABLED, f"{KEY}.FSA.ENABLED", "False"),
