@@ -9,8 +9,9 @@ a sparseclip_d2 YAML file::
 
 Every key has a comment; the method is training-free, so there are no solver keys. The
 sections of the parts with a settings dataclass (PROXY and its FSA / CASS / TRIDENT / CORRCLIP,
-OBJECT_PRESENCE, LABEL_PROPAGATION and its VFM) are built from that dataclass, whose fields carry
-their keys and comments (``sparseclip_d2/common/keys.py``), so each default is written once.
+OBJECT_PRESENCE, LABEL_PROPAGATION and its VFM, FEEDBACK, CLUSTER_VOTE) are built from that
+dataclass, whose fields carry their keys and comments (``sparseclip_d2/common/keys.py``), so each
+default is written once.
 """
 import ast
 import logging
@@ -241,23 +242,8 @@ def add_sparseclip_config(cfg):
     # Semantic feedback (ResCLIP's SFR; sparseclip_d2.attention.feedback): the last block runs
     # twice, the first pass's segmentation of each window giving a prior P blended into the
     # second pass's scores as SCALE * ((1 - WEIGHT) S + WEIGHT P / max P). Segmentation-only.
-    _C.MODEL.SPARSECLIP.FEEDBACK = CN()
-    _C.MODEL.SPARSECLIP.FEEDBACK.ENABLED = False
-    # The prior's share in [0, 1] (ResCLIP's SFR lambda) and the blend's factor > 0 (tau).
-    _C.MODEL.SPARSECLIP.FEEDBACK.WEIGHT = 0.7
-    _C.MODEL.SPARSECLIP.FEEDBACK.SCALE = 2.2
-    # "float32", or "float16" (ResCLIP casts the prior to float16 even in float32 runs).
-    _C.MODEL.SPARSECLIP.FEEDBACK.PRECISION = "float32"
-    # First segmentation: softmax over synonyms of the window's logits at pixel size, refined by
-    # PAMR_STEPS of PAMR (0 = none) with PAMR_DILATIONS; pixels whose top probability is below
-    # THRESHOLD get label 0 (ResCLIP's temp_thd); each patch takes its most frequent label.
-    _C.MODEL.SPARSECLIP.FEEDBACK.THRESHOLD = 0.0
-    _C.MODEL.SPARSECLIP.FEEDBACK.PAMR_STEPS = 10
-    _C.MODEL.SPARSECLIP.FEEDBACK.PAMR_DILATIONS = [8, 16]
-    # Prior: same-label patch pairs; CONNECTIVITY decays pairs no straight path of the label
-    # joins (ResCLIP's delete_same_entity); rows smoothed by a gaussian of SMOOTH_STD patches.
-    _C.MODEL.SPARSECLIP.FEEDBACK.CONNECTIVITY = True
-    _C.MODEL.SPARSECLIP.FEEDBACK.SMOOTH_STD = 5.0
+    # Keys and comments: FeedbackSettings and FEEDBACK_SECTION (sparseclip_d2/modeling/feedback.py).
+    _C.MODEL.SPARSECLIP.FEEDBACK = build_section(CN, sections.FEEDBACK_SECTION)
 
     # The calibrated last block (SC-CLIP, SFP; sparseclip_d2/clip/calibrated.py, any source and
     # normaliser): on when OUTLIER_DETECTOR is not "none", a SIMILARITY_LAYER or
@@ -384,16 +370,8 @@ def add_sparseclip_config(cfg):
     # DBSCAN over the rows of block LAYER's CLS-denoised Q-Q/K-K/V-V cosine map, cluster maps
     # upsampled UPSAMPLE x and median-filtered (MEDIAN_SIZE), each cluster's pixels take its
     # majority label. Whole-image inference only; outputs are "sem_seg_labels".
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE = CN()
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED = False
-    # Block of the self-correlation map, 0-based, negative from the end (CLIPtrase: -2 = layer 11 of 12).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER = -2
-    # DBSCAN eps and min_samples (leaves162/CLIPtrase clip_self_correlation.py: 0.7 / 3 at 224, 1.1 / 7 at 336).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.EPS = 0.7
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES = 3
-    # Upsampling factor before the median filter and the filter's side (CLIPtrase: ratio 4, 2*4-1).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE = 4
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE = 7
+    # Keys and comments: ClusterVoteSettings (sparseclip_d2/modeling/cluster_vote.py).
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE = build_section(CN, sections.CLUSTER_VOTE_SECTION)
     # Patch logits times the window's CLS logits, per synonym (CLIPtrase's VOC20 rule).
     _C.MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT = False
     # Centre-crop evaluation protocol (CLIPtrase; sparseclip_d2/data/center_crop.py): N > 0 resizes
@@ -418,6 +396,8 @@ def _part_sections():
     from types import SimpleNamespace
 
     from .clip.object_presence import OBJECT_PRESENCE_SECTION
+    from .modeling.cluster_vote import CLUSTER_VOTE_SECTION
+    from .modeling.feedback import FEEDBACK_SECTION
     from .propagation.config import LABEL_PROPAGATION_SECTION, VFM_SECTION
     from .proxy.config import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
     from .proxy.trident_config import TRIDENT_SECTION
@@ -425,7 +405,8 @@ def _part_sections():
     return SimpleNamespace(PROXY_SECTION=PROXY_SECTION, FSA_SECTION=FSA_SECTION, CASS_SECTION=CASS_SECTION,
                            CORRCLIP_SECTION=CORRCLIP_SECTION, TRIDENT_SECTION=TRIDENT_SECTION,
                            OBJECT_PRESENCE_SECTION=OBJECT_PRESENCE_SECTION,
-                           LABEL_PROPAGATION_SECTION=LABEL_PROPAGATION_SECTION, VFM_SECTION=VFM_SECTION)
+                           LABEL_PROPAGATION_SECTION=LABEL_PROPAGATION_SECTION, VFM_SECTION=VFM_SECTION,
+                           FEEDBACK_SECTION=FEEDBACK_SECTION, CLUSTER_VOTE_SECTION=CLUSTER_VOTE_SECTION)
 
 
 def _check_number(key: str, value, low: float, high: float, *, integer: bool = False,

@@ -40,6 +40,8 @@ def test_every_section_refuses_its_keys_while_off():
 
 def _sections():
     from sparseclip_d2.clip.object_presence import OBJECT_PRESENCE_SECTION
+    from sparseclip_d2.modeling.cluster_vote import CLUSTER_VOTE_SECTION
+    from sparseclip_d2.modeling.feedback import FEEDBACK_SECTION
     from sparseclip_d2.propagation.config import LABEL_PROPAGATION_SECTION, VFM_SECTION
     from sparseclip_d2.proxy.config import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
     from sparseclip_d2.proxy.trident_config import TRIDENT_SECTION
@@ -47,7 +49,8 @@ def _sections():
     return [(PROXY_SECTION, "PROXY"), (FSA_SECTION, "PROXY.FSA"), (CASS_SECTION, "PROXY.CASS"),
             (CORRCLIP_SECTION, "PROXY.CORRCLIP"), (TRIDENT_SECTION, "PROXY.TRIDENT"),
             (OBJECT_PRESENCE_SECTION, "OBJECT_PRESENCE"), (LABEL_PROPAGATION_SECTION, "LABEL_PROPAGATION"),
-            (VFM_SECTION, "LABEL_PROPAGATION.VFM")]
+            (VFM_SECTION, "LABEL_PROPAGATION.VFM"), (FEEDBACK_SECTION, "FEEDBACK"),
+            (CLUSTER_VOTE_SECTION, "CLUSTER_VOTE")]
 
 
 def test_sections_are_built_from_the_settings_dataclasses():
