@@ -7,7 +7,11 @@ a sparseclip_d2 YAML file::
     from sparseclip_d2 import add_sparseclip_config
     cfg = get_cfg(); add_sparseclip_config(cfg); cfg.merge_from_file("configs/entmax_qq_l14.yaml")
 
-Every key has a comment; the method is training-free, so there are no solver keys.
+Every key has a comment; the method is training-free, so there are no solver keys. The
+sections of the parts with a settings dataclass (PROXY and its FSA / CASS / TRIDENT / CORRCLIP,
+OBJECT_PRESENCE, LABEL_PROPAGATION and its VFM, FEEDBACK, CLUSTER_VOTE) are built from that
+dataclass, whose fields carry their keys and comments (``sparseclip_d2/common/keys.py``), so each
+default is written once.
 """
 import ast
 import logging
@@ -20,6 +24,8 @@ from .common.keys import check_number
 require_detectron2("sparseclip_d2.config")
 
 from detectron2.config import CfgNode as CN
+
+from .common.keys import build_section
 
 __all__ = ["add_sparseclip_config", "check_sparseclip_config", "merge_config"]
 
@@ -34,6 +40,7 @@ def add_sparseclip_config(cfg):
     from . import register_detectron2_parts
 
     register_detectron2_parts()
+    sections = _part_sections()
     _C = cfg
     _C.MODEL.SPARSECLIP = CN()
     # The CLIP model.
@@ -149,140 +156,33 @@ def add_sparseclip_config(cfg):
 
     # A second frozen backbone whose features give the last block its attention (ProxyCLIP;
     # sparseclip_d2.proxy, docs/architecture.md "The second backbone"). NAME "" = none.
-    _C.MODEL.SPARSECLIP.PROXY = CN()
-    # timm model name: vit_base_patch8_224.dino, vit_base_patch16_224.dino,
-    # vit_base_patch14_reg4_dinov2, vit_base_patch16_224.mae, samvit_base_patch16 (or another
-    # timm ViT); "" disables the proxy.
-    _C.MODEL.SPARSECLIP.PROXY.NAME = ""
-    # "none" (random weights: a smoke run, logged loudly), "timm" (timm's own pretrained tag of
-    # NAME), or a local weights file in timm's layout or the upstream release's (torch hub DINO /
-    # DINOv2, MAE {'model': ...}, SAM image_encoder.*).
-    _C.MODEL.SPARSECLIP.PROXY.WEIGHTS = "none"
-    # Block whose feature is used (0-based; -1 = the last; blocks after it do not run).
-    _C.MODEL.SPARSECLIP.PROXY.LAYER = -1
-    # "tokens" (the block's output through the final norm; ProxyCLIP), "keys", "queries" or
-    # "values" (that block's k / q / v, heads concatenated), "queries+keys" (their sum; CorrCLIP).
-    _C.MODEL.SPARSECLIP.PROXY.FEATURE = "tokens"
-    # Pixels the proxy sees per window: 0 = the window itself, -1 = resized to
-    # TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).
-    _C.MODEL.SPARSECLIP.PROXY.INPUT_SIZE = 0
-    # Position embeddings resized (bicubic) by "scale_factor" (torch hub DINO), "size" (MAE) or
-    # "size_antialias" (torch hub DINOv2 with registers).
-    _C.MODEL.SPARSECLIP.PROXY.POS_EMBED_INTERP = "scale_factor"
-    # Proxy weights dtype: fp32, fp16 (ProxyCLIP runs its VFM in fp16), bf16; scores are fp32.
-    _C.MODEL.SPARSECLIP.PROXY.PRECISION = "fp32"
-    # ProxyCLIP's scores (S - BETA * mean S) * GAMMA, negatives -> -inf, then ATTENTION.NORMALIZER
-    # (mc-lan/ProxyCLIP proxyclip_segmentor.py defaults beta=1.2, gamma=3.0).
-    _C.MODEL.SPARSECLIP.PROXY.BETA = 1.2
-    _C.MODEL.SPARSECLIP.PROXY.GAMMA = 3.0
+    # Keys and comments: ProxyOptions (sparseclip_d2/proxy/backbone.py) and PROXY_SECTION (proxy/config.py).
+    _C.MODEL.SPARSECLIP.PROXY = build_section(CN, sections.PROXY_SECTION)
     # FSA's feedback attention on the proxy last block (sparseclip_d2/proxy/fsa.py; chi-chi-zx/FSA
     # @ dbd2da5 open_clip/transformer.py custom_attn / FSA / SparseAtten / attend_v_ens).
-    _C.MODEL.SPARSECLIP.PROXY.FSA = CN()
-    _C.MODEL.SPARSECLIP.PROXY.FSA.ENABLED = False
-    # Top-p nucleus of each row of the KL similarity (SparseAtten(sim, p=0.45)), in (0, 1].
-    _C.MODEL.SPARSECLIP.PROXY.FSA.TOP_P = 0.45
-    # Scores sim * exp(LAMBDA * sim) (FSA_Proxy_segmentor.py lamda=3.0; hyper_param.txt: MAE 4.5).
-    _C.MODEL.SPARSECLIP.PROXY.FSA.LAMBDA = 3.0
-    # Cosine-logit scales of the proxy-attention output and of the uniform-attention output
-    # (custom_attn: compute_logits(..., logits_scale=20) and logits_scale=35).
-    _C.MODEL.SPARSECLIP.PROXY.FSA.PATCH_SCALE = 20.0
-    _C.MODEL.SPARSECLIP.PROXY.FSA.UNIFORM_SCALE = 35.0
-    # Normaliser of the FSA scores: "" = ATTENTION.NORMALIZER (upstream: softmax), or any
-    # registered one (entmax uses ATTENTION.ALPHA).
-    _C.MODEL.SPARSECLIP.PROXY.FSA.NORMALIZER = ""
+    # Keys and comments: FSASettings.
+    _C.MODEL.SPARSECLIP.PROXY.FSA = build_section(CN, sections.FSA_SECTION)
     # CASS's last block (sparseclip_d2/proxy/cass.py, attention/spectral.py; MICV-yonsei/CASS @
     # 228ecdd clip/model.py custom_attn / _apply_spectral_strategy / optimal_q /
     # _scale_singular_values): CLIP's ATTENTION.SOURCE graph combined per head with the proxy's
     # key graph (PROXY.FEATURE keys), then ATTENTION.PRIOR and ATTENTION.NORMALIZER.
-    _C.MODEL.SPARSECLIP.PROXY.CASS = CN()
-    _C.MODEL.SPARSECLIP.PROXY.CASS.ENABLED = False
-    # Head matching (attention/spectral.py HEAD_MATCHING_REGISTRY): spectral (Hungarian on the
-    # eigenvalue spectra; cass_segmentor.py attn_strategy='spectral') or sequential.
-    _C.MODEL.SPARSECLIP.PROXY.CASS.MATCHING = "spectral"
-    # Eigenvalues per graph in the spectra (custom_attn 'k_eigen': 20).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.K_EIGEN = 20
-    # The proxy graph weighs SCALE_FACTOR * (1 - cost) against CLIP's 1 (custom_attn 'scale_factor': 10.0).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.SCALE_FACTOR = 10.0
-    # Rank of the proxy graph's SVD approximation (optimal_q initial_q=10: its 95 % energy test
-    # always stops at q = 10).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.RANK = 10
-    # "randomized" (torch.svd_lowrank(q=RANK, niter=2) as upstream, seeded with SEED per window)
-    # or "exact" (the first RANK triplets of the full SVD).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.SVD = "randomized"
-    _C.MODEL.SPARSECLIP.PROXY.CASS.SEED = 0
-    # Singular values stretched linearly so that min -> [0] * min and max -> [1] * max
-    # (_scale_singular_values: [0.5, 1.5]; [1.0, 1.0], no change, for voc20 and city_scapes).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.SINGULAR_SCALE = [0.5, 1.5]
-    # dtype of the proxy keys and their graph: fp32, or fp16 as upstream (dino_attn.half()).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.KEY_PRECISION = "fp32"
-    # What the proxy sees: "upstream" (CASS's inverse normalisation with ImageNet's values, uint8,
-    # squashed to a square of the short side) or "exact" (the window as ProxyCLIP feeds it).
-    _C.MODEL.SPARSECLIP.PROXY.CASS.INPUT = "upstream"
+    # Keys and comments: CASSSettings.
+    _C.MODEL.SPARSECLIP.PROXY.CASS = build_section(CN, sections.CASS_SECTION)
 
     # CASS's object-presence prompt adjustment, usable with any encoder
     # (sparseclip_d2/clip/object_presence.py; cass_segmentor.py hierarchical_prompt).
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE = CN()
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED = False
-    # logits = (1 - GLOBAL_WEIGHT) cos(patch, adjusted text) + GLOBAL_WEIGHT cos(image, text)
-    # (global_semantics_weight; per dataset in configs/cfg_*.py).
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT = 0.0
-    # The present synonym of each cluster moves MEAN_WEIGHT towards its TOP_K best patches' mean
-    # (mean_vector_weight; _compute_topk_similarities k=2).
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT = 0.0
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.TOP_K = 2
-    # Ward-linkage distance at which the synonyms are cut into clusters (h_threshold).
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD = 0.0
-    # The image-level embedding: "image" (CLIP's CLS of the whole image; upstream with the
-    # sliding window) or "window" (the encoder's pooled embedding of the window; upstream
-    # without it and on city_scapes).
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL = "image"
+    # Keys and comments: ObjectPresence.
+    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE = build_section(CN, sections.OBJECT_PRESENCE_SECTION)
     # Trident (sparseclip_d2/proxy/trident.py; YuHengsss/Trident @ a93b346 trident.py,
     # open_clip/transformer.py guidance_attn / get_sam_sim): the proxy (DINO B/16) attends on
     # sub-windows spliced onto the whole image, then SAM's last global attention aggregates.
     # Needs TEST.SLIDING_WINDOW.ENABLED False (the encoder windows the image itself).
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT = CN()
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED = False
-    # SAM's image encoder (a timm samvit_* name) and its weights: none (random), timm, or a file
-    # (the SAM release sam_vit_b_01ec64.pth loads as it is: image_encoder.* keys).
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_NAME = "samvit_base_patch16"
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS = "none"
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_PRECISION = "fp32"  # upstream .half(): fp16
-    # Threshold of SAM's value cosine in units of its row mean (base_config.py cos_fac = 1.2),
-    # and whether a negative threshold stays (refine_neg_cos = True) or becomes 0.6.
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.COS_FAC = 1.2
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.REFINE_NEG_COS = True
-    # Sub-windows (base_config.py slide_crop=336, slide_stride=224).
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.CROP_SIZE = 336
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.STRIDE = 224
-    # SAM sees the image in this many side-by-side tiles (trident.py: 2 for Cityscapes).
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_TILES = 1
-    # Registered parts: WINDOW_SPLICE_REGISTRY / GLOBAL_AGGREGATION_REGISTRY (proxy/trident.py).
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.SPLICE = "overlap_mean"
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT.AGGREGATION = "sam_threshold"
+    # Keys and comments: TridentSettings and TRIDENT_SECTION (proxy/trident_config.py).
+    _C.MODEL.SPARSECLIP.PROXY.TRIDENT = build_section(CN, sections.TRIDENT_SECTION)
     # CorrCLIP on the proxy last block (sparseclip_d2/proxy/corrclip.py; zdk258/CorrCLIP @ 103bc18
     # CorrCLIPv1/open_clip/transformer.py VisionTransformer.forward, corrclip_segmentor.py).
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP = CN()
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.ENABLED = False
-    # Directory of region masks, one <image stem>.npz per image with an (H, W) integer array
-    # 'instance_mask' at the image's original size, minimum = unsegmented (as CorrCLIP reads
-    # its pre-generated SAM2 masks: generate_mask, instance_mask_path). Required when enabled.
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR = ""
-    # Scores = proxy cosine x TAU within the regions, then ATTENTION.NORMALIZER (TAU = 4).
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.TAU = 4.0
-    # Weights of the spatial and semantic branches (ALPHA, BETA = 1.0, 0.5).
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.SPATIAL_WEIGHT = 1.0
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.SEMANTIC_WEIGHT = 0.5
-    # Lower blocks averaged by the spatial branch; -1 = upstream's rule (12 blocks: 5, 24: 12,
-    # 32: 28, else depth - 4).
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.NUM_SPATIAL = -1
-    # DBSCAN region merge on max(S) - S of the regions' mean proxy features (EPS, MIN_SAMPLES = 0.2, 1).
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_EPS = 0.2
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_MIN_SAMPLES = 1
-    # Region restriction of the scores: "regions" (upstream: unsegmented patches attend where the
-    # score is above the mean) or "regions_strict" (upstream's commented alternative).
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.RESTRICTION = "regions"
-    # Each mask region takes its most frequent label (corrclip_segmentor.py "Map Correction").
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP.MODE_VOTE = True
+    # Keys and comments: CorrCLIPSettings.
+    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP = build_section(CN, sections.CORRCLIP_SECTION)
 
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
@@ -343,23 +243,8 @@ def add_sparseclip_config(cfg):
     # Semantic feedback (ResCLIP's SFR; sparseclip_d2.attention.feedback): the last block runs
     # twice, the first pass's segmentation of each window giving a prior P blended into the
     # second pass's scores as SCALE * ((1 - WEIGHT) S + WEIGHT P / max P). Segmentation-only.
-    _C.MODEL.SPARSECLIP.FEEDBACK = CN()
-    _C.MODEL.SPARSECLIP.FEEDBACK.ENABLED = False
-    # The prior's share in [0, 1] (ResCLIP's SFR lambda) and the blend's factor > 0 (tau).
-    _C.MODEL.SPARSECLIP.FEEDBACK.WEIGHT = 0.7
-    _C.MODEL.SPARSECLIP.FEEDBACK.SCALE = 2.2
-    # "float32", or "float16" (ResCLIP casts the prior to float16 even in float32 runs).
-    _C.MODEL.SPARSECLIP.FEEDBACK.PRECISION = "float32"
-    # First segmentation: softmax over synonyms of the window's logits at pixel size, refined by
-    # PAMR_STEPS of PAMR (0 = none) with PAMR_DILATIONS; pixels whose top probability is below
-    # THRESHOLD get label 0 (ResCLIP's temp_thd); each patch takes its most frequent label.
-    _C.MODEL.SPARSECLIP.FEEDBACK.THRESHOLD = 0.0
-    _C.MODEL.SPARSECLIP.FEEDBACK.PAMR_STEPS = 10
-    _C.MODEL.SPARSECLIP.FEEDBACK.PAMR_DILATIONS = [8, 16]
-    # Prior: same-label patch pairs; CONNECTIVITY decays pairs no straight path of the label
-    # joins (ResCLIP's delete_same_entity); rows smoothed by a gaussian of SMOOTH_STD patches.
-    _C.MODEL.SPARSECLIP.FEEDBACK.CONNECTIVITY = True
-    _C.MODEL.SPARSECLIP.FEEDBACK.SMOOTH_STD = 5.0
+    # Keys and comments: FeedbackSettings and FEEDBACK_SECTION (sparseclip_d2/dense/first_segmentation.py).
+    _C.MODEL.SPARSECLIP.FEEDBACK = build_section(CN, sections.FEEDBACK_SECTION)
 
     # The calibrated last block (SC-CLIP, SFP; sparseclip_d2/clip/calibrated.py, any source and
     # normaliser): on when OUTLIER_DETECTOR is not "none", a SIMILARITY_LAYER or
@@ -486,16 +371,8 @@ def add_sparseclip_config(cfg):
     # DBSCAN over the rows of block LAYER's CLS-denoised Q-Q/K-K/V-V cosine map, cluster maps
     # upsampled UPSAMPLE x and median-filtered (MEDIAN_SIZE), each cluster's pixels take its
     # majority label. Whole-image inference only; outputs are "sem_seg_labels".
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE = CN()
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.ENABLED = False
-    # Block of the self-correlation map, 0-based, negative from the end (CLIPtrase: -2 = layer 11 of 12).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.LAYER = -2
-    # DBSCAN eps and min_samples (leaves162/CLIPtrase clip_self_correlation.py: 0.7 / 3 at 224, 1.1 / 7 at 336).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.EPS = 0.7
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.MIN_SAMPLES = 3
-    # Upsampling factor before the median filter and the filter's side (CLIPtrase: ratio 4, 2*4-1).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.UPSAMPLE = 4
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE.MEDIAN_SIZE = 7
+    # Keys and comments: ClusterVoteSettings (sparseclip_d2/dense/cluster_vote.py).
+    _C.MODEL.SPARSECLIP.CLUSTER_VOTE = build_section(CN, sections.CLUSTER_VOTE_SECTION)
     # Patch logits times the window's CLS logits, per synonym (CLIPtrase's VOC20 rule).
     _C.MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT = False
     # Centre-crop evaluation protocol (CLIPtrase; sparseclip_d2/data/center_crop.py): N > 0 resizes
@@ -505,42 +382,32 @@ def add_sparseclip_config(cfg):
     # Label propagation as post-processing of any method (LPOSS / LPOSS+; sparseclip_d2/propagation/,
     # docs/architecture.md "Label propagation"). Defaults: vladan-stojnic/LPOSS @ e489a74
     # configs/lposs.yaml and segmentation/evaluation/lposs_eval.py.
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION = CN()
-    # "" (off), "lposs" (the kNN patch graph over all windows), "lposs_plus" (then the Lab pixel graph).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND = ""
-    # Neighbours per patch by VFM cosine (lposs.yaml k: 400).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.K = 400
-    # Geometric affinity exp(-SIGMA * pixel distance ** PIX_DIST_POW) (sigma: 0.01, pix_dist_pow: 1.0).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.SIGMA = 0.01
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.PIX_DIST_POW = 1.0
-    # Feature affinity max(cos, 0) ** GAMMA (gamma: 3.0).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.GAMMA = 3.0
-    # (I - ALPHA Wn) X = Y, both stages (alpha: 0.95), in [0, 1).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.ALPHA = 0.95
-    # Conjugate gradient's relative tolerance and steps (lposs_eval.py dfs_search tol=1e-6, maxiter=10).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.TOL = 1.0e-6
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.MAX_ITER = 10
-    # LPOSS+ pixel affinity exp(-Lab distance / TAU) over a RADIUS x RADIUS square (tau: 0.01, r: 13).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.TAU = 0.01
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.RADIUS = 13
-    # Where the propagated synonym logits become class logits (the max over each class's synonyms):
-    # "after_resize" (ScoreMaps' rule, as for every method: the synonyms resized to the output size,
-    # the softmax over them, the max over each class's) or "before_resize" (LPOSS's order:
-    # lposs_eval.py slide_inference applies reduce_to_true_classes, the max of the synonym logits,
-    # at the working resolution, then resizes to the photo's size; the softmax is then over classes).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.REDUCE_SYNONYMS = "after_resize"
+    # Keys and comments: LabelPropagationSettings (sparseclip_d2/propagation/lposs.py; KIND "" = off).
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION = build_section(CN, sections.LABEL_PROPAGATION_SECTION)
     # The VFM whose features build the patch graph, as MODEL.SPARSECLIP.PROXY.* (its own copy; the
     # PROXY keys change the last block, these do not): LPOSS's DINO ViT-B/16 (models/lposs/lposs.py
-    # torch.hub dino_vitb16), its last block's values (enc_type_feats: "v").
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM = CN()
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME = "vit_base_patch16_224.dino"
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS = "timm"
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.LAYER = -1
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.FEATURE = "values"
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.INPUT_SIZE = 0
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.POS_EMBED_INTERP = "scale_factor"
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.PRECISION = "fp32"
+    # torch.hub dino_vitb16), its last block's values (enc_type_feats: "v"). Keys: ProxyOptions.
+    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM = build_section(CN, sections.VFM_SECTION)
     return cfg
+
+
+def _part_sections():
+    """The config sections built from a part's settings dataclass (``common/keys.py`` Section):
+    each field declares its key and comment there, this function only gathers them."""
+    from types import SimpleNamespace
+
+    from .clip.object_presence import OBJECT_PRESENCE_SECTION
+    from .dense.cluster_vote import CLUSTER_VOTE_SECTION
+    from .dense.first_segmentation import FEEDBACK_SECTION
+    from .propagation.config import LABEL_PROPAGATION_SECTION, VFM_SECTION
+    from .proxy.config import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
+    from .proxy.trident_config import TRIDENT_SECTION
+
+    return SimpleNamespace(PROXY_SECTION=PROXY_SECTION, FSA_SECTION=FSA_SECTION, CASS_SECTION=CASS_SECTION,
+                           CORRCLIP_SECTION=CORRCLIP_SECTION, TRIDENT_SECTION=TRIDENT_SECTION,
+                           OBJECT_PRESENCE_SECTION=OBJECT_PRESENCE_SECTION,
+                           LABEL_PROPAGATION_SECTION=LABEL_PROPAGATION_SECTION, VFM_SECTION=VFM_SECTION,
+                           FEEDBACK_SECTION=FEEDBACK_SECTION, CLUSTER_VOTE_SECTION=CLUSTER_VOTE_SECTION)
 
 
 _check_number = check_number  # the one number check (common/keys.py)

@@ -38,33 +38,85 @@ def test_every_section_refuses_its_keys_while_off():
             check_sparseclip_config(tiny_cfg(**opts))
 
 
-def test_key_default_tables_are_the_default_config():
-    """Each section's ``*_KEY_DEFAULTS`` (layer 2, where detectron2's config cannot be read) is
-    exactly its section of ``add_sparseclip_config``'s defaults, every key but the switch, so a
-    default changed in one place and not the other fails here instead of refusing a valid config
-    or letting a set key pass unnoticed."""
+def _sections():
+    from sparseclip_d2.clip.object_presence import OBJECT_PRESENCE_SECTION
+    from sparseclip_d2.dense.cluster_vote import CLUSTER_VOTE_SECTION
+    from sparseclip_d2.dense.first_segmentation import FEEDBACK_SECTION
+    from sparseclip_d2.propagation.config import LABEL_PROPAGATION_SECTION, VFM_SECTION
+    from sparseclip_d2.proxy.config import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
+    from sparseclip_d2.proxy.trident_config import TRIDENT_SECTION
+
+    return [(PROXY_SECTION, "PROXY"), (FSA_SECTION, "PROXY.FSA"), (CASS_SECTION, "PROXY.CASS"),
+            (CORRCLIP_SECTION, "PROXY.CORRCLIP"), (TRIDENT_SECTION, "PROXY.TRIDENT"),
+            (OBJECT_PRESENCE_SECTION, "OBJECT_PRESENCE"), (LABEL_PROPAGATION_SECTION, "LABEL_PROPAGATION"),
+            (VFM_SECTION, "LABEL_PROPAGATION.VFM"), (FEEDBACK_SECTION, "FEEDBACK"),
+            (CLUSTER_VOTE_SECTION, "CLUSTER_VOTE")]
+
+
+def test_sections_are_built_from_the_settings_dataclasses():
+    """Each part's section of ``add_sparseclip_config`` is its settings dataclass: every field
+    with a key gives that key with the field's default (of the same type; a list key from a tuple
+    or from indexed fields), in field order, except the defaults the Section states; the keys
+    with no field are the Section's own; nothing else is in the section but sub-sections."""
+    import dataclasses
+
     from detectron2.config import CfgNode, get_cfg
 
-    from sparseclip_d2.clip.object_presence import OBJECT_PRESENCE_KEY_DEFAULTS
+    from sparseclip_d2.common.keys import key_defaults, section_defaults, section_help
     from sparseclip_d2.config import add_sparseclip_config
-    from sparseclip_d2.propagation.config import LABEL_PROPAGATION_KEY_DEFAULTS, VFM_KEY_DEFAULTS
-    from sparseclip_d2.proxy.config import (CASS_KEY_DEFAULTS, CORRCLIP_KEY_DEFAULTS, FSA_KEY_DEFAULTS,
-                                            PROXY_KEY_DEFAULTS)
-    from sparseclip_d2.proxy.trident_config import TRIDENT_KEY_DEFAULTS
 
     cfg = get_cfg()
     add_sparseclip_config(cfg)
-    sc = cfg.MODEL.SPARSECLIP
-    for table, node, switch in [
-        (PROXY_KEY_DEFAULTS, sc.PROXY, "NAME"),
-        (FSA_KEY_DEFAULTS, sc.PROXY.FSA, "ENABLED"),
-        (CASS_KEY_DEFAULTS, sc.PROXY.CASS, "ENABLED"),
-        (CORRCLIP_KEY_DEFAULTS, sc.PROXY.CORRCLIP, "ENABLED"),
-        (TRIDENT_KEY_DEFAULTS, sc.PROXY.TRIDENT, "ENABLED"),
-        (OBJECT_PRESENCE_KEY_DEFAULTS, sc.OBJECT_PRESENCE, "ENABLED"),
-        (LABEL_PROPAGATION_KEY_DEFAULTS, sc.LABEL_PROPAGATION, "KIND"),
-        (VFM_KEY_DEFAULTS, sc.LABEL_PROPAGATION.VFM, None),
-    ]:
-        leaves = {k: v for k, v in node.items() if not isinstance(v, CfgNode) and k != switch}
-        assert sorted(table) == sorted(leaves), (switch, sorted(set(table) ^ set(leaves)))
-        assert changed_keys(leaves, table, "X") == [] and changed_keys(table, leaves, "X") == []
+    for section, path in _sections():
+        node = cfg.MODEL.SPARSECLIP
+        for part in path.split("."):
+            node = node[part]
+        leaves = {k: v for k, v in node.items() if not isinstance(v, CfgNode)}
+        table = section_defaults(section)
+        assert list(leaves) == list(table), (path, list(leaves), list(table))
+        field_keys = set()
+        for f in dataclasses.fields(section.settings):
+            if "key" not in f.metadata:
+                continue
+            key, index = f.metadata["key"], f.metadata.get("index")
+            want = section.defaults.get(f.name, f.default)
+            got = leaves[key] if index is None else leaves[key][index]
+            if isinstance(want, tuple):
+                want = list(want)
+            assert got == want and type(got) is type(want), (path, key, got, want)
+            assert section_help(section)[key], (path, key, "no comment")
+            field_keys.add(key)
+        own = {k.name for k in section.before + section.after}
+        assert not own & field_keys and own | field_keys == set(leaves), (path, own, field_keys)
+        assert section.switch is None or section.switch in leaves, path
+        assert set(key_defaults(section)) == set(leaves) - {section.switch}, path
+
+
+def test_a_changed_dataclass_default_changes_the_section_and_the_refusal():
+    """Changing nothing but a field's default moves the config default and the refusal with it:
+    the old default then counts as set while the switch is off."""
+    import dataclasses
+
+    from detectron2.config import CfgNode as CN
+
+    from sparseclip_d2.common.keys import Key, Section, build_section, changed_section_keys, key_field
+
+    @dataclasses.dataclass(frozen=True)
+    class Part:
+        top_p: float = key_field(0.45, "TOP_P", "nucleus")
+        scale: tuple = key_field((0.5, 1.5), "SCALE", "a list key")
+
+    @dataclasses.dataclass(frozen=True)
+    class Part2:
+        top_p: float = key_field(0.5, "TOP_P", "nucleus")
+        scale: tuple = key_field((0.5, 1.5), "SCALE", "a list key")
+
+    sec = Section(Part, switch="ENABLED", before=(Key("ENABLED", False),))
+    node = build_section(CN, sec)
+    assert dict(node) == {"ENABLED": False, "TOP_P": 0.45, "SCALE": [0.5, 1.5]}
+    assert changed_section_keys(node, sec, "P") == []
+    sec2 = Section(Part2, switch="ENABLED", before=(Key("ENABLED", False),))
+    assert build_section(CN, sec2).TOP_P == 0.5
+    assert changed_section_keys(node, sec2, "P") == ["P.TOP_P = 0.45"]
+    with pytest.raises(ValueError, match="has no field nope"):
+        Section(Part, defaults={"nope": 1})

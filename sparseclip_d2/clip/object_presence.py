@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..common.keys import changed_keys, refuse_keys_while_off
+from ..common.keys import Key, Section, changed_section_keys, key_field, refuse_keys_while_off
 
-__all__ = ["OBJECT_PRESENCE_GLOBALS", "OBJECT_PRESENCE_KEY_DEFAULTS", "ObjectPresence", "check_object_presence",
+__all__ = ["OBJECT_PRESENCE_GLOBALS", "OBJECT_PRESENCE_SECTION", "ObjectPresence", "check_object_presence",
            "object_presence_from_config", "text_clusters",
            "object_presence_text", "object_presence_logits"]
 
@@ -38,11 +38,17 @@ class ObjectPresence:
     """``MODEL.SPARSECLIP.OBJECT_PRESENCE.*`` (defaults: CASS ``cass_segmentor.py`` ``__init__``,
     ``_compute_topk_similarities(..., k=2)``)."""
 
-    global_weight: float = 0.0
-    mean_weight: float = 0.0
-    cluster_threshold: float = 0.0
-    top_k: int = 2
-    global_source: str = "image"
+    global_weight: float = key_field(0.0, "GLOBAL_WEIGHT", "logits = (1 - GLOBAL_WEIGHT) cos(patch, adjusted text) "
+                                     "+ GLOBAL_WEIGHT cos(image, text) (global_semantics_weight; per dataset in "
+                                     "configs/cfg_*.py).")
+    mean_weight: float = key_field(0.0, "MEAN_WEIGHT", "The present synonym of each cluster moves MEAN_WEIGHT towards "
+                                   "its TOP_K best patches' mean (mean_vector_weight).")
+    top_k: int = key_field(2, "TOP_K", "Patches averaged for the mean (_compute_topk_similarities k=2).")
+    cluster_threshold: float = key_field(0.0, "CLUSTER_THRESHOLD", "Ward-linkage distance at which the synonyms are "
+                                         "cut into clusters (h_threshold).")
+    global_source: str = key_field("image", "GLOBAL", 'The image-level embedding: "image" (CLIP\'s CLS of the whole '
+                                   'image; upstream with the sliding window) or "window" (the encoder\'s pooled '
+                                   "embedding of the window; upstream without it and on city_scapes).")
 
 
 def check_object_presence(p: ObjectPresence, key: str = "MODEL.SPARSECLIP.OBJECT_PRESENCE") -> ObjectPresence:
@@ -133,10 +139,10 @@ def object_presence_logits(feats: torch.Tensor, global_emb: torch.Tensor, text_e
 
 
 _KEY = "MODEL.SPARSECLIP.OBJECT_PRESENCE"
-#: ``add_sparseclip_config``'s values of the OBJECT_PRESENCE keys: with ``ENABLED False`` the
-#: others must keep them (a key set without the adjustment would change nothing and is refused).
-OBJECT_PRESENCE_KEY_DEFAULTS = {"GLOBAL_WEIGHT": 0.0, "MEAN_WEIGHT": 0.0, "TOP_K": 2, "CLUSTER_THRESHOLD": 0.0,
-                                "GLOBAL": "image"}
+#: ``MODEL.SPARSECLIP.OBJECT_PRESENCE``: ``ENABLED`` then :class:`ObjectPresence`'s keys. With
+#: ``ENABLED False`` the others must keep their defaults (a key set without the adjustment would
+#: change nothing and is refused).
+OBJECT_PRESENCE_SECTION = Section(ObjectPresence, switch="ENABLED", before=(Key("ENABLED", False),))
 
 
 def object_presence_from_config(cfg):
@@ -153,7 +159,7 @@ def object_presence_from_config(cfg):
     if not isinstance(o.ENABLED, bool):
         raise ValueError(f"{_KEY}.ENABLED = {o.ENABLED!r} is invalid; valid: True, False")
     if not o.ENABLED:
-        refuse_keys_while_off(changed_keys(o, OBJECT_PRESENCE_KEY_DEFAULTS, _KEY), f"{_KEY}.ENABLED is False",
+        refuse_keys_while_off(changed_section_keys(o, OBJECT_PRESENCE_SECTION, _KEY), f"{_KEY}.ENABLED is False",
                               "enable it or leave these keys at their defaults")
         return None
     p = check_object_presence(ObjectPresence(global_weight=o.GLOBAL_WEIGHT, mean_weight=o.MEAN_WEIGHT,

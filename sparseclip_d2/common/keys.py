@@ -1,11 +1,18 @@
 """Config keys left at their defaults while the switch that reads them is off (layer 0).
 
 A method's keys set while the method is disabled would change nothing; every section with an
-``ENABLED`` (or ``KIND``) switch refuses them the same way, naming each key and its value."""
-import math
-from typing import Any, Iterable, List, Mapping
+``ENABLED`` (or ``KIND``) switch refuses them the same way, naming each key and its value.
 
-__all__ = ["changed_keys", "refuse_keys_while_off", "check_number"]
+A part's frozen settings dataclass is the one source of its section's keys: each field declares
+its key and comment (:func:`key_field`), a :class:`Section` adds the switch and any key with no
+field, and both ``add_sparseclip_config`` (:func:`build_section`) and the refusal
+(:func:`changed_section_keys`) read that one table."""
+import dataclasses
+import math
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+__all__ = ["changed_keys", "refuse_keys_while_off", "key_field", "Key", "Section", "section_defaults",
+           "key_defaults", "section_help", "build_section", "changed_section_keys", "check_number"]
 
 
 def _differs(value: Any, default: Any) -> bool:
@@ -27,6 +34,110 @@ def refuse_keys_while_off(changed: Iterable[str], off: str, remedy: str) -> None
     changed = list(changed)
     if changed:
         raise ValueError(f"{', '.join(changed)} changes nothing while {off}: {remedy}")
+
+
+# --- Each part's settings dataclass as the one source of its config section's keys ---------
+
+
+def key_field(default: Any, key: str, help: str = "", *, index: Optional[int] = None):
+    """A dataclass field read from config key ``key`` (``help``: the key's comment, as
+    detectron2 writes one above each default). Fields sharing a ``key`` with ``index`` 0, 1, ...
+    are the items of one list key (``CASS.SINGULAR_SCALE = [low, high]``)."""
+    meta = {"key": key, "help": help}
+    if index is not None:
+        meta["index"] = index
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """A section key with no field in the settings dataclass (a switch such as ``ENABLED``, or a
+    key read elsewhere): its name, default and comment."""
+
+    name: str
+    default: Any
+    help: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A config section built from a frozen settings dataclass.
+
+    Fields: settings (the dataclass; its fields with ``key_field`` metadata give the keys, in
+    field order), switch (the key that turns the part on, whose other keys are refused while it
+    is off; None = none), defaults (``{field: value}`` where the section's default differs from
+    the dataclass's: stated here, never silently), before / after (:class:`Key` s with no
+    field, placed before / after the fields' keys).
+    """
+
+    settings: type
+    switch: Optional[str] = None
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    before: Tuple[Key, ...] = ()
+    after: Tuple[Key, ...] = ()
+
+    def __post_init__(self):
+        names = {f.name for f in dataclasses.fields(self.settings)}
+        unknown = sorted(set(self.defaults) - names)
+        if unknown:
+            raise ValueError(f"{self.settings.__name__} has no field {', '.join(unknown)}")
+
+
+def _yacs(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value  # detectron2's configs hold lists
+
+
+def section_defaults(section: Section) -> Dict[str, Any]:
+    """``{KEY: default}`` of every key of ``section``, in section order (switch included)."""
+    out: Dict[str, Any] = {k.name: _yacs(k.default) for k in section.before}
+    for f in dataclasses.fields(section.settings):
+        if "key" not in f.metadata:
+            continue
+        if f.name in section.defaults:
+            value = section.defaults[f.name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        else:
+            raise ValueError(f"{section.settings.__name__}.{f.name} has no default and the section gives none")
+        key, index = f.metadata["key"], f.metadata.get("index")
+        if index is None:
+            out[key] = _yacs(value)
+        else:
+            items = out.setdefault(key, [])
+            if len(items) != index:
+                raise ValueError(f"{section.settings.__name__}.{f.name}: item {index} of {key} out of order")
+            items.append(value)
+    out.update((k.name, _yacs(k.default)) for k in section.after)
+    return out
+
+
+def key_defaults(section: Section) -> Dict[str, Any]:
+    """``{KEY: default}`` of the keys that must keep their defaults while the switch is off
+    (every key of ``section`` but the switch): the input of :func:`changed_keys`."""
+    return {k: v for k, v in section_defaults(section).items() if k != section.switch}
+
+
+def section_help(section: Section) -> Dict[str, str]:
+    """``{KEY: comment}`` of every key of ``section`` (the first item's for a list key)."""
+    out = {k.name: k.help for k in section.before}
+    for f in dataclasses.fields(section.settings):
+        if "key" in f.metadata:
+            out.setdefault(f.metadata["key"], f.metadata.get("help", ""))
+    out.update((k.name, k.help) for k in section.after)
+    return out
+
+
+def build_section(node_class: Callable[[], Any], section: Section):
+    """A new ``node_class()`` (detectron2's ``CfgNode``) holding the defaults of ``section``."""
+    node = node_class()
+    for k, v in section_defaults(section).items():
+        node[k] = v
+    return node
+
+
+def changed_section_keys(node: Mapping, section: Section, prefix: str) -> List[str]:
+    """:func:`changed_keys` of ``node`` against ``section``'s defaults (its switch excluded)."""
+    return changed_keys(node, key_defaults(section), prefix)
 
 
 def check_number(key: str, value, low: float, high: float, *, integer: bool = False,

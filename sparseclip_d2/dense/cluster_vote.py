@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.self_correlation import cls_denoised_correlation, self_correlation_map
+from ..common.keys import Key, Section, key_field
 
-__all__ = ["ClusterVoteSettings", "cluster_assignment", "majority_vote", "encode_window_logits"]
+__all__ = ["ClusterVoteSettings", "CLUSTER_VOTE_SECTION", "cluster_assignment", "majority_vote", "encode_window_logits"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,13 @@ class ClusterVoteSettings:
         median_size: the median filter's side (``ratio*2-1`` = 7).
     """
 
-    layer: int = -2
-    eps: float = 0.7
-    min_samples: int = 3
-    upsample: int = 4
-    median_size: int = 7
+    layer: int = key_field(-2, "LAYER", "Block of the self-correlation map, 0-based, negative from the end "
+                           "(CLIPtrase: -2 = layer 11 of 12).")
+    eps: float = key_field(0.7, "EPS", "DBSCAN eps (leaves162/CLIPtrase clip_self_correlation.py: 0.7 at 224, "
+                           "1.1 at 336).")
+    min_samples: int = key_field(3, "MIN_SAMPLES", "DBSCAN min_samples (CLIPtrase: 3 at 224, 7 at 336).")
+    upsample: int = key_field(4, "UPSAMPLE", "Upsampling factor before the median filter (CLIPtrase: ratio 4).")
+    median_size: int = key_field(7, "MEDIAN_SIZE", "The median filter's side (CLIPtrase: 2*4-1).")
 
     def __post_init__(self):
         for name in ("layer", "min_samples", "upsample", "median_size"):
@@ -75,13 +78,17 @@ class ClusterVoteSettings:
 
     @classmethod
     def from_config(cls, cfg) -> Optional["ClusterVoteSettings"]:
-        """The settings of ``cfg``, or None when ``CLUSTER_VOTE.ENABLED`` is False (the keys and the
-        paths they cannot join are checked by ``config.check_cluster_vote_config``)."""
+        """The settings of ``cfg``, or None when ``CLUSTER_VOTE.ENABLED`` is False (the keys are
+        checked by ``methods/cliptrase.py``, what they cannot join by ``methods.check_parts``)."""
         c = cfg.MODEL.SPARSECLIP.CLUSTER_VOTE
         if not c.ENABLED:
             return None
         return cls(layer=c.LAYER, eps=float(c.EPS), min_samples=c.MIN_SAMPLES, upsample=c.UPSAMPLE,
                    median_size=c.MEDIAN_SIZE)
+
+
+#: ``MODEL.SPARSECLIP.CLUSTER_VOTE``: ``ENABLED`` then :class:`ClusterVoteSettings`' keys.
+CLUSTER_VOTE_SECTION = Section(ClusterVoteSettings, switch="ENABLED", before=(Key("ENABLED", False),))
 
 
 def _median_filter(maps: np.ndarray, size: int) -> np.ndarray:

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.feedback import feedback_prior, patch_labels
+from ..common.keys import Key, Section, key_field
 from .pamr import pamr
 
-__all__ = ["FeedbackSettings", "first_segmentation_prior", "refuse_feedback_spec"]
+__all__ = ["FeedbackSettings", "FEEDBACK_SECTION", "first_segmentation_prior", "refuse_feedback_spec"]
 
 
 def refuse_feedback_spec(spec, who: str) -> None:
@@ -44,11 +45,15 @@ class FeedbackSettings:
     ``smooth_std`` (> 0 patches).
     """
 
-    threshold: float = 0.0
-    pamr_steps: int = 10
-    pamr_dilations: Tuple[int, ...] = (8, 16)
-    connectivity: bool = True
-    smooth_std: float = 5.0
+    threshold: float = key_field(0.0, "THRESHOLD", "First segmentation: softmax over synonyms of the window's "
+                                 "logits at pixel size, refined by PAMR_STEPS of PAMR (0 = none) with "
+                                 "PAMR_DILATIONS; pixels whose top probability is below THRESHOLD get label 0 "
+                                 "(ResCLIP's temp_thd); each patch takes its most frequent label.")
+    pamr_steps: int = key_field(10, "PAMR_STEPS", "PAMR steps of the first segmentation (0 = none).")
+    pamr_dilations: Tuple[int, ...] = key_field((8, 16), "PAMR_DILATIONS", "PAMR's dilations (a list key).")
+    connectivity: bool = key_field(True, "CONNECTIVITY", "Prior: same-label patch pairs; CONNECTIVITY decays pairs "
+                                   "no straight path of the label joins (ResCLIP's delete_same_entity).")
+    smooth_std: float = key_field(5.0, "SMOOTH_STD", "The prior's rows smoothed by a gaussian of SMOOTH_STD patches.")
 
     def __post_init__(self):
         key = "MODEL.SPARSECLIP.FEEDBACK."
@@ -76,6 +81,16 @@ class FeedbackSettings:
         fb = cfg.MODEL.SPARSECLIP.FEEDBACK
         return cls(threshold=fb.THRESHOLD, pamr_steps=fb.PAMR_STEPS, pamr_dilations=tuple(fb.PAMR_DILATIONS),
                    connectivity=fb.CONNECTIVITY, smooth_std=fb.SMOOTH_STD)
+
+
+#: ``MODEL.SPARSECLIP.FEEDBACK``: ``ENABLED``, the blend's keys (read by the attention spec,
+#: ``AttentionSpec.feedback_*``: the one part whose defaults this table still repeats), then
+#: :class:`FeedbackSettings`' keys.
+FEEDBACK_SECTION = Section(FeedbackSettings, switch="ENABLED", before=(
+    Key("ENABLED", False),
+    Key("WEIGHT", 0.7, "The prior's share in [0, 1] (ResCLIP's SFR lambda)."),
+    Key("SCALE", 2.2, "The blend's factor > 0 (ResCLIP's SFR tau)."),
+    Key("PRECISION", "float32", '"float32", or "float16" (ResCLIP casts the prior to float16 even in float32 runs).')))
 
 
 def first_segmentation_prior(feats: torch.Tensor, images: torch.Tensor, text_emb: torch.Tensor,

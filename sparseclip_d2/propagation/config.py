@@ -3,23 +3,25 @@ import)."""
 import logging
 from typing import Optional, Tuple
 
-from ..common.keys import changed_keys, refuse_keys_while_off
+from ..common.keys import Section, changed_section_keys, refuse_keys_while_off
 from ..proxy.backbone import ProxyOptions, build_proxy, check_proxy_options
 from .lposs import KEY, PROPAGATION_KINDS, LabelPropagation, LabelPropagationSettings, check_label_propagation_settings
 
-__all__ = ["LABEL_PROPAGATION_KEY_DEFAULTS", "label_propagation_from_config", "check_label_propagation_config",
-           "build_label_propagation"]
+__all__ = ["LABEL_PROPAGATION_SECTION", "VFM_SECTION", "label_propagation_from_config",
+           "check_label_propagation_config", "build_label_propagation"]
 
 logger = logging.getLogger(__name__)
 
-#: ``add_sparseclip_config``'s values of the LABEL_PROPAGATION keys: with ``KIND ""`` every other
-#: key must keep them (a key set without propagation would change nothing and is refused).
-LABEL_PROPAGATION_KEY_DEFAULTS = {
-    "K": 400, "SIGMA": 0.01, "PIX_DIST_POW": 1.0, "GAMMA": 3.0, "ALPHA": 0.95, "TOL": 1e-6, "MAX_ITER": 10,
-    "TAU": 0.01, "RADIUS": 13, "REDUCE_SYNONYMS": "after_resize",
-}
-VFM_KEY_DEFAULTS = {"NAME": "vit_base_patch16_224.dino", "WEIGHTS": "timm", "LAYER": -1, "FEATURE": "values",
-                    "INPUT_SIZE": 0, "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32"}
+#: The LABEL_PROPAGATION keys (:class:`LabelPropagationSettings`' fields): with ``KIND ""`` every
+#: other key, the VFM's included, must keep its default (a key set without propagation would
+#: change nothing and is refused). ``KIND`` is the switch: its section default ``""`` (off)
+#: replaces the field's ``"lposs"``.
+LABEL_PROPAGATION_SECTION = Section(LabelPropagationSettings, switch="KIND", defaults={"kind": ""})
+#: ``LABEL_PROPAGATION.VFM.*``, :class:`ProxyOptions`' keys with LPOSS's VFM as defaults
+#: (models/lposs/lposs.py torch.hub dino_vitb16, its last block's values: enc_type_feats "v")
+#: in place of the field defaults (no name, "none", "tokens").
+VFM_SECTION = Section(ProxyOptions, defaults={"name": "vit_base_patch16_224.dino", "weights": "timm",
+                                              "feature": "values"})
 
 
 def _node(cfg):
@@ -63,7 +65,8 @@ def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettin
     got = label_propagation_from_config(cfg)
     if got is None:
         refuse_keys_while_off(
-            changed_keys(n, LABEL_PROPAGATION_KEY_DEFAULTS, KEY) + changed_keys(n.VFM, VFM_KEY_DEFAULTS, f"{KEY}.VFM"),
+            changed_section_keys(n, LABEL_PROPAGATION_SECTION, KEY)
+            + changed_section_keys(n.VFM, VFM_SECTION, f"{KEY}.VFM"),
             f"{KEY}.KIND is ''", f"set KIND (valid: {', '.join(PROPAGATION_KINDS)}) or leave these keys at their defaults")
         return None
     if cfg.MODEL.META_ARCHITECTURE == "SparseCLIPFGOVD":

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from fvcore.common.registry import Registry
 from torch import nn
 
+from ..common.keys import key_field
 from ..proxy.backbone import ProxyBackbone, lcm, to_proxy_input
 from .graph import (conjugate_gradient, knn_affinity, normalized_affinity, patch_centres, pixel_affinity,
                     propagation_operator)
@@ -77,17 +78,26 @@ class LabelPropagationSettings:
         reduce_synonyms: a value of :data:`REDUCE_SYNONYMS_CHOICES` (LPOSS's configs: "before_resize").
     """
 
-    kind: str = "lposs"
-    k: int = 400
-    sigma: float = 0.01
-    pix_dist_pow: float = 1.0
-    gamma: float = 3.0
-    alpha: float = 0.95
-    tol: float = 1e-6
-    max_iter: int = 10
-    tau: float = 0.01
-    radius: int = 13
-    reduce_synonyms: str = "after_resize"
+    kind: str = key_field("lposs", "KIND", '"" (off), "lposs" (the kNN patch graph over all windows), '
+                          '"lposs_plus" (then the Lab pixel graph).')
+    k: int = key_field(400, "K", "Neighbours per patch by VFM cosine (lposs.yaml k: 400).")
+    sigma: float = key_field(0.01, "SIGMA", "Geometric affinity exp(-SIGMA * pixel distance ** PIX_DIST_POW) "
+                             "(sigma: 0.01).")
+    pix_dist_pow: float = key_field(1.0, "PIX_DIST_POW", "Exponent of the geometric affinity (pix_dist_pow: 1.0).")
+    gamma: float = key_field(3.0, "GAMMA", "Feature affinity max(cos, 0) ** GAMMA (gamma: 3.0).")
+    alpha: float = key_field(0.95, "ALPHA", "(I - ALPHA Wn) X = Y, both stages (alpha: 0.95), in [0, 1).")
+    tol: float = key_field(1e-6, "TOL", "Conjugate gradient's relative tolerance (lposs_eval.py dfs_search "
+                           "tol=1e-6).")
+    max_iter: int = key_field(10, "MAX_ITER", "Conjugate gradient's steps (lposs_eval.py dfs_search maxiter=10).")
+    tau: float = key_field(0.01, "TAU", "LPOSS+ pixel affinity exp(-Lab distance / TAU) (tau: 0.01).")
+    radius: int = key_field(13, "RADIUS", "LPOSS+ pixel neighbourhood: a RADIUS x RADIUS square (r: 13).")
+    reduce_synonyms: str = key_field("after_resize", "REDUCE_SYNONYMS", "Where the propagated synonym logits become "
+                                     "class logits (the max over each class's synonyms): \"after_resize\" "
+                                     "(ScoreMaps' rule, as for every method: the synonyms resized to the output size, "
+                                     "the softmax over them, the max over each class's) or \"before_resize\" "
+                                     "(LPOSS's order: lposs_eval.py slide_inference applies reduce_to_true_classes, "
+                                     "the max of the synonym logits, at the working resolution, then resizes to the "
+                                     "photo's size; the softmax is then over classes).")
 
     @property
     def stages(self) -> Tuple[str, ...]:

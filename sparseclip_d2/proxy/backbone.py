@@ -12,7 +12,7 @@ import functools
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -22,6 +22,7 @@ from torch import nn
 
 from ..clip.encoder import interpolate_pos_embed
 from ..common.cache import LRUCache
+from ..common.keys import key_field
 
 __all__ = [
     "PROXY_FEATURES",
@@ -93,13 +94,24 @@ class ProxyOptions:
     precision (fp32, fp16, bf16).
     """
 
-    name: str
-    weights: str = "none"
-    layer: int = -1
-    feature: str = "tokens"
-    input_size: int = 0
-    pos_embed_interp: str = "scale_factor"
-    precision: str = "fp32"
+    name: str = key_field(MISSING, "NAME", "timm model name: vit_base_patch8_224.dino, vit_base_patch16_224.dino, "
+                          "vit_base_patch14_reg4_dinov2, vit_base_patch16_224.mae, samvit_base_patch16 (or another "
+                          'timm ViT); "" disables the proxy.')
+    weights: str = key_field("none", "WEIGHTS", '"none" (random weights: a smoke run, logged loudly), "timm" (timm\'s '
+                             "own pretrained tag of NAME), or a local weights file in timm's layout or the upstream "
+                             "release's (torch hub DINO / DINOv2, MAE {'model': ...}, SAM image_encoder.*).")
+    layer: int = key_field(-1, "LAYER", "Block whose feature is used (0-based; -1 = the last; blocks after it do not "
+                           "run).")
+    feature: str = key_field("tokens", "FEATURE", '"tokens" (the block\'s output through the final norm; ProxyCLIP), '
+                             '"keys", "queries" or "values" (that block\'s k / q / v, heads concatenated), '
+                             '"queries+keys" (their sum; CorrCLIP).')
+    input_size: int = key_field(0, "INPUT_SIZE", "Pixels the proxy sees per window: 0 = the window itself, -1 = "
+                                "resized to TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).")
+    pos_embed_interp: str = key_field("scale_factor", "POS_EMBED_INTERP", 'Position embeddings resized (bicubic) by '
+                                      '"scale_factor" (torch hub DINO), "size" (MAE) or "size_antialias" (torch hub '
+                                      "DINOv2 with registers).")
+    precision: str = key_field("fp32", "PRECISION", "Proxy weights dtype: fp32, fp16 (ProxyCLIP runs its VFM in "
+                               "fp16), bf16; scores are fp32.")
 
     @property
     def random_weights(self) -> bool:

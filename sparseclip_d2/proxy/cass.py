@@ -37,6 +37,7 @@ from ..attention.priors import build_prior
 from ..attention.spectral import SVD_METHODS, combine_graphs, get_head_matching, low_rank_graph, match_range
 from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ..clip.spec import AttentionSpec
+from ..common.keys import key_field
 from .backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
 
 __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_settings", "check_cass_spec",
@@ -72,16 +73,26 @@ class CASSSettings:
     input (:data:`CASS_INPUTS`).
     """
 
-    matching: str = "spectral"
-    k_eigen: int = 20
-    scale_factor: float = 10.0
-    rank: int = 10
-    svd: str = "randomized"
-    seed: int = 0
-    singular_low: float = 0.5
-    singular_high: float = 1.5
-    key_precision: str = "fp32"
-    input: str = "upstream"
+    matching: str = key_field("spectral", "MATCHING", "Head matching (attention/spectral.py "
+                              "HEAD_MATCHING_REGISTRY): spectral (Hungarian on the eigenvalue spectra; "
+                              "cass_segmentor.py attn_strategy='spectral') or sequential.")
+    k_eigen: int = key_field(20, "K_EIGEN", "Eigenvalues per graph in the spectra (custom_attn 'k_eigen': 20).")
+    scale_factor: float = key_field(10.0, "SCALE_FACTOR", "The proxy graph weighs SCALE_FACTOR * (1 - cost) "
+                                    "against CLIP's 1 (custom_attn 'scale_factor': 10.0).")
+    rank: int = key_field(10, "RANK", "Rank of the proxy graph's SVD approximation (optimal_q initial_q=10: its "
+                          "95 % energy test always stops at q = 10).")
+    svd: str = key_field("randomized", "SVD", '"randomized" (torch.svd_lowrank(q=RANK, niter=2) as upstream, '
+                         'seeded with SEED per window) or "exact" (the first RANK triplets of the full SVD).')
+    seed: int = key_field(0, "SEED", "Seed of the randomized SVD, re-seeded per window.")
+    singular_low: float = key_field(0.5, "SINGULAR_SCALE", "Singular values stretched linearly so that min -> [0] "
+                                    "* min and max -> [1] * max (_scale_singular_values: [0.5, 1.5]; [1.0, 1.0], "
+                                    "no change, for voc20 and city_scapes).", index=0)
+    singular_high: float = key_field(1.5, "SINGULAR_SCALE", index=1)
+    key_precision: str = key_field("fp32", "KEY_PRECISION", "dtype of the proxy keys and their graph: fp32, or fp16 "
+                                   "as upstream (dino_attn.half()).")
+    input: str = key_field("upstream", "INPUT", 'What the proxy sees: "upstream" (CASS\'s inverse normalisation '
+                           "with ImageNet's values, uint8, squashed to a square of the short side) or \"exact\" "
+                           "(the window as ProxyCLIP feeds it).")
 
 
 def check_cass_settings(s: CASSSettings, key: str = "MODEL.SPARSECLIP.PROXY.CASS") -> CASSSettings:

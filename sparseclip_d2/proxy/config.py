@@ -3,7 +3,7 @@ import logging
 from typing import Optional
 
 from ..clip.spec import AttentionSpec
-from ..common.keys import changed_keys, refuse_keys_while_off
+from ..common.keys import Key, Section, changed_section_keys, key_defaults, refuse_keys_while_off
 from .attention import check_beta_gamma
 from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
 from .encoder import ProxyCLIPEncoder, check_proxy_spec
@@ -11,25 +11,26 @@ from .fsa import FSAEncoder, FSASettings, check_fsa_settings
 from .cass import CASSEncoder, CASSSettings, check_cass_settings, check_cass_spec
 from .corrclip import CorrCLIPEncoder, CorrCLIPSettings, check_corrclip_settings
 
-__all__ = ["PROXY_KEY_DEFAULTS", "FSA_KEY_DEFAULTS", "proxy_options_from_config", "fsa_settings_from_config",
-           "check_proxy_config", "build_proxy_encoder", "CASS_KEY_DEFAULTS", "cass_settings_from_config",
-           "CORRCLIP_KEY_DEFAULTS", "corrclip_settings_from_config"]
+__all__ = ["PROXY_SECTION", "FSA_SECTION", "proxy_options_from_config", "fsa_settings_from_config",
+           "check_proxy_config", "build_proxy_encoder", "CASS_SECTION", "cass_settings_from_config",
+           "CORRCLIP_SECTION", "corrclip_settings_from_config"]
 
 logger = logging.getLogger(__name__)
 
 KEY = "MODEL.SPARSECLIP.PROXY"
-#: ``add_sparseclip_config``'s values of the PROXY keys: with ``NAME ""`` every other key must
-#: keep them (a key set without a proxy would change nothing and is refused).
-PROXY_KEY_DEFAULTS = {"WEIGHTS": "none", "LAYER": -1, "FEATURE": "tokens", "INPUT_SIZE": 0,
-                      "POS_EMBED_INTERP": "scale_factor", "PRECISION": "fp32", "BETA": 1.2, "GAMMA": 3.0}
-#: ``add_sparseclip_config``'s values of ``PROXY.FSA.*``: with ``ENABLED False`` the others must keep them.
-FSA_KEY_DEFAULTS = {"TOP_P": 0.45, "LAMBDA": 3.0, "PATCH_SCALE": 20.0, "UNIFORM_SCALE": 35.0, "NORMALIZER": ""}
-#: ``add_sparseclip_config``'s values of ``PROXY.CASS.*``: with ``ENABLED False`` the others must keep them.
-CASS_KEY_DEFAULTS = {"MATCHING": "spectral", "K_EIGEN": 20, "SCALE_FACTOR": 10.0, "RANK": 10, "SVD": "randomized",
-                     "SEED": 0, "SINGULAR_SCALE": [0.5, 1.5], "KEY_PRECISION": "fp32", "INPUT": "upstream"}
-#: ``add_sparseclip_config``'s values of ``PROXY.CORRCLIP.*``: with ``ENABLED False`` the others must keep them.
-CORRCLIP_KEY_DEFAULTS = {"MASK_DIR": "", "TAU": 4.0, "SPATIAL_WEIGHT": 1.0, "SEMANTIC_WEIGHT": 0.5, "NUM_SPATIAL": -1,
-                         "DBSCAN_EPS": 0.2, "DBSCAN_MIN_SAMPLES": 1, "RESTRICTION": "regions", "MODE_VOTE": True}
+#: The PROXY keys (:class:`ProxyOptions`' fields, then ProxyCLIP's score keys): with ``NAME ""``
+#: every other key must keep its default (a key set without a proxy would change nothing and is
+#: refused). ``NAME`` is the switch: its section default ``""`` (off) stands for the field's
+#: missing one.
+PROXY_SECTION = Section(ProxyOptions, switch="NAME", defaults={"name": ""}, after=(
+    Key("BETA", 1.2, "ProxyCLIP's scores (S - BETA * mean S) * GAMMA, negatives -> -inf, then ATTENTION.NORMALIZER "
+                     "(mc-lan/ProxyCLIP proxyclip_segmentor.py defaults beta=1.2, gamma=3.0)."),
+    Key("GAMMA", 3.0, "See BETA.")))
+#: ``PROXY.FSA.*``: ``ENABLED`` then :class:`FSASettings`' keys; with ``ENABLED False`` the others
+#: must keep their defaults. The same holds for CASS and CORRCLIP below.
+FSA_SECTION = Section(FSASettings, switch="ENABLED", before=(Key("ENABLED", False),))
+CASS_SECTION = Section(CASSSettings, switch="ENABLED", before=(Key("ENABLED", False),))
+CORRCLIP_SECTION = Section(CorrCLIPSettings, switch="ENABLED", before=(Key("ENABLED", False),))
 
 
 def proxy_options_from_config(cfg) -> Optional[ProxyOptions]:
@@ -54,7 +55,7 @@ def fsa_settings_from_config(cfg) -> Optional[FSASettings]:
     False (then every other ``PROXY.FSA`` key must keep its default)."""
     f = _node(cfg).FSA
     if not f.ENABLED:
-        refuse_keys_while_off(changed_keys(f, FSA_KEY_DEFAULTS, f"{KEY}.FSA"), f"{KEY}.FSA.ENABLED is False",
+        refuse_keys_while_off(changed_section_keys(f, FSA_SECTION, f"{KEY}.FSA"), f"{KEY}.FSA.ENABLED is False",
                               "enable FSA or leave these keys at their defaults")
         return None
     return check_fsa_settings(FSASettings(top_p=f.TOP_P, lamda=f.LAMBDA, patch_scale=f.PATCH_SCALE,
@@ -69,7 +70,7 @@ def cass_settings_from_config(cfg) -> Optional[CASSSettings]:
     if not isinstance(c.ENABLED, bool):
         raise ValueError(f"{KEY}.CASS.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
     if not c.ENABLED:
-        refuse_keys_while_off(changed_keys(c, CASS_KEY_DEFAULTS, f"{KEY}.CASS"), f"{KEY}.CASS.ENABLED is False",
+        refuse_keys_while_off(changed_section_keys(c, CASS_SECTION, f"{KEY}.CASS"), f"{KEY}.CASS.ENABLED is False",
                               "enable CASS or leave these keys at their defaults")
         return None
     scale = c.SINGULAR_SCALE
@@ -87,7 +88,7 @@ def corrclip_settings_from_config(cfg) -> Optional[CorrCLIPSettings]:
     if not isinstance(c.ENABLED, bool):
         raise ValueError(f"{KEY}.CORRCLIP.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
     if not c.ENABLED:
-        refuse_keys_while_off(changed_keys(c, CORRCLIP_KEY_DEFAULTS, f"{KEY}.CORRCLIP"),
+        refuse_keys_while_off(changed_section_keys(c, CORRCLIP_SECTION, f"{KEY}.CORRCLIP"),
                               f"{KEY}.CORRCLIP.ENABLED is False", "enable CorrCLIP or leave these keys at their defaults")
         return None
     return check_corrclip_settings(CorrCLIPSettings(
@@ -116,10 +117,11 @@ def _check_corrclip_paths(cfg) -> None:
         raise ValueError(f"{KEY}.CORRCLIP.ENABLED True cannot be combined with {key} = {_get(cfg, key)!r} (CorrCLIP "
                          f"encodes each window with its region masks and sums three branches after the final norm); "
                          f"valid: {key} {valid}")
+    defaults = key_defaults(PROXY_SECTION)
     for k in ("BETA", "GAMMA"):
-        if sc.PROXY[k] != PROXY_KEY_DEFAULTS[k]:
+        if sc.PROXY[k] != defaults[k]:
             raise ValueError(f"{KEY}.{k} = {sc.PROXY[k]!r} changes nothing with {KEY}.CORRCLIP.ENABLED (CorrCLIP's "
-                             f"scores are the cosine x CORRCLIP.TAU within regions); valid: {PROXY_KEY_DEFAULTS[k]}")
+                             f"scores are the cosine x CORRCLIP.TAU within regions); valid: {defaults[k]}")
     if cfg.MODEL.META_ARCHITECTURE != "SparseCLIP":
         raise ValueError(f"{KEY}.CORRCLIP.ENABLED True needs MODEL.META_ARCHITECTURE SparseCLIP (its region masks are "
                          f"read per image there), got {cfg.MODEL.META_ARCHITECTURE!r}")
@@ -145,7 +147,7 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
     p = _node(cfg)
     opts = proxy_options_from_config(cfg)
     if opts is None:
-        changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in PROXY_KEY_DEFAULTS.items() if p[k] != v]
+        changed = [f"{KEY}.{k} = {p[k]!r}" for k, v in key_defaults(PROXY_SECTION).items() if p[k] != v]
         if p.FSA.ENABLED:
             changed.append(f"{KEY}.FSA.ENABLED = True")
         if p.CASS.ENABLED:
@@ -183,7 +185,8 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         if opts.feature != "keys" or opts.name.startswith("samvit"):
             raise ValueError(f"{KEY}.CASS.ENABLED reads the proxy's keys: {KEY}.FEATURE = {opts.feature!r} with NAME "
                              f"{opts.name!r} is invalid; valid: FEATURE keys of a timm ViT (upstream DINO B/8)")
-        changed = [f"{KEY}.{k} = {p[k]!r}" for k in ("INPUT_SIZE", "BETA", "GAMMA") if p[k] != PROXY_KEY_DEFAULTS[k]]
+        defaults = key_defaults(PROXY_SECTION)
+        changed = [f"{KEY}.{k} = {p[k]!r}" for k in ("INPUT_SIZE", "BETA", "GAMMA") if p[k] != defaults[k]]
         if changed:
             raise ValueError(f"{', '.join(changed)} changes nothing with {KEY}.CASS.ENABLED (CASS has its own proxy "
                              f"input, {KEY}.CASS.INPUT, and no ProxyCLIP scores); leave them at their defaults")

@@ -38,6 +38,7 @@ from fvcore.common.registry import Registry
 from torch import nn
 
 from ..clip.encoder import EncoderPass, check_pass_inputs
+from ..common.keys import key_field
 from ..common.needs import Needs
 from .attention import resample_grid
 from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
@@ -77,15 +78,24 @@ class CorrCLIPSettings:
     ``postprocess_result`` "Map Correction").
     """
 
-    mask_dir: str = ""
-    tau: float = 4.0
-    spatial_weight: float = 1.0
-    semantic_weight: float = 0.5
-    num_spatial: int = -1
-    dbscan_eps: float = 0.2
-    dbscan_min_samples: int = 1
-    restriction: str = "regions"
-    mode_vote: bool = True
+    mask_dir: str = key_field("", "MASK_DIR", "Directory of region masks, one <image stem>.npz per image with an "
+                              "(H, W) integer array 'instance_mask' at the image's original size, minimum = "
+                              "unsegmented (as CorrCLIP reads its pre-generated SAM2 masks: generate_mask, "
+                              "instance_mask_path). Required when enabled.")
+    tau: float = key_field(4.0, "TAU", "Scores = proxy cosine x TAU within the regions, then ATTENTION.NORMALIZER "
+                           "(TAU = 4).")
+    spatial_weight: float = key_field(1.0, "SPATIAL_WEIGHT", "Weight of the spatial branch (ALPHA = 1.0).")
+    semantic_weight: float = key_field(0.5, "SEMANTIC_WEIGHT", "Weight of the semantic branch (BETA = 0.5).")
+    num_spatial: int = key_field(-1, "NUM_SPATIAL", "Lower blocks averaged by the spatial branch; -1 = upstream's "
+                                 "rule (12 blocks: 5, 24: 12, 32: 28, else depth - 4).")
+    dbscan_eps: float = key_field(0.2, "DBSCAN_EPS", "DBSCAN region merge on max(S) - S of the regions' mean proxy "
+                                  "features (EPS = 0.2).")
+    dbscan_min_samples: int = key_field(1, "DBSCAN_MIN_SAMPLES", "DBSCAN's MIN_SAMPLES (1).")
+    restriction: str = key_field("regions", "RESTRICTION", 'Region restriction of the scores: "regions" (upstream: '
+                                 "unsegmented patches attend where the score is above the mean) or "
+                                 "\"regions_strict\" (upstream's commented alternative).")
+    mode_vote: bool = key_field(True, "MODE_VOTE", "Each mask region takes its most frequent label "
+                                "(corrclip_segmentor.py \"Map Correction\").")
 
 
 def _finite(key: str, value, positive: bool = False, nonneg: bool = False) -> float:

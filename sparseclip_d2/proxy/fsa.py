@@ -30,6 +30,7 @@ from torch import nn
 
 from ..attention import get_normalizer
 from ..attention.nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask
+from ..common.keys import key_field
 from ..common.needs import Needs
 from .encoder import ProxyCLIPEncoder
 
@@ -52,11 +53,16 @@ class FSASettings:
     upstream ``F.softmax``).
     """
 
-    top_p: float = TOP_P_DEFAULT
-    lamda: float = 3.0
-    patch_scale: float = 20.0
-    uniform_scale: float = 35.0
-    normalizer: str = ""
+    top_p: float = key_field(TOP_P_DEFAULT, "TOP_P", "Top-p nucleus of each row of the KL similarity "
+                             "(SparseAtten(sim, p=0.45)), in (0, 1].")
+    lamda: float = key_field(3.0, "LAMBDA", "Scores sim * exp(LAMBDA * sim) (FSA_Proxy_segmentor.py lamda=3.0; "
+                             "hyper_param.txt: MAE 4.5).")
+    patch_scale: float = key_field(20.0, "PATCH_SCALE", "Cosine-logit scale of the proxy-attention output "
+                                   "(custom_attn: compute_logits(..., logits_scale=20)).")
+    uniform_scale: float = key_field(35.0, "UNIFORM_SCALE", "Cosine-logit scale of the uniform-attention output "
+                                     "(custom_attn: logits_scale=35).")
+    normalizer: str = key_field("", "NORMALIZER", 'Normaliser of the FSA scores: "" = ATTENTION.NORMALIZER '
+                                "(upstream: softmax), or any registered one (entmax uses ATTENTION.ALPHA).")
 
 
 def check_fsa_settings(s: FSASettings, key: str = "MODEL.SPARSECLIP.PROXY.FSA") -> FSASettings:

@@ -39,6 +39,7 @@ from fvcore.common.registry import Registry
 from torch import nn
 
 from ..clip.spec import AttentionSpec
+from ..common.keys import key_field
 from .backbone import ProxyBackbone, to_proxy_input, uint8_image
 from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
@@ -77,13 +78,17 @@ class TridentSettings:
     :data:`GLOBAL_AGGREGATION_REGISTRY`).
     """
 
-    cos_fac: float = 1.2
-    refine_neg_cos: bool = True
-    crop_size: int = 336
-    stride: int = 224
-    sam_tiles: int = 1
-    splice: str = "overlap_mean"
-    aggregation: str = "sam_threshold"
+    cos_fac: float = key_field(1.2, "COS_FAC", "Threshold of SAM's value cosine in units of its row mean "
+                               "(base_config.py cos_fac = 1.2).")
+    refine_neg_cos: bool = key_field(True, "REFINE_NEG_COS", "Whether a negative threshold stays (refine_neg_cos "
+                                     "= True) or becomes 0.6.")
+    crop_size: int = key_field(336, "CROP_SIZE", "Sub-window side (base_config.py slide_crop=336).")
+    stride: int = key_field(224, "STRIDE", "Sub-window stride (base_config.py slide_stride=224).")
+    sam_tiles: int = key_field(1, "SAM_TILES", "SAM sees the image in this many side-by-side tiles (trident.py: 2 "
+                               "for Cityscapes).")
+    splice: str = key_field("overlap_mean", "SPLICE", "A WINDOW_SPLICE_REGISTRY name (proxy/trident.py).")
+    aggregation: str = key_field("sam_threshold", "AGGREGATION", "A GLOBAL_AGGREGATION_REGISTRY name "
+                                 "(proxy/trident.py).")
 
 
 def _registry_names(reg: Registry) -> List[str]:

@@ -3,18 +3,22 @@ import functools
 import os
 from typing import Optional
 
-from ..common.keys import changed_keys, refuse_keys_while_off
+from ..common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
 from .backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options, is_sam_encoder,
                        meta_model)
 from .trident import TridentSettings, check_trident_settings
 
-__all__ = ["TRIDENT_KEY_DEFAULTS", "trident_settings_from_config", "check_trident_config", "build_trident_sam"]
+__all__ = ["TRIDENT_SECTION", "trident_settings_from_config", "check_trident_config", "build_trident_sam"]
 
 KEY = "MODEL.SPARSECLIP.PROXY.TRIDENT"
-#: ``add_sparseclip_config``'s values of ``PROXY.TRIDENT.*``: with ``ENABLED False`` the others must keep them.
-TRIDENT_KEY_DEFAULTS = {"SAM_NAME": "samvit_base_patch16", "SAM_WEIGHTS": "none", "SAM_PRECISION": "fp32",
-                        "COS_FAC": 1.2, "REFINE_NEG_COS": True, "CROP_SIZE": 336, "STRIDE": 224, "SAM_TILES": 1,
-                        "SPLICE": "overlap_mean", "AGGREGATION": "sam_threshold"}
+#: ``PROXY.TRIDENT.*``: ``ENABLED``, SAM's keys (read by :func:`_sam_options`), then
+#: :class:`TridentSettings`' keys; with ``ENABLED False`` the others must keep their defaults.
+TRIDENT_SECTION = Section(TridentSettings, switch="ENABLED", before=(
+    Key("ENABLED", False),
+    Key("SAM_NAME", "samvit_base_patch16", "SAM's image encoder (a timm samvit_* name)."),
+    Key("SAM_WEIGHTS", "none", "SAM's weights: none (random), timm, or a file (the SAM release "
+                               "sam_vit_b_01ec64.pth loads as it is: image_encoder.* keys)."),
+    Key("SAM_PRECISION", "fp32", "fp32, fp16 (upstream .half()) or bf16.")))
 
 
 def trident_settings_from_config(cfg) -> Optional[TridentSettings]:
@@ -22,7 +26,7 @@ def trident_settings_from_config(cfg) -> Optional[TridentSettings]:
     ``PROXY.TRIDENT.ENABLED`` is False (then every other ``PROXY.TRIDENT`` key must keep its default)."""
     t = cfg.MODEL.SPARSECLIP.PROXY.TRIDENT
     if not t.ENABLED:
-        refuse_keys_while_off(changed_keys(t, TRIDENT_KEY_DEFAULTS, KEY), f"{KEY}.ENABLED is False",
+        refuse_keys_while_off(changed_section_keys(t, TRIDENT_SECTION, KEY), f"{KEY}.ENABLED is False",
                               "enable Trident or leave these keys at their defaults")
         return None
     return check_trident_settings(TridentSettings(
