@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from sparseclip_d2.attention.spectral import (HEAD_MATCHING_REGISTRY, combine_graphs, get_head_matching,
                                               graph_spectra, low_rank_graph, match_range, scale_singular_values,
                                               spectral_cost)
-from sparseclip_d2.clip import AttentionSpec
+from sparseclip_d2.clip import AttentionSpec, MixOptions
 from sparseclip_d2.proxy import ProxyOptions, build_proxy
 from sparseclip_d2.proxy.cass import CASSEncoder, CASSSettings, cass_proxy_input
 
@@ -293,7 +293,7 @@ def test_cass_refuses_what_it_cannot_honour(clip):
     with pytest.raises(ValueError, match=r"ATTENTION\.SOURCE 'qq\+kk'"):
         CASSEncoder(clip.visual, AttentionSpec(source="qq+kk"), proxy)
     with pytest.raises(ValueError, match=r"ATTENTION\.MIX\.LAYERS"):
-        CASSEncoder(clip.visual, AttentionSpec(mix_layers=(0,)), proxy)
+        CASSEncoder(clip.visual, AttentionSpec(mix=MixOptions(layers=(0,))), proxy)
     with torch.random.fork_rng(devices=[]):
         tokens_proxy = build_proxy(ProxyOptions(name=DINO))
     with pytest.raises(ValueError, match="FEATURE keys"):

@@ -192,7 +192,7 @@ CALIBRATION_EFFECTS = {
 def test_calibration_keys_take_effect_and_bad_values_are_refused_before_the_build():
     model = _model(**{k: v for k, (v, _, _) in CALIBRATION_EFFECTS.items()})
     for key, (value, field, want) in CALIBRATION_EFFECTS.items():
-        assert getattr(model.encoder.spec, field) == want, f"{key} = {value} did not take effect"
+        assert getattr(model.encoder.spec.calibration, field) == want, f"{key} = {value} did not take effect"
     from sparseclip_d2.clip.calibrated import is_calibrated
 
     assert is_calibrated(model.encoder.spec) and not is_calibrated(_model().encoder.spec)

@@ -95,7 +95,7 @@ def test_baseline_configs_select_their_upstream_conventions(method):
         spec = AttentionSpec.from_config(cfg)
         for field in ("source", "normalizer", "residual", "ffn", "prior", "prior_std", "sum_mode", "parallel_layers",
                       "parallel_cls", "qkv_norm", "cosine_scale", "self_iterations"):
-            assert getattr(spec, field) == getattr(preset, field), (path, field)
+            assert spec.settings()[field] == preset.settings()[field], (path, field)
         got = (sc.TEXT.TEMPLATES, sc.CLASS_NAMES, cfg.INPUT.RESIZE_MODE, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP,
                sc.PATCH_REMAINDER)
         assert got == (templates, names, resize, norm, interp, remainder), path

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from sparseclip_d2.attention import blend_feedback, feedback_prior, patch_labels
 from sparseclip_d2.attention.feedback import path_connected
-from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, describe_spec, parse_attention_spec
+from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, FeedbackOptions, describe_spec, parse_attention_spec
 
 from test_methods import _entmax64, _gaussian_prior64, _images, _ln, _mlp64, _qkv64, _stem64, deep_visual  # noqa: F401
 
@@ -142,13 +142,15 @@ def test_blend_feedback_by_hand_and_its_float16_rounding():
 def test_spec_feedback_fields_grammar_and_errors():
     res = AttentionSpec.preset("resclip")
     # yvhangyang/ResCLIP @ 0e085f7 configs/cfg_voc21.py attn_sfr_weights=[2.2, 0.7]; custom_attn's float16 cast
-    assert (res.feedback, res.feedback_scale, res.feedback_weight, res.feedback_precision) == (True, 2.2, 0.7, "float16")
+    assert res.feedback == FeedbackOptions(enabled=True, scale=2.2, weight=0.7, precision="float16") and res.feedback
+    assert (res.feedback.enabled, res.feedback.scale, res.feedback.weight, res.feedback.precision) == (
+        True, 2.2, 0.7, "float16")
     assert res.replace(feedback=False, feedback_weight=0.7, feedback_scale=2.2,
                        feedback_precision="float32") == AttentionSpec.preset("resclip_rcs")
     assert "second pass with the first segmentation's prior P (float16): 2.2 x ((1 - 0.7) S + 0.7 P)" in \
         describe_spec(res)
     s = parse_attention_spec("resclip:entmax:1.2:feedback_weight=0.6:feedback_precision=float32")
-    assert (s.normalizer, s.alpha, s.feedback_weight, s.feedback_precision, s.feedback) == (
+    assert (s.normalizer, s.alpha, s.feedback.weight, s.feedback.precision, s.feedback.enabled) == (
         "entmax", 1.2, 0.6, "float32", True)
     with pytest.raises(ValueError, match="feedback_scale=2.0 changes nothing without feedback"):
         parse_attention_spec("naclip:feedback_scale=2")
@@ -159,7 +161,7 @@ def test_spec_feedback_fields_grammar_and_errors():
                     (dict(feedback_precision="half"), "unknown feedback precision 'half'; valid: float32, float16"),
                     (dict(feedback="yes"), "feedback must be True or False, got 'yes'")]:
         with pytest.raises(ValueError, match=msg):
-            AttentionSpec(**kw)
+            AttentionSpec.from_settings(**kw)
 
 
 # ----------------------------------------------------------------------------- layer 2

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from sparseclip_d2.attention import mix_attention
-from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, parse_attention_spec
+from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, MixOptions, parse_attention_spec
 from sparseclip_d2.clip.spec import PRESETS
 
 
@@ -170,15 +170,15 @@ def test_mix_attention_by_hand():
 def test_presets_are_the_published_settings():
     ita = AttentionSpec.preset("itaclip")
     # ITACLIP clip/model.py: layers 7, 8, 10 counted from 1; attn_self: softmax(QQ) + softmax(KK)
-    assert (ita.source, ita.mix_source, ita.mix_layers, ita.mix_weight, ita.mix_scale) == (
-        "qq+kk", "qq+kk", (6, 7, 9), 0.5, 1.0)
+    assert ita.source == "qq+kk" and ita.mix == MixOptions(layers=(6, 7, 9), source="qq+kk", weight=0.5, scale=1.0)
+    assert (ita.mix.source, ita.mix.layers, ita.mix.weight, ita.mix.scale) == ("qq+kk", (6, 7, 9), 0.5, 1.0)
     assert (ita.residual, ita.ffn, ita.prior, ita.cls_weight) == (True, False, "none", 0.0)
     assert ita.rows_sum_to == 2.0
     res = AttentionSpec.preset("resclip_rcs")
     # ResCLIP clip/model.py: range(5, 9) = layers 6-9; cfg_voc21.py attn_rcs_weights=[2.0, 0.3]
-    assert (res.source, res.prior, res.prior_std, res.mix_source, res.mix_layers) == (
+    assert (res.source, res.prior, res.prior_std, res.mix.source, res.mix.layers) == (
         "kk", "gaussian", 5.0, "qk", (5, 6, 7, 8))
-    assert (res.mix_scale, res.mix_weight, res.residual, res.ffn) == (2.0, 0.3, False, False)
+    assert (res.mix.scale, res.mix.weight, res.residual, res.ffn) == (2.0, 0.3, False, False)
     assert res.rows_sum_to == pytest.approx(2.0)
     assert AttentionSpec.preset("itaclip", normalizer="entmax").tap_normalizer == "entmax"
     assert AttentionSpec.preset("itaclip", normalizer="entmax", mix_normalizer="softmax").tap_normalizer == "softmax"
@@ -201,14 +201,14 @@ def test_presets_are_the_published_settings():
 ])
 def test_bad_mix_values_name_the_field_and_the_choices(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        AttentionSpec(**kwargs)
+        AttentionSpec.from_settings(**kwargs)
 
 
 def test_mix_layers_checked_against_the_depth_and_inert_mix_keys_reported(deep_visual):
     with pytest.raises(ValueError, match=r"mix_layers \[1, 3\]: \[3\] not earlier blocks of a tower of depth 4; "
                                          r"valid: 0-based indices 0..2"):
-        DenseCLIPEncoder(deep_visual, AttentionSpec(mix_layers=(1, 3)))
-    inert = AttentionSpec(mix_weight=0.2, mix_source="kk").inert_settings()
+        DenseCLIPEncoder(deep_visual, AttentionSpec(mix=MixOptions(layers=(1, 3))))
+    inert = AttentionSpec(mix=MixOptions(weight=0.2, source="kk")).inert_settings()
     assert any("mix_source='kk' changes nothing without mix_layers" in m for m in inert)
     assert any("mix_weight=0.2 changes nothing without mix_layers" in m for m in inert)
     with pytest.raises(ValueError, match="mix_scale=2.0 changes nothing without mix_layers"):
@@ -217,7 +217,7 @@ def test_mix_layers_checked_against_the_depth_and_inert_mix_keys_reported(deep_v
 
 def test_grammar_reads_the_mix_keys():
     s = parse_attention_spec("itaclip:entmax:1.2:mix_layers=1,2:mix_weight=0.25:cls_weight=0.3")
-    assert (s.normalizer, s.alpha, s.mix_layers, s.mix_weight, s.cls_weight, s.mix_source) == (
+    assert (s.normalizer, s.alpha, s.mix.layers, s.mix.weight, s.cls_weight, s.mix.source) == (
         "entmax", 1.2, (1, 2), 0.25, 0.3, "qq+kk")
     with pytest.raises(ValueError, match="mix_layers='1;2' is not a comma-separated list"):
         parse_attention_spec("itaclip:mix_layers=1;2")
@@ -237,7 +237,7 @@ def test_config_keys_reach_the_spec_and_errors_name_the_config_section():
                          "MODEL.SPARSECLIP.ATTENTION.MIX.SCALE", "2.0", "MODEL.SPARSECLIP.ATTENTION.MIX.WEIGHT", "0.3",
                          "MODEL.SPARSECLIP.BLOCK.CLS_WEIGHT", "0.3"])
     s = AttentionSpec.from_config(cfg)
-    assert (s.mix_layers, s.mix_scale, s.mix_weight, s.cls_weight) == ((5, 6, 7, 8), 2.0, 0.3, 0.3)
+    assert (s.mix.layers, s.mix.scale, s.mix.weight, s.cls_weight) == ((5, 6, 7, 8), 2.0, 0.3, 0.3)
     cfg.merge_from_list(["MODEL.SPARSECLIP.ATTENTION.MIX.NORMALIZER", "softmin"])
     with pytest.raises(ValueError, match="MODEL.SPARSECLIP.ATTENTION/BLOCK: mix_normalizer: unknown attention "
                                          "normalizer 'softmin'"):
@@ -255,7 +255,7 @@ def _spec(d, **extra):
     kw = {k: v for k, v in d.items() if k != "prior_std"}
     if "prior_std" in d:
         kw.update(prior="gaussian", prior_std=d["prior_std"])
-    return AttentionSpec(**kw, **extra)
+    return AttentionSpec.from_settings(**kw, **extra)
 
 
 @pytest.mark.parametrize("name, small", [("itaclip", ITACLIP_SMALL), ("resclip_rcs", RESCLIP_SMALL)])
@@ -268,7 +268,7 @@ def test_mixed_methods_match_float64_reference_with_softmax_and_entmax(deep_visu
     for field in ("source", "mix_source", "residual", "ffn", "prior", "mix_weight", "mix_scale"):
         if field in small or field == "prior":
             want = ("gaussian" if "prior_std" in small else "none") if field == "prior" else small[field]
-            assert getattr(preset, field) == want, field  # the small layout is the preset's but for depth
+            assert preset.settings()[field] == want, field  # the small layout is the preset's but for depth
     extra = {} if alpha == 1.0 else dict(normalizer="entmax", alpha=alpha)
     spec = _spec(small, **extra)
     images = _images()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from sparseclip_d2.attention import attention_weights, cosine_attention_weights, gem_inverse_temperature
-from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, build_clip
+from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, ParallelOptions, build_clip
 from tiny_models import TINY_TIMM_MODEL_NAMES
 
 from conftest import build_tiny_clip, tiny_cfg
@@ -133,8 +133,8 @@ def _reference(visual, images, *, kind, residual, ffn, cls_main, normalizer="sof
 
 @pytest.mark.parametrize("residual,ffn,cls_main", [(True, False, True), (True, True, False), (False, False, False)])
 def test_two_block_parallel_path_vv_by_hand(tiny64, residual, ffn, cls_main):
-    spec = AttentionSpec(source="vv", parallel_layers=2, residual=residual, ffn=ffn,
-                         parallel_cls="main" if cls_main else "parallel")
+    spec = AttentionSpec(source="vv", residual=residual, ffn=ffn,
+                         parallel=ParallelOptions(layers=2, cls="main" if cls_main else "parallel"))
     x = _images()
     with torch.no_grad():
         ours = DenseCLIPEncoder(tiny64.visual, spec)(x)
@@ -226,7 +226,7 @@ def test_every_tower_kind(any_tower):
     depth = plain.depth
     with torch.no_grad():
         # the plain block as the branch reproduces the tower
-        same = DenseCLIPEncoder(visual, AttentionSpec(parallel_layers=depth))(x)
+        same = DenseCLIPEncoder(visual, AttentionSpec(parallel=ParallelOptions(layers=depth)))(x)
         want = plain(x)
         torch.testing.assert_close(same, want, rtol=1e-4, atol=2e-5 * float(want.abs().max()))
         # one parallel block without FFN is the in-sequence last block without FFN
@@ -263,15 +263,15 @@ def test_every_tower_kind(any_tower):
 ])
 def test_spec_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        AttentionSpec(**kwargs)
+        AttentionSpec.from_settings(**kwargs)
 
 
 def test_depth_and_inert():
     with pytest.raises(ValueError, match=r"parallel_layers=13 is outside \[0, 12\]"):
-        AttentionSpec(parallel_layers=13).check_depth(12)
-    inert = AttentionSpec(parallel_cls="main", cosine_scale=2.0, self_iterations=1).inert_settings()
+        AttentionSpec(parallel=ParallelOptions(layers=13)).check_depth(12)
+    inert = AttentionSpec(parallel=ParallelOptions(cls="main", cosine_scale=2.0, self_iterations=1)).inert_settings()
     assert len(inert) == 3 and "without a parallel path" in inert[0]
-    assert "a branch with the plain block" in AttentionSpec(parallel_layers=2).inert_settings()[0]
+    assert "a branch with the plain block" in AttentionSpec(parallel=ParallelOptions(layers=2)).inert_settings()[0]
     with pytest.raises(ValueError, match="self_iterations=1 changes nothing without qkv_norm='l2'"):
         AttentionSpec.parse("clip:self_iterations=1")
     assert AttentionSpec.parse("gem:entmax:1.2:parallel=2") == AttentionSpec.preset(
@@ -284,8 +284,9 @@ def test_config_keys_reach_the_spec_and_are_validated():
                       "MODEL.SPARSECLIP.ATTENTION.COSINE_SCALE": 3.0,
                       "MODEL.SPARSECLIP.ATTENTION.SELF_ITERATIONS": 2})
     spec = AttentionSpec.from_config(cfg)
-    assert (spec.parallel_layers, spec.parallel_cls, spec.qkv_norm, spec.cosine_scale, spec.self_iterations) == (
-        2, "main", "l2", 3.0, 2)
+    assert spec.parallel == ParallelOptions(layers=2, cls="main", qkv_norm="l2", cosine_scale=3.0, self_iterations=2)
+    assert (spec.parallel.layers, spec.parallel.cls, spec.parallel.qkv_norm, spec.parallel.cosine_scale,
+            spec.parallel.self_iterations) == (2, "main", "l2", 3.0, 2)
     bad = tiny_cfg(**{"MODEL.SPARSECLIP.PARALLEL.LAYERS": 2, "MODEL.SPARSECLIP.PARALLEL.CLS": "cls"})
     with pytest.raises(ValueError, match=r"ATTENTION/BLOCK: unknown parallel_cls \(PARALLEL.CLS\) 'cls'; valid: parallel, main"):
         AttentionSpec.from_config(bad)
@@ -370,7 +371,7 @@ def test_feature_surgery_in_the_meta_arch():
     model = build_model(tiny_cfg(**{"MODEL.SPARSECLIP.FEATURE_SURGERY.ENABLED": True,
                                     "MODEL.SPARSECLIP.ATTENTION.SOURCE": "vv", "MODEL.SPARSECLIP.PARALLEL.LAYERS": 2,
                                     "MODEL.SPARSECLIP.PARALLEL.CLS": "main", "MODEL.SPARSECLIP.BLOCK.FFN": False}))
-    assert model.head_name == "feature_surgery" and model.encoder.spec.parallel_cls == "main"
+    assert model.head_name == "feature_surgery" and model.encoder.spec.parallel.cls == "main"
     images = _images(B=1, dtype=torch.float32)
     text = F.normalize(torch.randn(4, model.encoder.embed_dim, generator=torch.Generator().manual_seed(1)), dim=-1)
     with torch.no_grad():

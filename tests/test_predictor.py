@@ -157,10 +157,10 @@ def test_config_names_and_weight_files(tmp_path, photo):
 def test_attention_record_rows_sum_with_attention_mixed_across_layers(predictor, photo):
     """ResCLIP's RCS mixes an earlier layer's attention in, scaled: the record says what its rows
     sum to (mix_scale * ((1 - w) * 2 + w * 1) for kk+qq mixed with qk), not the source's 2."""
-    from sparseclip_d2.clip import AttentionSpec
+    from sparseclip_d2.clip import AttentionSpec, MixOptions
 
-    spec = AttentionSpec(source="qq+kk", normalizer="softmax", mix_layers=(0,), mix_source="qk",
-                         mix_weight=0.25, mix_scale=3.0)
+    spec = AttentionSpec(source="qq+kk", normalizer="softmax",
+                         mix=MixOptions(layers=(0,), source="qk", weight=0.25, scale=3.0))
     record = predictor.variant(spec)(photo[::2, ::2].copy(), VOCAB, attention=True).attention
     (w,) = record["weights"]
     expected = 3.0 * (0.75 * 2 + 0.25 * 1)

@@ -271,7 +271,7 @@ def test_spec_fields_the_proxy_replaces_are_refused(clip):
     for kw, key in ((dict(source="qq"), "ATTENTION.SOURCE"), (dict(prior="gaussian"), "ATTENTION.PRIOR"),
                     (dict(mix_layers=(0,)), "ATTENTION.MIX.LAYERS"), (dict(cls_weight=0.3), "BLOCK.CLS_WEIGHT")):
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            ProxyCLIPEncoder(clip.visual, AttentionSpec(**kw), proxy)
+            ProxyCLIPEncoder(clip.visual, AttentionSpec.from_settings(**kw), proxy)
     enc = ProxyCLIPEncoder(clip.visual, AttentionSpec(), proxy)
     assert enc.patch_size == 16  # lcm(CLIP 16, DINO 8)
     with pytest.raises(ValueError, match="multiple of 16x16"):

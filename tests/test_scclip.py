@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from sparseclip_d2.attention import (cosine_similarity_map, detect_outliers, lof_scores, repair_outliers,
                                      similarity_aggregate, similarity_scores)
-from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, describe_spec, parse_attention_spec
+from sparseclip_d2.clip import AttentionSpec, CalibrationOptions, DenseCLIPEncoder, describe_spec, parse_attention_spec
 from sparseclip_d2.clip.spec import PRESETS
 
 from test_methods import _entmax64, _heads, _ln, _mlp64, _stem64, deep_visual  # noqa: F401 (fixture)
@@ -289,11 +289,13 @@ def test_calibrated_pass_layout_and_attention_rows(deep_visual):
 # ----------------------------------------------------------------------------- spec, grammar, config
 def test_preset_is_the_published_setting():
     s = PRESETS["scclip"]
+    c = s.calibration
     # SuleBai/SC-CLIP @ 0417ba9 clip/model.py VisionTransformer.__init__ / scclip_segmentor.py defaults
     assert (s.source, s.sum_mode, s.residual, s.ffn, s.cls_weight) == ("kk", "normalize_then_mean", False, False, 0.3)
-    assert (s.outlier_detector, s.outlier_neighbors, s.outlier_contamination) == ("lof", 30, 0.05)
-    assert (s.similarity_layer, s.similarity_scale, s.similarity_threshold) == (9, 3.0, 0.4)
-    assert (s.post_similarity_layer, s.fusion_layers) == (4, (4, 5, 6, 7, 8, 9, 10))
+    assert (c.outlier_detector, c.outlier_neighbors, c.outlier_contamination) == ("lof", 30, 0.05)
+    assert (c.similarity_layer, c.similarity_scale, c.similarity_threshold) == (9, 3.0, 0.4)
+    assert (c.post_similarity_layer, c.fusion_layers) == (4, (4, 5, 6, 7, 8, 9, 10))
+    assert c and c.active and not AttentionSpec().calibration
     assert s.inert_settings() == [] and s.rows_sum_to == 1
     assert "lof outlier repair (k=30" in describe_spec(s)
 
@@ -317,14 +319,15 @@ def test_preset_is_the_published_setting():
 ])
 def test_bad_calibration_values_name_the_field_key_and_choices(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        AttentionSpec(**kwargs)
+        AttentionSpec.from_settings(**kwargs)
 
 
 def test_depth_tower_and_inert_checks(deep_visual):
     with pytest.raises(ValueError, match=r"\[4\] are not block inputs of a tower of depth 4; valid: 0-based tap "
                                          r"indices 0..3"):
         DenseCLIPEncoder(deep_visual, AttentionSpec.preset("scclip", **{**SMALL, "fusion_layers": (1, 4)}))
-    inert = AttentionSpec(outlier_neighbors=7, similarity_scale=2.0, similarity_threshold=0.5).inert_settings()
+    inert = AttentionSpec(calibration=CalibrationOptions(outlier_neighbors=7, similarity_scale=2.0,
+                                                     similarity_threshold=0.5)).inert_settings()
     assert any("outlier_neighbors=7 changes nothing without outlier_detector lof" in m for m in inert)
     assert any("similarity_scale=2 changes nothing without similarity_layer" in m for m in inert)
     assert any("similarity_threshold=0.5 changes nothing" in m for m in inert)
@@ -335,7 +338,8 @@ def test_depth_tower_and_inert_checks(deep_visual):
 
 def test_grammar_and_config_keys_reach_the_spec():
     s = parse_attention_spec("scclip:entmax:1.2:similarity_layer=8:fusion_layers=3,4:outlier_neighbors=20")
-    assert (s.normalizer, s.alpha, s.similarity_layer, s.fusion_layers, s.outlier_neighbors) == (
+    c = s.calibration
+    assert (s.normalizer, s.alpha, c.similarity_layer, c.fusion_layers, c.outlier_neighbors) == (
         "entmax", 1.2, 8, (3, 4), 20)
     with pytest.raises(ValueError, match="fusion_layers='3;4' is not a comma-separated list"):
         parse_attention_spec("scclip:fusion_layers=3;4")
@@ -393,7 +397,7 @@ def test_meta_arch_runs_the_calibrated_block_and_window_batches_do_not_mix():
     x = {"image": torch.randint(0, 256, (3, 96, 128), generator=g, dtype=torch.uint8),
          "vocabulary": ["cat", "dog", "sky", "grass"]}
     model = build_model(tiny_cfg(**opts, **{"TEST.SLIDING_WINDOW.BATCH_SIZE": "4"}))
-    assert model.encoder.spec.outlier_detector == "lof" and model.encoder.spec.normalizer == "entmax"
+    assert model.encoder.spec.calibration.outlier_detector == "lof" and model.encoder.spec.normalizer == "entmax"
     out = {}
     for bs in (4, 1):
         model.window_batch_size = bs  # the same weights, windows encoded 4 at a time or one by one
@@ -458,12 +462,13 @@ def test_sfp_layout_matches_float64_reference_with_softmax_and_entmax(rect_visua
 
 def test_sfp_preset_fields_and_errors():
     s = PRESETS["sfp"]
+    c = s.calibration
     # Kimsure/SFP @ 2804f5b SFP_ICCV/configs/base_config.py and clip/model.py
-    assert (s.source, s.sum_mode, s.outlier_detector, s.outlier_count, s.outlier_cls_scale) == (
+    assert (s.source, s.sum_mode, c.outlier_detector, c.outlier_count, c.outlier_cls_scale) == (
         "qq+kk", "normalize_then_mean", "som", 10, 1.5)
-    assert (s.similarity_layer, s.post_similarity_layer, s.fusion_layers, s.fusion_attention) == (
+    assert (c.similarity_layer, c.post_similarity_layer, c.fusion_layers, c.fusion_attention) == (
         9, 4, (4, 5, 6, 7, 8, 9, 10), "similarity")
-    assert s.threshold_similarity_term and not PRESETS["scclip"].threshold_similarity_term
+    assert c.threshold_similarity_term and not PRESETS["scclip"].calibration.threshold_similarity_term
     assert s.inert_settings() == [] and s.rows_sum_to == 1
     with pytest.raises(ValueError, match=r"unknown fusion_attention 'mean' \(MODEL.SPARSECLIP.CALIBRATION."
                                          r"FUSION_ATTENTION\); valid: last, similarity"):

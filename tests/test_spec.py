@@ -1,5 +1,6 @@
 """The one spec grammar and validation (AttentionSpec), settings that change nothing, the
 bounded cache and the atomic writes."""
+import dataclasses
 import json
 import logging
 import os
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from sparseclip_d2.attention import alpha_entmax, attention_weights, paper_source_name
-from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, parse_attention_spec
+from sparseclip_d2.clip import (PRESETS, SETTINGS, SPEC_KEYS, AttentionSpec, CalibrationOptions, DenseCLIPEncoder,
+                                FeedbackOptions, MixOptions, ParallelOptions, parse_attention_spec)
+from sparseclip_d2.clip.spec import GROUPS, SpecDepthError
 from sparseclip_d2.common.cache import LRUCache
 from sparseclip_d2.common.io import atomic_write_json
 
@@ -85,6 +88,52 @@ def test_paper_names_and_rows_sum_to():
     assert spec.replace(sum_mode="sum_then_normalize").rows_sum_to == 1
     assert AttentionSpec.parse("clearclip:entmax:1.5") == AttentionSpec.preset("clearclip", normalizer="entmax",
                                                                                alpha=1.5)
+
+
+def test_groups_are_frozen_hashable_and_validate_their_own_fields():
+    """The core plus option groups (issue 40 item 4): each group is a frozen, hashable value
+    that validates its fields with the messages the flat fields had."""
+    spec = AttentionSpec.preset("resclip")
+    assert spec.mix == MixOptions(layers=(5, 6, 7, 8), source="qk", weight=0.3, scale=2.0)
+    assert spec.feedback == FeedbackOptions(enabled=True, weight=0.7, scale=2.2, precision="float16")
+    assert {spec: 1}[AttentionSpec.preset("resclip")] == 1 and len({spec, PRESETS["resclip"]}) == 1
+    assert hash(spec.mix) == hash(MixOptions(layers=[8, 7, 6, 5], source="QK", weight=0.3, scale=2))
+    with pytest.raises(Exception):
+        spec.mix.weight = 0.1  # frozen
+    for group, message in [(lambda: MixOptions(weight=1.5), r"mix_weight must be in \[0, 1\]"),
+                           (lambda: ParallelOptions(qkv_norm="l2"), "parallel path only; set parallel_layers > 0"),
+                           (lambda: FeedbackOptions(scale=0), "feedback_scale must be a finite number > 0"),
+                           (lambda: CalibrationOptions(similarity_layer=-2), "SIMILARITY_LAYER"),
+                           (lambda: AttentionSpec(mix={"layers": (1,)}), "must be a MixOptions")]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            group()
+    # a group is truthy when it changes the block
+    plain = AttentionSpec()
+    assert not (plain.mix or plain.parallel or plain.feedback or plain.calibration)
+    assert spec.mix and spec.feedback and PRESETS["gem"].parallel and PRESETS["sfp"].calibration
+
+
+def test_flat_settings_name_every_group_field_once_and_round_trip():
+    fields = {(g, f) for g, f, _ in SETTINGS.values()}
+    want = {(None, f) for f in ("source", "normalizer", "alpha", "temperature", "num_layers", "residual", "ffn",
+                                 "prior", "prior_std", "sum_mode", "seed", "cls_weight")}
+    for name, cls in GROUPS.items():
+        want |= {(name, f.name) for f in dataclasses.fields(cls)}
+    assert fields == want and len(SETTINGS) == len(want)
+    assert set(SPEC_KEYS.values()) == set(SETTINGS)
+    for name, spec in PRESETS.items():
+        assert AttentionSpec.from_settings(**spec.settings()) == spec, name
+    base = AttentionSpec.preset("itaclip")
+    assert base.replace(mix_layers=(1, 2), mix_weight=0.2) == base.replace(mix=MixOptions(
+        layers=(1, 2), source="qq+kk", weight=0.2)) == parse_attention_spec("itaclip:mix_layers=1,2:mix_weight=0.2")
+    # flat names apply on top of a group given in the same call; feedback=True is the flag
+    assert base.replace(mix=MixOptions(layers=(3,)), mix_weight=0.1).mix == MixOptions(layers=(3,), weight=0.1)
+    assert AttentionSpec().replace(feedback=True).feedback == FeedbackOptions(enabled=True)
+    with pytest.raises(TypeError, match="unknown AttentionSpec setting 'mix_layer'"):
+        base.replace(mix_layer=(1,))
+    with pytest.raises(SpecDepthError) as e:
+        base.check_depth(8)
+    assert e.value.field == "mix_layers"
 
 
 def test_no_second_spec_parser():

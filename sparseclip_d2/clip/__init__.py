@@ -6,13 +6,19 @@ from .builder import PRECISIONS, VISION_ACTS, build_clip, get_tokenizer, is_rand
 from .definitions import load_definitions, mix_definitions
 from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, EncoderPass, interpolate_pos_embed
 from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME, register_local_model_config
-from .spec import PRESETS, SPEC_KEYS, AttentionSpec, describe_spec, parse_attention_spec, parse_attention_specs
+from .spec import (PRESETS, SETTINGS, SPEC_KEYS, AttentionSpec, CalibrationOptions, FeedbackOptions, MixOptions,
+                   ParallelOptions, describe_spec, parse_attention_spec, parse_attention_specs)
 from .templates import MASKCLIP_TEMPLATES, OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
 from .text import TextClassifier, max_over_synonyms, split_synonyms, text_cache_dir, weights_fingerprint
 
 __all__ = [
     "AttentionSpec",
+    "MixOptions",
+    "ParallelOptions",
+    "FeedbackOptions",
+    "CalibrationOptions",
     "PRESETS",
+    "SETTINGS",
     "SPEC_KEYS",
     "parse_attention_spec",
     "parse_attention_specs",

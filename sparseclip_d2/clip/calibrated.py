@@ -53,14 +53,13 @@ __all__ = ["is_calibrated", "check_calibrated", "calibrated_layers", "run_calibr
 
 def is_calibrated(spec) -> bool:
     """Whether ``spec`` runs the calibrated last block (any of its parts is set)."""
-    return (spec.outlier_detector != "none" or spec.similarity_layer >= 0 or spec.post_similarity_layer >= 0
-            or bool(spec.fusion_layers))
+    return spec.calibration.active
 
 
 def calibrated_layers(spec) -> Tuple[int, ...]:
     """The tap indices the calibrated block reads (similarity, post-similarity, fusion)."""
-    out = set(spec.fusion_layers)
-    for i in (spec.similarity_layer, spec.post_similarity_layer):
+    out = set(spec.calibration.fusion_layers)
+    for i in (spec.calibration.similarity_layer, spec.calibration.post_similarity_layer):
         if i >= 0:
             out.add(i)
     return tuple(sorted(out))
@@ -102,7 +101,8 @@ def calibrated_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if sim is None:
         return w
     norm = get_normalizer(spec.normalizer)
-    w_sim = norm(similarity_scores(sim, spec.similarity_scale), alpha=spec.alpha, generator=generator).float()
+    scores = similarity_scores(sim, spec.calibration.similarity_scale)
+    w_sim = norm(scores, alpha=spec.alpha, generator=generator).float()
     out = w_sim + w  # (B, 1, N, N) + (B, heads, N, N)
     if spec.sum_mode == "normalize_then_mean":
         out = out / (1 + len(spec.terms))
@@ -118,7 +118,8 @@ def _block(tower, blk, z: torch.Tensor, spec, sim, prior, generator, similarity_
     q, k, v = tower.qkv(blk, y, None)
     if similarity_only:
         norm = get_normalizer(spec.normalizer)
-        weights = norm(similarity_scores(sim, spec.similarity_scale), alpha=spec.alpha, generator=generator).float()
+        scores = similarity_scores(sim, spec.calibration.similarity_scale)
+        weights = norm(scores, alpha=spec.alpha, generator=generator).float()
         weights = weights.expand(B, q.shape[1], N, N)
     else:
         weights = calibrated_attention(spec, q, k, v, sim, prior, generator)
@@ -149,13 +150,14 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
     """
     depth = len(blocks)
     P = tower.num_prefix_tokens
+    cal = spec.calibration
     need = set(calibrated_layers(spec)) | set(want)
     taps: Dict[int, torch.Tensor] = {}
     producing = None  # the softmax attention of the block before the last (SFP's SOM detector reads it)
     for i, blk in enumerate(blocks[:-1]):
         if i in need:
             taps[i] = x
-        if i == depth - 2 and needs_attention(spec.outlier_detector):
+        if i == depth - 2 and needs_attention(cal.outlier_detector):
             q, k, v = tower.qkv(blk, tower.norm1(blk, x), rope)
             producing = attention_weights(q, k, v, source="qk", normalizer="softmax")
         x = tower.run_native(blk, x, rope)
@@ -165,40 +167,40 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
     B = x.shape[0]
     patches = x[:, P:]
     mask = None
-    if spec.outlier_detector != "none":
-        mask = detect_outliers(spec.outlier_detector, patches, neighbors=spec.outlier_neighbors,
-                               contamination=spec.outlier_contamination, count=spec.outlier_count,
-                               cls_scale=spec.outlier_cls_scale, attention=producing, num_prefix_tokens=P)
+    if cal.outlier_detector != "none":
+        mask = detect_outliers(cal.outlier_detector, patches, neighbors=cal.outlier_neighbors,
+                               contamination=cal.outlier_contamination, count=cal.outlier_count,
+                               cls_scale=cal.outlier_cls_scale, attention=producing, num_prefix_tokens=P)
         patches = repair_outliers(patches, mask, grid)
     sim = None
-    if spec.similarity_layer >= 0:
-        ref = taps[spec.similarity_layer][:, P:]
+    if cal.similarity_layer >= 0:
+        ref = taps[cal.similarity_layer][:, P:]
         if mask is not None:
             ref = repair_outliers(ref, mask, grid)
         sim = cosine_similarity_map(ref)
-        patches = similarity_aggregate(patches, sim, spec.similarity_threshold).to(x.dtype)
-        if spec.threshold_similarity_term:  # SFP: the attention term reads the thresholded map
-            sim = sim.masked_fill(sim < spec.similarity_threshold, 0.0)
+        patches = similarity_aggregate(patches, sim, cal.similarity_threshold).to(x.dtype)
+        if cal.threshold_similarity_term:  # SFP: the attention term reads the thresholded map
+            sim = sim.masked_fill(sim < cal.similarity_threshold, 0.0)
     post = None
-    if spec.post_similarity_layer >= 0:
-        post = cosine_similarity_map(taps[spec.post_similarity_layer][:, P:])
+    if cal.post_similarity_layer >= 0:
+        post = cosine_similarity_map(taps[cal.post_similarity_layer][:, P:])
     prior = build_prior(spec.prior, grid, std=spec.prior_std, num_prefix_tokens=0, device=x.device)
     cls = x[:, :1]
     out, weights = _block(tower, blk, patches, spec, sim, prior, generator)
     if spec.cls_weight:
         out = out + spec.cls_weight * cls
     if post is not None:
-        out = similarity_aggregate(out, post, spec.similarity_threshold).to(x.dtype)
-    if spec.fusion_layers:
+        out = similarity_aggregate(out, post, cal.similarity_threshold).to(x.dtype)
+    if cal.fusion_layers:
         fused = None
-        for i in spec.fusion_layers:
+        for i in cal.fusion_layers:
             fused = taps[i] if fused is None else fused + taps[i]
         extra, _ = _block(tower, blk, fused[:, P:], spec, sim, prior, generator,
-                          similarity_only=spec.fusion_attention == "similarity")
+                          similarity_only=cal.fusion_attention == "similarity")
         if spec.cls_weight:
             extra = extra + spec.cls_weight * fused[:, :1]
         if post is not None:
-            extra = similarity_aggregate(extra, post, spec.similarity_threshold).to(x.dtype)
+            extra = similarity_aggregate(extra, post, cal.similarity_threshold).to(x.dtype)
         out = out + extra
     tokens = torch.cat([x[:, :P], out], dim=1)
     if P:

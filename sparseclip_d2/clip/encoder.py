@@ -158,7 +158,7 @@ class DenseCLIPEncoder(nn.Module):
     the tower runs them; the last ``num_layers`` blocks compute q, k, v from the block's own
     projections exactly as the tower does (q/k norms, rotary embeddings on q and k), with
     ``spec.normalizer``/``spec.temperature``; the very last block also uses ``spec.source``,
-    ``spec.prior`` and the ``residual``/``ffn`` switches. With ``spec.mix_layers`` the last
+    ``spec.prior`` and the ``residual``/``ffn`` switches. With ``spec.mix.layers`` the last
     block's weights are mixed with attention computed from the inputs of those earlier blocks
     in the same forward pass (``attention.mix_attention``); with ``spec.cls_weight`` that much
     of the last block's input CLS token is added to its output tokens. Attention scores and
@@ -253,7 +253,7 @@ class DenseCLIPEncoder(nn.Module):
         or prior)."""
         spec = self.spec
         q, k, v = self._tower.qkv(blk, self._tower.norm1(blk, x), rope)
-        return attention_weights(q, k, v, source=spec.mix_source, normalizer=spec.tap_normalizer,
+        return attention_weights(q, k, v, source=spec.mix.source, normalizer=spec.tap_normalizer,
                                  alpha=spec.alpha, sum_mode=spec.sum_mode, generator=generator)
 
     def _run_modified(self, blk: nn.Module, x: torch.Tensor, rope, last: bool, grid: Tuple[int, int],
@@ -267,7 +267,7 @@ class DenseCLIPEncoder(nn.Module):
         hook = None
         if last and feedback_prior is not None:
             def hook(s, _p=feedback_prior):
-                return blend_feedback(s, _p, spec.feedback_weight, spec.feedback_scale, spec.feedback_precision)
+                return blend_feedback(s, _p, spec.feedback.weight, spec.feedback.scale, spec.feedback.precision)
         tower = self._tower
         B, L, _ = x.shape
         y = tower.norm1(blk, x)
@@ -284,7 +284,7 @@ class DenseCLIPEncoder(nn.Module):
             score_hook=hook,
         )
         if last and mixed:
-            weights = mix_attention(weights, mixed, spec.mix_weight, spec.mix_scale)
+            weights = mix_attention(weights, mixed, spec.mix.weight, spec.mix.scale)
         out = apply_attention(weights, v).transpose(1, 2).reshape(B, L, -1)
         out = tower.attn_out(blk, y, out)
         residual = spec.residual if last else True
@@ -316,7 +316,7 @@ class DenseCLIPEncoder(nn.Module):
             images: ``(B, 3, H, W)`` normalised, H and W multiples of ``patch_size``.
             tap_layers: 0-based block indices whose input tokens are returned in
                 ``EncoderPass.taps`` (``depth`` = the last block's output).
-            feedback: with ``spec.feedback`` (and only then), ``(B, D, h, w)`` dense features
+            feedback: with ``spec.feedback.enabled`` (and only then), ``(B, D, h, w)`` dense features
                 of a first run of the last block -> ``(B, P + h*w, P + h*w)`` prior; the last
                 block then runs again on the same input with the prior blended into its
                 scores (``attention.feedback``; ``SparseCLIP`` builds the callable).
@@ -326,11 +326,11 @@ class DenseCLIPEncoder(nn.Module):
             ValueError: bad images, a tap index outside ``[0, depth]``, a missing or
                 unexpected ``feedback``, or a prior of the wrong shape.
         """
-        if self.spec.feedback and feedback is None:
+        if self.spec.feedback.enabled and feedback is None:
             raise ValueError("the attention spec has feedback=True (ResCLIP's SFR second pass) but no feedback "
                              "callable was given: run it through SparseCLIP (MODEL.SPARSECLIP.FEEDBACK.*), or use "
                              "a spec with feedback=False")
-        if feedback is not None and not self.spec.feedback:
+        if feedback is not None and not self.spec.feedback.enabled:
             raise ValueError("a feedback callable was given but the attention spec has feedback=False")
         want = check_pass_inputs(images, tap_layers, self.depth)
         _, _, H, W = images.shape
@@ -343,7 +343,7 @@ class DenseCLIPEncoder(nn.Module):
         generator = None
         if "random_matched" in (self.spec.normalizer, self.spec.tap_normalizer):
             generator = torch.Generator(device=x.device).manual_seed(self.spec.seed)
-        if self.spec.parallel_layers:  # the parallel-path block mode (GEM, CLIP Surgery): clip/parallel.py
+        if self.spec.parallel.layers:  # the parallel-path block mode (GEM, CLIP Surgery): clip/parallel.py
             x, attn, taps = run_parallel(tower, self.spec, tower.blocks, x, rope,
                                          self.attention_prior(grid, x.device), generator, want)
             return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
@@ -351,7 +351,7 @@ class DenseCLIPEncoder(nn.Module):
             x, attn, taps = run_calibrated(tower, self.spec, tower.blocks, x, rope, grid, generator, want)
             return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
         first_modified = self.depth - self.spec.num_layers
-        mix_layers = set(self.spec.mix_layers)
+        mix_layers = set(self.spec.mix.layers)
         taps: Dict[int, torch.Tensor] = {}
         tap_attention: Dict[int, torch.Tensor] = {}
         attn = None
@@ -364,7 +364,7 @@ class DenseCLIPEncoder(nn.Module):
                 x = tower.run_native(blk, x, rope)
             else:
                 last = i == self.depth - 1
-                mixed: List[torch.Tensor] = [tap_attention[j] for j in self.spec.mix_layers] if last else []
+                mixed: List[torch.Tensor] = [tap_attention[j] for j in self.spec.mix.layers] if last else []
                 prior = None
                 if last and feedback is not None:
                     first, _ = self._run_modified(blk, x, rope, last, grid, generator, mixed)
@@ -408,7 +408,7 @@ class DenseCLIPEncoder(nn.Module):
     def needs(self) -> Needs:
         """What this encoder's forward needs besides the windows (:class:`~sparseclip_d2.common.needs.Needs`):
         a feedback spec (ResCLIP's SFR) takes the first-segmentation callable."""
-        return Needs(first_segmentation=bool(self.spec.feedback))
+        return Needs(first_segmentation=bool(self.spec.feedback.enabled))
 
     def with_spec(self, spec: AttentionSpec) -> "DenseCLIPEncoder":
         """The same tower (not copied) with another attention spec (the Predictor's variants)."""
@@ -460,7 +460,7 @@ class DenseCLIPEncoder(nn.Module):
             images: ``(B, 3, H, W)`` normalised with ``image_mean``/``image_std``; H and W
                 multiples of ``patch_size``.
             return_attention: also return the last block's attention weights.
-            feedback: the first-segmentation callable of a ``spec.feedback`` spec (see
+            feedback: the first-segmentation callable of a ``spec.feedback.enabled`` spec (see
                 :meth:`forward_pass`).
         Returns:
             features ``(B, D, H/p, W/p)`` in the model dtype (every patch token of the final

@@ -1,6 +1,6 @@
 """The parallel-path block mode (GEM, CLIP Surgery): a second path over the last k blocks.
 
-With ``spec.parallel_layers = k`` the tower's main stream ``x`` runs every block unchanged.
+With ``spec.parallel.layers = k`` the tower's main stream ``x`` runs every block unchanged.
 A branch ``b`` starts as the main stream's input of block ``depth - k``; at each of the last
 k blocks ``i`` it reads that block's normed *main-stream* input ``y_i = norm1(x_i)`` and adds
 (``spec.residual``) or takes (no residual) the block's attention branch computed from
@@ -15,7 +15,7 @@ k blocks ``i`` it reads that block's normed *main-stream* input ``y_i = norm1(x_
 encoder's in-sequence blocks are, so the projections are computed once).
 
 The output tokens are ``b`` with its prefix (CLS) tokens replaced by the main stream's when
-``spec.parallel_cls == "main"`` (CLIP Surgery), then the tower's final norm. ``A_spec`` is
+``spec.parallel.cls == "main"`` (CLIP Surgery), then the tower's final norm. ``A_spec`` is
 :func:`~sparseclip_d2.attention.attention_weights` (``qkv_norm='none'``) or
 :func:`~sparseclip_d2.attention.cosine_attention_weights` (``qkv_norm='l2'``, GEM) with the
 spec's normaliser, so entmax composes with either. Every tower kind of :mod:`.towers` is
@@ -39,11 +39,11 @@ def check_parallel(spec, tower_kind: str, num_prefix_tokens: int, depth: int) ->
         ValueError: ``parallel_layers`` beyond ``depth``, or ``parallel_cls='main'`` on a
             tower without prefix tokens.
     """
-    if not spec.parallel_layers:
+    if not spec.parallel.layers:
         return
-    if spec.parallel_layers > depth:
-        raise ValueError(f"parallel_layers={spec.parallel_layers} is outside [0, {depth}] for a tower of depth {depth}")
-    if spec.parallel_cls == "main" and num_prefix_tokens < 1:
+    if spec.parallel.layers > depth:
+        raise ValueError(f"parallel_layers={spec.parallel.layers} is outside [0, {depth}] for a tower of depth {depth}")
+    if spec.parallel.cls == "main" and num_prefix_tokens < 1:
         raise ValueError(f"parallel_cls='main' takes the CLS token from the main stream, but this {tower_kind} tower "
                          "has no prefix tokens; use parallel_cls='parallel'")
 
@@ -59,11 +59,11 @@ def parallel_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         prior: additive prior ``(L, L)`` or None.
         generator: for ``random_matched``.
     """
-    if spec.qkv_norm == "l2":
-        s = spec.cosine_scale if spec.cosine_scale > 0 else gem_inverse_temperature(y, q.shape[-1])
+    if spec.parallel.qkv_norm == "l2":
+        s = spec.parallel.cosine_scale if spec.parallel.cosine_scale > 0 else gem_inverse_temperature(y, q.shape[-1])
         return cosine_attention_weights(
             q, k, v, source=spec.source, normalizer=spec.normalizer, alpha=spec.alpha, inverse_temperature=s,
-            temperature=spec.temperature, iterations=spec.self_iterations, prior=prior, sum_mode=spec.sum_mode,
+            temperature=spec.temperature, iterations=spec.parallel.self_iterations, prior=prior, sum_mode=spec.sum_mode,
             generator=generator)
     return attention_weights(q, k, v, source=spec.source, normalizer=spec.normalizer, alpha=spec.alpha,
                              temperature=spec.temperature, prior=prior, sum_mode=spec.sum_mode, generator=generator)
@@ -72,7 +72,7 @@ def parallel_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def run_parallel(tower, spec, blocks: Sequence, x: torch.Tensor, rope, prior: Optional[torch.Tensor],
                  generator: Optional[torch.Generator], want: Sequence[int] = ()
                  ) -> Tuple[torch.Tensor, torch.Tensor, Dict[int, torch.Tensor]]:
-    """Run all blocks with a parallel path over the last ``spec.parallel_layers``.
+    """Run all blocks with a parallel path over the last ``spec.parallel.layers``.
 
     Args:
         tower: the tower adapter (``towers.make_tower``).
@@ -88,7 +88,7 @@ def run_parallel(tower, spec, blocks: Sequence, x: torch.Tensor, rope, prior: Op
         block's branch, taps {index: (B, L, C)})``.
     """
     depth = len(blocks)
-    first = depth - spec.parallel_layers
+    first = depth - spec.parallel.layers
     P = tower.num_prefix_tokens
     want = set(want)
     taps: Dict[int, torch.Tensor] = {}
@@ -115,7 +115,7 @@ def run_parallel(tower, spec, blocks: Sequence, x: torch.Tensor, rope, prior: Op
         main = attention_weights(q, k, v, source="qk", normalizer="softmax")
         x = x + tower.attn_out(blk, y, apply_attention(main, v).transpose(1, 2).reshape(B, L, -1))
         x = x + tower.ffn(blk, x)
-    if spec.parallel_cls == "main" and P:
+    if spec.parallel.cls == "main" and P:
         branch = torch.cat([x[:, :P], branch[:, P:]], dim=1)
     if depth in want:
         taps[depth] = branch

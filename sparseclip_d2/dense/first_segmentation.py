@@ -27,7 +27,7 @@ def refuse_feedback_spec(spec, who: str) -> None:
     """Raise ``ValueError`` if ``spec`` (an ``AttentionSpec``, or None) has ``feedback=True``:
     ``who`` (a module that runs the encoder without class embeddings) cannot make the first
     segmentation the second pass is built from."""
-    if spec is not None and spec.feedback:
+    if spec is not None and spec.feedback.enabled:
         raise ValueError(
             f"{who} cannot run an attention spec with feedback=True (ResCLIP's SFR second pass, "
             "MODEL.SPARSECLIP.FEEDBACK.ENABLED True): the second pass needs a first segmentation against the "

@@ -133,14 +133,14 @@ def check_cass_spec(spec: AttentionSpec) -> None:
         if terms:
             bad.append(f"ATTENTION.SOURCE {spec.source!r} (CASS combines one pair graph with the proxy's; valid: qk, "
                        "qq, kk, vv; upstream kk)")
-    if spec.mix_layers:
-        bad.append(f"ATTENTION.MIX.LAYERS {list(spec.mix_layers)} (valid with CASS: [])")
+    if spec.mix.layers:
+        bad.append(f"ATTENTION.MIX.LAYERS {list(spec.mix.layers)} (valid with CASS: [])")
     if spec.cls_weight:
         bad.append(f"BLOCK.CLS_WEIGHT {spec.cls_weight:g} (the CASS block attends among patches; valid: 0)")
-    if spec.feedback:
+    if spec.feedback.enabled:
         bad.append("FEEDBACK.ENABLED True (valid with CASS: False)")
-    if spec.parallel_layers:
-        bad.append(f"PARALLEL.LAYERS {spec.parallel_layers} (valid with CASS: 0)")
+    if spec.parallel.layers:
+        bad.append(f"PARALLEL.LAYERS {spec.parallel.layers} (valid with CASS: 0)")
     if bad:
         raise ValueError("MODEL.SPARSECLIP.PROXY.CASS.ENABLED is set, so the last block is CASS's; refused: "
                          + "; ".join(bad))

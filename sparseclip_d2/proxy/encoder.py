@@ -40,14 +40,14 @@ def check_proxy_spec(spec: AttentionSpec) -> None:
                    "leave it qk)")
     if spec.prior != "none":
         bad.append(f"ATTENTION.PRIOR {spec.prior!r} (priors act on CLIP's grid; valid with a proxy: none)")
-    if spec.mix_layers:
-        bad.append(f"ATTENTION.MIX.LAYERS {list(spec.mix_layers)} (mixing needs CLIP's grid; valid with a proxy: [])")
+    if spec.mix.layers:
+        bad.append(f"ATTENTION.MIX.LAYERS {list(spec.mix.layers)} (mixing needs CLIP's grid; valid with a proxy: [])")
     if spec.cls_weight:
         bad.append(f"BLOCK.CLS_WEIGHT {spec.cls_weight:g} (the proxy block outputs patch tokens only; valid: 0)")
-    if spec.feedback:
+    if spec.feedback.enabled:
         bad.append("FEEDBACK.ENABLED True (the semantic feedback prior lives on CLIP's grid; valid with a proxy: False)")
-    if spec.parallel_layers:
-        bad.append(f"PARALLEL.LAYERS {spec.parallel_layers} (the proxy block replaces the last block on the main "
+    if spec.parallel.layers:
+        bad.append(f"PARALLEL.LAYERS {spec.parallel.layers} (the proxy block replaces the last block on the main "
                    "stream; valid with a proxy: 0)")
     if bad:
         raise ValueError("MODEL.SPARSECLIP.PROXY.NAME is set, so the last block takes its attention from the proxy; "
