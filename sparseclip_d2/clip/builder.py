@@ -137,6 +137,32 @@ def _finish(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _weights_to_load(name: str, pretrained: Optional[str], hf_dir: Optional[str], schema: str,
+                     force_quick_gelu: bool) -> Tuple[Optional[str], Optional[str], bool]:
+    """``(weights file or hf: directory to load into the built model, or None; the pretrained tag
+    left for open_clip, or None; force_quick_gelu)`` of :func:`build_clip`'s arguments."""
+    weights_file = None
+    if hf_dir is not None:
+        hf_cfg = read_transformers_config(hf_dir)
+        weights_file = hf_dir
+        if transformers_activation(hf_cfg, "vision") == "quick_gelu":
+            force_quick_gelu = _quick_gelu_notice(name, f"hf:{hf_dir}", force_quick_gelu)
+    elif pretrained is not None and (schema or get_local_model_config(name) is not None or os.path.isfile(pretrained)):
+        if schema and not _looks_like_path(pretrained):
+            logger.info("CLIP %s brings its own weights; MODEL.SPARSECLIP.CLIP.PRETRAINED=%r names none and is not "
+                        "used", name, pretrained)
+            pretrained = None
+        elif not os.path.isfile(pretrained):
+            raise FileNotFoundError(
+                f"CLIP checkpoint file {pretrained!r} for model {name!r} does not exist; pass an existing local "
+                "checkpoint file, hf:/path/to/transformers_dir, or `none`")
+        else:
+            weights_file = pretrained
+            if is_torchscript_archive(pretrained):
+                force_quick_gelu = _quick_gelu_notice(name, pretrained, force_quick_gelu)
+    return weights_file, pretrained, force_quick_gelu
+
+
 def build_clip(
     name: str,
     pretrained: Optional[str],
@@ -192,26 +218,7 @@ def build_clip(
             "every number it produces is meaningless.", name)
     schema, identifier = parse_model_name(name)
 
-    weights_file = None  # a local file or hf: directory loaded into the built model
-    if hf_dir is not None:
-        hf_cfg = read_transformers_config(hf_dir)
-        weights_file = hf_dir
-        if transformers_activation(hf_cfg, "vision") == "quick_gelu":
-            force_quick_gelu = _quick_gelu_notice(name, f"hf:{hf_dir}", force_quick_gelu)
-    elif pretrained is not None and (schema or get_local_model_config(name) is not None or os.path.isfile(pretrained)):
-        if schema and not _looks_like_path(pretrained):
-            logger.info("CLIP %s brings its own weights; MODEL.SPARSECLIP.CLIP.PRETRAINED=%r names none and is not "
-                        "used", name, pretrained)
-            pretrained = None
-        elif not os.path.isfile(pretrained):
-            raise FileNotFoundError(
-                f"CLIP checkpoint file {pretrained!r} for model {name!r} does not exist; pass an existing local "
-                "checkpoint file, hf:/path/to/transformers_dir, or `none`")
-        else:
-            weights_file = pretrained
-            if is_torchscript_archive(pretrained):
-                force_quick_gelu = _quick_gelu_notice(name, pretrained, force_quick_gelu)
-
+    weights_file, pretrained, force_quick_gelu = _weights_to_load(name, pretrained, hf_dir, schema, force_quick_gelu)
     local_cfg = get_local_model_config(name)
     if schema == "hf-hub" and (random or weights_file):
         local_cfg = _hub_model_config(identifier, cache_dir)

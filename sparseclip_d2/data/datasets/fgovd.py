@@ -120,6 +120,34 @@ class _Checker:
         return v
 
 
+def _read_fgovd_top_level(json_file: str) -> dict:
+    """The parsed JSON of an FG-OVD file whose top level has the lists ``images``,
+    ``annotations`` and ``categories`` (:class:`DatasetNotFoundError` / :class:`FGOVDFormatError`
+    otherwise, naming the file)."""
+    if not PathManager.exists(json_file):
+        raise DatasetNotFoundError(
+            f"FG-OVD file {json_file!r} does not exist; "
+            + _GET_JSON.format(folder=os.path.dirname(json_file) or ".")
+        )
+    with PathManager.open(json_file, "r") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise FGOVDFormatError(f"{json_file}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise FGOVDFormatError(f"{json_file}: top level must be an object, got {type(data).__name__}")
+    for key in ("images", "annotations", "categories"):
+        if key not in data:
+            raise FGOVDFormatError(
+                f"{json_file}: missing top-level key '{key}'; required: images, annotations, categories"
+            )
+        if not isinstance(data[key], list):
+            raise FGOVDFormatError(
+                f"{json_file}: top-level '{key}' must be a list of objects, got {type(data[key]).__name__}"
+            )
+    return data
+
+
 def load_fgovd_json(
     json_file: str,
     image_root: str,
@@ -153,27 +181,7 @@ def load_fgovd_json(
             duplicate ids, unknown image or caption ids, an empty box or one outside its
             image; the message names the file, the record id and the field.
     """
-    if not PathManager.exists(json_file):
-        raise DatasetNotFoundError(
-            f"FG-OVD file {json_file!r} does not exist; "
-            + _GET_JSON.format(folder=os.path.dirname(json_file) or ".")
-        )
-    with PathManager.open(json_file, "r") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise FGOVDFormatError(f"{json_file}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise FGOVDFormatError(f"{json_file}: top level must be an object, got {type(data).__name__}")
-    for key in ("images", "annotations", "categories"):
-        if key not in data:
-            raise FGOVDFormatError(
-                f"{json_file}: missing top-level key '{key}'; required: images, annotations, categories"
-            )
-        if not isinstance(data[key], list):
-            raise FGOVDFormatError(
-                f"{json_file}: top-level '{key}' must be a list of objects, got {type(data[key]).__name__}"
-            )
+    data = _read_fgovd_top_level(json_file)
     chk = _Checker(json_file)
 
     captions: Dict[int, str] = {}
