@@ -359,3 +359,19 @@ def test_tiles_by_hand():
     np.testing.assert_array_equal(tile_images([a], columns=3, gap=8), a)
     with pytest.raises(ValueError, match="tile 1 must be"):
         tile_images([a, a[..., 0]], columns=2)
+
+
+def test_a_method_without_an_attention_record_is_said_so(photo):
+    """A TTA head computes its logits from five views: its prediction carries no attention record
+    (``Predictor.records_attention``), and the attention look-up says so instead of failing."""
+    from sparseclip_d2.app.engine import AppEngine, AppError
+
+    engine = AppEngine("demo", TINY + ["TEST.TTA.MODE", "itaclip"], max_runs=1)
+    try:
+        vocab, bg = engine.vocabulary("cat, dog", "", "")
+        rid = engine.run(photo[:96, :128], vocab, bg, ["cfg"])["run_id"]
+        assert engine.get_run(rid).methods[0].attention is None
+        with pytest.raises(AppError, match="none of these methods records its attention"):
+            engine.attention(rid, 10, 10)
+    finally:
+        engine.close()

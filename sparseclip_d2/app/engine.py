@@ -379,7 +379,11 @@ class AppEngine:
         if not (0 <= x < W and 0 <= y < H):
             raise AppError(f"the point (x={x:g}, y={y:g}) lies outside the {W}x{H} photo")
         results, table, arrays = [], [], {}
-        for k, m in enumerate(run.methods):
+        recorded = [m for m in run.methods if m.attention is not None]
+        if not recorded:
+            raise AppError("none of these methods records its attention (a TTA, CLS-product or object-presence "
+                           "head, a cluster vote or label propagation computes its logits otherwise)")
+        for k, m in enumerate(recorded):
             a = attention_at(m.attention, m.labels, x, y)
             label = f"{m.method}\nsame-class mass {a['same_class_mass']:.3f}"
             results.append({"label": label, "map": a["map"], "support": a["support"], "perplexity": a["perplexity"],
@@ -390,12 +394,16 @@ class AppEngine:
             arrays[f"row_{k}"] = a["row"]
             arrays[f"token_{k}"] = np.int64(a["query"]["token"])
             arrays[f"window_{k}"] = np.int64(a["query"]["window"])
-        arrays["methods"] = np.array([m.method for m in run.methods])
+        for m in run.methods:
+            if m.attention is None:  # said in the table, not skipped silently
+                table.append([m.method, "-", "no attention record (its parts compute the logits otherwise)", "-", "-",
+                              run.names[int(m.labels[int(y), int(x)])]])
+        arrays["methods"] = np.array([m.method for m in recorded])
         arrays["xy"] = np.array([x, y])
         s = run.display_scale
         fig = attention_figure(run.display, results, ((x + 0.5) * s - 0.5, (y + 0.5) * s - 0.5),
                                title=f"attention row of the patch at x={x:g}, y={y:g} (last block)",
-                               random_weights=any(m.random_weights for m in run.methods))
+                               random_weights=any(m.random_weights for m in recorded))
         import matplotlib.pyplot as plt
 
         folder = self._folder(str(run_id).strip())
