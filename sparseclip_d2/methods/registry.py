@@ -29,7 +29,7 @@ from torch import nn
 
 from ..common.needs import Needs
 
-__all__ = ["Registry", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "ImageInputs",
+__all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "ImageInputs",
            "PipelinePlan", "plan_from_config", "check_parts"]
 
 class Registry:
@@ -113,7 +113,27 @@ class ImageInputs:
     context: Any = None
 
 
-class LogitHead(nn.Module):
+class Part(nn.Module):
+    """What every head and stage has: ``key`` (the config key that switches it on, named in
+    messages), ``settings_from_config(cfg)`` (validate its keys; its settings when the config
+    switches it on, else None), ``from_config(cfg, clip)`` (the part built from them, or None;
+    ``clip`` the built CLIP parts) and ``describe()`` (one line for titles, "" for the default)."""
+
+    key = ""
+
+    @classmethod
+    def settings_from_config(cls, cfg):
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, cfg, clip) -> Optional["Part"]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return ""
+
+
+class LogitHead(Part):
     """Contract of a logit head (a module: a head may hold a second view of the tower).
 
     ``forward(model, images, text_emb, inputs, sink, context)``: ``images`` ``(N, 3, h, w)``
@@ -129,19 +149,9 @@ class LogitHead(nn.Module):
     :meth:`with_correlation`).
     """
 
-    key = ""
     passes_encoder_inputs = True
     records_attention = False
     reads_correlation = False
-
-    @classmethod
-    def settings_from_config(cls, cfg):
-        """Validate this head's keys; its settings when the config switches it on, else None."""
-        raise NotImplementedError
-
-    @classmethod
-    def from_config(cls, cfg, clip) -> Optional["LogitHead"]:
-        raise NotImplementedError
 
     def image_context(self, model, image: torch.Tensor, text_emb: torch.Tensor) -> Any:
         """What the head needs once per image (``(3, H, W)`` normalised), passed to every window."""
@@ -151,11 +161,8 @@ class LogitHead(nn.Module):
         """``(logits, (N, h*w, h*w) self-correlation of block ``layer``)`` from one encoding pass."""
         raise NotImplementedError(f"the {type(self).__name__} head does not read a block's self-correlation")
 
-    def describe(self) -> str:
-        return ""
 
-
-class Stage(nn.Module):
+class Stage(Part):
     """Contract of a post-processing stage (a module: a stage may hold a second backbone).
 
     ``kind`` is one of :data:`STAGE_KINDS`:
@@ -172,21 +179,9 @@ class Stage(nn.Module):
     """
 
     kind = "labels"
-    key = ""
     needs = Needs()
     records_attention = True
     excludes: Dict[str, str] = {}
-
-    @classmethod
-    def settings_from_config(cls, cfg):
-        raise NotImplementedError
-
-    @classmethod
-    def from_config(cls, cfg, clip) -> Optional["Stage"]:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        return ""
 
 
 class SideInput:
