@@ -6,12 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from sparseclip_d2.methods.cosine import CosineHead
 import torch.nn.functional as F
 
 from sparseclip_d2.attention.self_correlation import cls_denoised_correlation, self_correlation_map
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder
+from sparseclip_d2.methods.cosine import CosineHead
 
 from test_methods import _qkv64, _tower64, deep_visual  # noqa: F401  (the float64 tower and its fixture)
 

@@ -62,8 +62,8 @@ def _cfg(path: str, mask_dir: str, tower: str):
     sc = cfg.MODEL.SPARSECLIP
     opts = ["MODEL.SPARSECLIP.CLIP.NAME", tower, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
             "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "MODEL.SPARSECLIP.TEXT.TEMPLATES",
-            "single", "INPUT.MIN_SIZE_TEST", 64, "INPUT.MAX_SIZE_TEST", 96, "TEST.SLIDING_WINDOW.CROP_SIZE", 64,
-            "TEST.SLIDING_WINDOW.STRIDE", 32, "SEED", 0]
+            "single", "INPUT.MIN_SIZE_TEST", 96, "INPUT.MAX_SIZE_TEST", 128, "TEST.SLIDING_WINDOW.CROP_SIZE", 96,
+            "TEST.SLIDING_WINDOW.STRIDE", 64, "SEED", 0]  # windows of 36 patches: SC-CLIP's LOF takes 30 neighbours
     if sc.PROXY.NAME:
         opts += ["MODEL.SPARSECLIP.PROXY.NAME", TINY_BACKBONES[sc.PROXY.NAME], "MODEL.SPARSECLIP.PROXY.WEIGHTS", "none"]
         if sc.PROXY.NAME.startswith("samvit"):
@@ -78,7 +78,7 @@ def _cfg(path: str, mask_dir: str, tower: str):
     if sc.PROXY.CORRCLIP.ENABLED:
         opts += ["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR", mask_dir]
     if int(cfg.INPUT.CENTER_CROP_TEST):
-        opts += ["INPUT.CENTER_CROP_TEST", 64]
+        opts += ["INPUT.CENTER_CROP_TEST", 96]
     merge_config(cfg, None, opts)
     check_sparseclip_config(cfg)
     cfg.freeze()

@@ -31,6 +31,7 @@ from sparseclip_d2.modeling.fgovd import (
     pool_region_embeddings,
 )
 from sparseclip_d2.modeling.fgovd_conventions import FGOVD_CONVENTION_PRESETS
+from sparseclip_d2.common.needs import Needs
 
 
 # ---------------------------------------------------------------- RoIAlign coordinates
@@ -166,6 +167,7 @@ class PlantedEncoder(nn.Module):
 
     patch_size = 16
     embed_dim = D
+    needs = Needs()  # the encoder contract: nothing besides the images
 
     def __init__(self):
         super().__init__()

@@ -247,7 +247,7 @@ def test_fsa_keys_take_effect_through_the_meta_arch():
     (dict(_ON, **{"MODEL.SPARSECLIP.PROXY.FSA.UNIFORM_SCALE": "0.0"}), r"FSA\.UNIFORM_SCALE = 0\.0 is invalid"),
     (dict(_ON, **{"MODEL.SPARSECLIP.PROXY.FSA.NORMALIZER": "softmin"}),
      r"FSA\.NORMALIZER: unknown attention normalizer 'softmin'; valid: .*top_p"),
-    (dict(_ON, **{"TEST.TTA.MODE": "itaclip"}), r"TEST\.TTA\.MODE = 'itaclip' with .*FSA\.ENABLED"),
+    (dict(_ON, **{"TEST.TTA.MODE": "itaclip"}), r"TEST\.TTA\.MODE cannot be combined with MODEL\.SPARSECLIP\.PROXY\.FSA\.ENABLED: the encoder needs the class texts"),
     ({"MODEL.SPARSECLIP.PROXY.NAME": DINO, "MODEL.SPARSECLIP.FEEDBACK.ENABLED": "True"}, r"FEEDBACK\.ENABLED True"),
 ])
 def test_bad_fsa_keys_are_refused_before_any_model_is_built(opts, match, monkeypatch):

@@ -16,7 +16,7 @@ from detectron2.config import get_cfg
 from detectron2.modeling import build_model
 
 from sparseclip_d2.config import check_sparseclip_config
-from sparseclip_d2.modeling import sliding_window
+from sparseclip_d2.dense import windows as sliding_window
 from sparseclip_d2.modeling.backbone import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]

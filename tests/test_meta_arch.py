@@ -5,8 +5,6 @@ import os
 import numpy as np
 import pytest
 import torch
-
-from sparseclip_d2.common.needs import Needs
 import torch.nn.functional as F
 from PIL import Image
 from torch import nn
@@ -14,6 +12,7 @@ from torch import nn
 import sparseclip_d2  # noqa: F401  (registers everything)
 from conftest import tiny_cfg
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, TextClassifier
+from sparseclip_d2.common.needs import Needs
 from sparseclip_d2.modeling import SparseCLIP, class_scores, dense_logits, symmetric_pad, window_grid
 
 

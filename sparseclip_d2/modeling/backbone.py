@@ -216,7 +216,8 @@ class SparseCLIPBackbone(Backbone):
             out_feature: name of the output feature.
         """
         super().__init__()
-        refuse_feedback_spec(encoder.spec, "SparseCLIPBackbone")
+        if encoder.needs.first_segmentation:  # the encoder contract (common/needs.py)
+            refuse_feedback_spec(encoder.spec, "SparseCLIPBackbone")
         self.encoder = encoder
         for p in self.encoder.parameters():
             p.requires_grad_(False)

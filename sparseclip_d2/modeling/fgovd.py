@@ -269,7 +269,8 @@ class SparseCLIPFGOVD(nn.Module):
             random_weights: the CLIP weights are random (recorded).
         """
         super().__init__()
-        refuse_feedback_spec(encoder.spec, "FG-OVD (SparseCLIPFGOVD)")
+        if encoder.needs.first_segmentation:  # the encoder contract (common/needs.py)
+            refuse_feedback_spec(encoder.spec, "FG-OVD (SparseCLIPFGOVD)")
         if protocol not in FGOVD_PROTOCOLS:
             raise ValueError(f"unknown MODEL.SPARSECLIP.FGOVD.PROTOCOL {protocol!r}; valid: {', '.join(FGOVD_PROTOCOLS)}")
         if int(resolution) < 1 or int(pooler_resolution) < 1:
