@@ -82,7 +82,7 @@ if [[ -x "$VENV/bin/python" ]]; then
   fi
 fi
 
-# A font for CJK class names in the overlays (sparseclip_d2/utils/visualize.py FALLBACK_FONTS):
+# A font for CJK class names in the overlays (sparseclip_d2/utils/overlays.py FALLBACK_FONTS):
 # Debian's fonts-wqy-microhei (about 5 MB) where apt-get can install it; otherwise a note
 # (the figures then draw such names as boxes and log a warning naming the characters).
 install_cjk_font() {

@@ -156,7 +156,7 @@ def add_sparseclip_config(cfg):
 
     # A second frozen backbone whose features give the last block its attention (ProxyCLIP;
     # sparseclip_d2.proxy, docs/architecture.md "The second backbone"). NAME "" = none.
-    # Keys and comments: ProxyOptions (sparseclip_d2/proxy/backbone.py) and PROXY_SECTION (proxy/config.py).
+    # Keys and comments: ProxyOptions (sparseclip_d2/proxy/second_backbone.py) and PROXY_SECTION (proxy/keys.py).
     _C.MODEL.SPARSECLIP.PROXY = build_section(CN, sections.PROXY_SECTION)
     # FSA's feedback attention on the proxy last block (sparseclip_d2/proxy/fsa.py; chi-chi-zx/FSA
     # @ dbd2da5 open_clip/transformer.py custom_attn / FSA / SparseAtten / attend_v_ens).
@@ -177,7 +177,7 @@ def add_sparseclip_config(cfg):
     # open_clip/transformer.py guidance_attn / get_sam_sim): the proxy (DINO B/16) attends on
     # sub-windows spliced onto the whole image, then SAM's last global attention aggregates.
     # Needs TEST.SLIDING_WINDOW.ENABLED False (the encoder windows the image itself).
-    # Keys and comments: TridentSettings and TRIDENT_SECTION (proxy/trident_config.py).
+    # Keys and comments: TridentSettings and TRIDENT_SECTION (proxy/trident_keys.py).
     _C.MODEL.SPARSECLIP.PROXY.TRIDENT = build_section(CN, sections.TRIDENT_SECTION)
     # CorrCLIP on the proxy last block (sparseclip_d2/proxy/corrclip.py; zdk258/CorrCLIP @ 103bc18
     # CorrCLIPv1/open_clip/transformer.py VisionTransformer.forward, corrclip_segmentor.py).
@@ -399,9 +399,9 @@ def _part_sections():
     from .clip.object_presence import OBJECT_PRESENCE_SECTION
     from .dense.cluster_vote import CLUSTER_VOTE_SECTION
     from .dense.first_segmentation import FEEDBACK_SECTION
-    from .propagation.config import LABEL_PROPAGATION_SECTION, VFM_SECTION
-    from .proxy.config import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
-    from .proxy.trident_config import TRIDENT_SECTION
+    from .propagation.keys import LABEL_PROPAGATION_SECTION, VFM_SECTION
+    from .proxy.keys import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
+    from .proxy.trident_keys import TRIDENT_SECTION
 
     return SimpleNamespace(PROXY_SECTION=PROXY_SECTION, FSA_SECTION=FSA_SECTION, CASS_SECTION=CASS_SECTION,
                            CORRCLIP_SECTION=CORRCLIP_SECTION, TRIDENT_SECTION=TRIDENT_SECTION,
@@ -454,7 +454,7 @@ def check_sparseclip_config(cfg) -> None:
         parse_hf_pretrained(sc.CLIP.PRETRAINED)
     except (ValueError, FileNotFoundError) as e:
         raise ValueError(f"MODEL.SPARSECLIP.CLIP.NAME / PRETRAINED: {e}") from None
-    from .proxy.config import check_proxy_config
+    from .proxy.keys import check_proxy_config
 
     check_proxy_config(cfg)  # MODEL.SPARSECLIP.PROXY.*
     _check_number("INPUT.CENTER_CROP_TEST", cfg.INPUT.CENTER_CROP_TEST, 0, inf, integer=True)

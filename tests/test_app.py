@@ -148,7 +148,7 @@ def test_outputs_equal_the_predictor(app, photo):
     # The overlay picture: the two 500x375 overlays side by side, 8 white pixels apart, each
     # the overlay of that method's Predictor labels (JPEG: close, and closer than the other's).
     from sparseclip_d2.app.render import probability_panel
-    from sparseclip_d2.utils.visualize import RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay
+    from sparseclip_d2.utils.overlays import RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay
 
     picture = np.asarray(Image.open(overlays).convert("RGB"))
     assert picture.shape == (375, 2 * 500 + 8, 3)

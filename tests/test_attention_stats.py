@@ -213,7 +213,7 @@ def test_statistics_and_attention_figure_on_a_siglip_tower():
     from detectron2.modeling import build_model
 
     from conftest import tiny_cfg
-    from sparseclip_d2.analysis.visualize import query_attention
+    from sparseclip_d2.analysis.attention_figures import query_attention
     from sparseclip_d2.clip import parse_attention_spec
     from sparseclip_d2.data.mapper import SparseCLIPTestMapper
 

@@ -412,7 +412,7 @@ def test_cass_and_object_presence_through_the_meta_arch():
       "MODEL.SPARSECLIP.PROXY.NAME": DINO, "MODEL.SPARSECLIP.BLOCK.FFN": "False"}, r"GLOBAL = 'window' reads"),
 ])
 def test_bad_cass_keys_are_refused_before_any_model_is_built(opts, match, monkeypatch):
-    import sparseclip_d2.proxy.config as pc
+    import sparseclip_d2.proxy.keys as pc
     from sparseclip_d2.config import check_sparseclip_config
 
     def no_build(*a, **k):

@@ -42,9 +42,9 @@ def _sections():
     from sparseclip_d2.clip.object_presence import OBJECT_PRESENCE_SECTION
     from sparseclip_d2.dense.cluster_vote import CLUSTER_VOTE_SECTION
     from sparseclip_d2.dense.first_segmentation import FEEDBACK_SECTION
-    from sparseclip_d2.propagation.config import LABEL_PROPAGATION_SECTION, VFM_SECTION
-    from sparseclip_d2.proxy.config import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
-    from sparseclip_d2.proxy.trident_config import TRIDENT_SECTION
+    from sparseclip_d2.propagation.keys import LABEL_PROPAGATION_SECTION, VFM_SECTION
+    from sparseclip_d2.proxy.keys import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
+    from sparseclip_d2.proxy.trident_keys import TRIDENT_SECTION
 
     return [(PROXY_SECTION, "PROXY"), (FSA_SECTION, "PROXY.FSA"), (CASS_SECTION, "PROXY.CASS"),
             (CORRCLIP_SECTION, "PROXY.CORRCLIP"), (TRIDENT_SECTION, "PROXY.TRIDENT"),

@@ -13,7 +13,7 @@ from PIL import Image
 from sparseclip_d2.clip import AttentionSpec
 from sparseclip_d2.data.image_io import ImageReadError, VocabularyError
 from sparseclip_d2.clip import describe_spec, parse_attention_spec, parse_attention_specs
-from sparseclip_d2.utils.visualize import (
+from sparseclip_d2.utils.overlays import (
     class_colors,
     compare_figure,
     draw_overlay,
@@ -304,7 +304,7 @@ def test_compare_titles_wrap_inside_their_panels():
     from matplotlib.figure import Figure
 
     from sparseclip_d2.clip import AttentionSpec, describe_spec
-    from sparseclip_d2.utils.visualize import _TITLE_CHAR_PT, wrap_title
+    from sparseclip_d2.utils.overlays import _TITLE_CHAR_PT, wrap_title
 
     long = "gem\n" + describe_spec(AttentionSpec.preset("gem"))
     width = int(4.0 * 72 / _TITLE_CHAR_PT)
@@ -328,7 +328,7 @@ def test_compare_titles_wrap_inside_their_panels():
 def test_segment_names_inside_the_image_and_off_title_and_legend():
     """Names go to the most interior free point of their class, inside the image, never on
     a reserved box (banner, title, legend) nor on another name."""
-    from sparseclip_d2.utils.visualize import _label_positions
+    from sparseclip_d2.utils.overlays import _label_positions
 
     labels = np.zeros((300, 400), dtype=np.int64)
     labels[:, 200:] = 1
@@ -354,7 +354,7 @@ def test_segment_names_inside_the_image_and_off_title_and_legend():
 
 
 def test_probability_figure_states_how_many_classes(tmp_path):
-    from sparseclip_d2.utils.visualize import probability_figure
+    from sparseclip_d2.utils.overlays import probability_figure
 
     probs = np.random.RandomState(0).rand(20, 30, 40).astype(np.float32)
     fig = probability_figure(probs, [f"c{i}" for i in range(20)], max_classes=12)

@@ -1,7 +1,7 @@
 """Figure options: the attention figure's shared colour scale."""
 import numpy as np
 
-from sparseclip_d2.analysis.visualize import attention_figure
+from sparseclip_d2.analysis.attention_figures import attention_figure
 
 
 def _results():

@@ -265,7 +265,7 @@ def test_bad_fsa_keys_are_refused_before_any_model_is_built(opts, match, monkeyp
 def test_fsa_configs_select_upstreams_values():
     """configs/baselines/fsa_b16*.yaml: FSA's values (chi-chi-zx/FSA @ dbd2da5 FSA_Proxy_segmentor.py,
     configs/cfg_*.py, hyper_param.txt) on ProxyCLIP's protocol, each accepted by the checks."""
-    from sparseclip_d2.proxy.config import check_proxy_config, fsa_settings_from_config
+    from sparseclip_d2.proxy.keys import check_proxy_config, fsa_settings_from_config
 
     from conftest import baseline_cfg
 

@@ -359,12 +359,12 @@ def test_label_propagation_keys_reach_the_model():
 ])
 def test_bad_label_propagation_keys_are_refused_before_any_model_is_built(opts, error, match, monkeypatch):
     from sparseclip_d2.config import check_sparseclip_config
-    from sparseclip_d2.proxy import backbone
+    from sparseclip_d2.proxy import second_backbone
 
     base = {"MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND": "lposs", "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.NAME": TINY_VFM,
             "MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS": "none"}
     base.update(opts)
-    monkeypatch.setattr(backbone, "build_proxy", lambda *a, **k: pytest.fail("a VFM was built"))
+    monkeypatch.setattr(second_backbone, "build_proxy", lambda *a, **k: pytest.fail("a VFM was built"))
     with pytest.raises(error, match=match):
         check_sparseclip_config(tiny_cfg(**base))
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from sparseclip_d2.utils import visualize as vis
-from sparseclip_d2.utils.visualize import RANDOM_WEIGHTS_BANNER, draw_overlay
+from sparseclip_d2.utils import overlays as vis
+from sparseclip_d2.utils.overlays import RANDOM_WEIGHTS_BANNER, draw_overlay
 
 
 def covered_rows(overlay, image):

@@ -65,7 +65,7 @@ def test_query_attention_stats_match_definition(tiny_clip):
     """Softmax rows are full (support = L); a query outside the image is rejected."""
     import numpy as np
 
-    from sparseclip_d2.analysis.visualize import query_attention
+    from sparseclip_d2.analysis.attention_figures import query_attention
     from sparseclip_d2.clip import parse_attention_spec as parse_spec
 
     model = tiny_clip[0]

@@ -120,7 +120,7 @@ def test_position_embedding_modes():
     import numpy as np
     from PIL import Image
 
-    from sparseclip_d2.proxy.backbone import resize_pos_grid
+    from sparseclip_d2.proxy.second_backbone import resize_pos_grid
 
     p = torch.randn(37 * 37, 8, generator=torch.Generator().manual_seed(11))
     g = p.reshape(37, 37, 8).numpy()
@@ -352,7 +352,7 @@ def test_proxyclip_configs_select_upstreams_values():
     import glob
     import os
 
-    from sparseclip_d2.proxy.config import check_proxy_config
+    from sparseclip_d2.proxy.keys import check_proxy_config
 
     from conftest import baseline_cfg
 

@@ -140,7 +140,7 @@ def test_no_second_spec_parser():
     """The grammar lives in clip/spec.py only (issue 17 point 4)."""
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sparseclip_d2")
     assert not os.path.exists(os.path.join(root, "utils", "specs.py"))
-    import sparseclip_d2.analysis.visualize as vis
+    import sparseclip_d2.analysis.attention_figures as vis
 
     assert not hasattr(vis, "parse_spec")
 

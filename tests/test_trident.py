@@ -462,7 +462,7 @@ def test_sam_messages_name_the_trident_keys(tmp_path, caplog):
     does not fit name them (``key_name`` joins a ``_`` prefix without a dot)."""
     import logging
 
-    from sparseclip_d2.proxy.backbone import key_name
+    from sparseclip_d2.proxy.second_backbone import key_name
 
     assert key_name("MODEL.SPARSECLIP.PROXY", "WEIGHTS") == "MODEL.SPARSECLIP.PROXY.WEIGHTS"
     assert key_name("MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_", "WEIGHTS") == "MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS"

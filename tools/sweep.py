@@ -26,7 +26,7 @@ those files. ``--rerun`` runs finished combinations again. TensorBoard:
 Launchers: ``--launcher local`` (default; ``--num-gpus N`` runs N at a time) or
 ``--launcher submitit --submitit-executor {slurm,local,debug}`` (default slurm), with the
 cluster settings from the sweep file's ``launcher:`` mapping or the flags below. The sweep
-file format is documented in ``sparseclip_d2/sweeps/spec.py``, running on a cluster in
+file format is documented in ``sparseclip_d2/sweeps/sweep_file.py``, running on a cluster in
 ``docs/sweeps.md``.
 """
 import argparse

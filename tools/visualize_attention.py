@@ -18,7 +18,7 @@ import sys
 
 from matplotlib.figure import Figure
 
-from sparseclip_d2.analysis.visualize import DEFAULT_SPECS, attention_figure, query_attention
+from sparseclip_d2.analysis.attention_figures import DEFAULT_SPECS, attention_figure, query_attention
 from sparseclip_d2.clip import build_clip, is_random_weights, parse_attention_spec
 from sparseclip_d2.data.image_io import read_image_rgb
 

@@ -26,14 +26,14 @@ with quiet_library_imports():
     import detectron2.data  # noqa: F401
 
 from ..analysis.patch_attention import attention_at  # noqa: E402
-from ..analysis.visualize import attention_figure  # noqa: E402
+from ..analysis.attention_figures import attention_figure  # noqa: E402
 from ..cli.demo import DEFAULT_CONFIG, ProbabilityWriter, write_probability_metadata  # noqa: E402
 from ..clip.spec import PRESETS, parse_attention_spec  # noqa: E402
 from ..data.image_io import parse_vocabulary, read_image_rgb  # noqa: E402
 from ..model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
 from ..modeling.postprocess import ScoreMaps  # noqa: E402
 from ..predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
-from ..utils.visualize import RANDOM_WEIGHTS_BANNER, save_label_map  # noqa: E402
+from ..utils.overlays import RANDOM_WEIGHTS_BANNER, save_label_map  # noqa: E402
 from .render import (  # noqa: E402
     downscale_photo, grid_columns, method_overlay, probability_panel, save_jpeg, save_png, tile_images)
 

@@ -8,7 +8,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from ..modeling.postprocess import ScoreMaps
-from ..utils.visualize import BANNER_COLOR, class_colors, draw_overlay, font_path_for, load_font
+from ..utils.overlays import BANNER_COLOR, class_colors, draw_overlay, font_path_for, load_font
 
 __all__ = ["DISPLAY_SIDE", "downscale_photo", "method_overlay", "grid_columns", "tile_images", "probability_panel",
            "save_png", "save_jpeg"]
@@ -42,7 +42,7 @@ def _nearest(labels: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
 def method_overlay(display: np.ndarray, labels: np.ndarray, names: Sequence[str], num_classes: int, *,
                    banner: Optional[str], title: str) -> np.ndarray:
     """One method's overlay on the shown photo ``display``: its label map (at the photo's size)
-    sampled to the shown size, coloured by class (:func:`~sparseclip_d2.utils.visualize.class_colors`
+    sampled to the shown size, coloured by class (:func:`~sparseclip_d2.utils.overlays.class_colors`
     of ``num_classes``), with a legend, ``title`` and ``banner``."""
     return draw_overlay(display, _nearest(labels, display.shape[:2]), names, colors=class_colors(num_classes),
                         banner=banner, title=title)

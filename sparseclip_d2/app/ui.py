@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence
 from ..cli.demo import DEFAULT_CONFIG
 from ..clip.spec import NORMALIZER_REGISTRY
 from ..data import available_class_name_files
-from ..utils.visualize import BANNER_COLOR, RANDOM_WEIGHTS_BANNER
+from ..utils.overlays import BANNER_COLOR, RANDOM_WEIGHTS_BANNER
 from .engine import SAMPLE_PHOTOS, STATS_HEADERS, AppEngine, AppError, method_choices
 
 __all__ = ["build_app", "spec_from_controls", "SOURCES"]

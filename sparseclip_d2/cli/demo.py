@@ -84,7 +84,7 @@ from ..clip import AttentionSpec, describe_spec, parse_attention_specs
 from ..data import display_name
 from ..data.image_io import ImageReadError, read_image_rgb, parse_vocabulary
 from ..predictor import Predictor, build_config, resolve_vocabulary as resolve_vocabulary_value
-from ..utils.visualize import (
+from ..utils.overlays import (
     RANDOM_WEIGHTS_BANNER,
     class_colors,
     compare_figure,

@@ -66,7 +66,7 @@ class RegionVoteStage(Stage):
 
     @classmethod
     def settings_from_config(cls, cfg):
-        from ..proxy.config import corrclip_settings_from_config
+        from ..proxy.keys import corrclip_settings_from_config
 
         if not cfg.MODEL.SPARSECLIP.PROXY.NAME:
             return None

@@ -30,13 +30,13 @@ class LabelPropagationStage(Stage):
 
     @classmethod
     def settings_from_config(cls, cfg):
-        from ..propagation.config import check_label_propagation_config
+        from ..propagation.keys import check_label_propagation_config
 
         return check_label_propagation_config(cfg)
 
     @classmethod
     def from_config(cls, cfg, clip):
-        from ..propagation.config import build_label_propagation
+        from ..propagation.keys import build_label_propagation
 
         if cls.settings_from_config(cfg) is None:
             return None

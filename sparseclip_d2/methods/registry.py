@@ -251,7 +251,7 @@ def plan_from_config(cfg) -> PipelinePlan:
 
 def _config_encoder_needs(cfg) -> Tuple[Needs, str]:
     """The encoder's needs as the config tells them before it is built, and the key naming it."""
-    from ..proxy.config import encoder_needs_from_config
+    from ..proxy.keys import encoder_needs_from_config
 
     return encoder_needs_from_config(cfg)
 

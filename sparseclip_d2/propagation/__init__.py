@@ -4,7 +4,7 @@
   their normalisation and the batched conjugate-gradient solve (numpy / scipy / faiss).
 - :mod:`.lposs`: :class:`LabelPropagation` (the VFM and the stages, joint across windows),
   :class:`LabelPropagationSettings`, the stage registry.
-- :mod:`.config`: ``MODEL.SPARSECLIP.LABEL_PROPAGATION.*`` read and validated (no detectron2 import).
+- :mod:`.keys`: ``MODEL.SPARSECLIP.LABEL_PROPAGATION.*`` read and validated (no detectron2 import).
 
 See docs/architecture.md ("Label propagation").
 """

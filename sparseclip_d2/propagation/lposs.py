@@ -30,7 +30,7 @@ from fvcore.common.registry import Registry
 from torch import nn
 
 from ..common.keys import key_field
-from ..proxy.backbone import ProxyBackbone, lcm, to_proxy_input
+from ..proxy.second_backbone import ProxyBackbone, lcm, to_proxy_input
 from .graph import (conjugate_gradient, knn_affinity, normalized_affinity, patch_centres, pixel_affinity,
                     propagation_operator)
 

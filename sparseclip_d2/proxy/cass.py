@@ -38,7 +38,7 @@ from ..attention.spectral import SVD_METHODS, combine_graphs, get_head_matching,
 from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ..clip.spec import AttentionSpec
 from ..common.keys import key_field
-from .backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
+from .second_backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
 
 __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_settings", "check_cass_spec",
            "cass_proxy_input", "CASSEncoder"]
@@ -49,7 +49,7 @@ __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_set
 #: ``clip/model.py`` ``forward``: PIL ``resize((min side, min side))``, bicubic; ``dino_attention.py``:
 #: ``ToTensor``, ImageNet ``Normalize``, cropped to multiples of the patch); ``exact`` = the
 #: window un-normalised with CLIP's mean/std and ImageNet-normalised at its own size
-#: (:func:`~.backbone.to_proxy_input`).
+#: (:func:`~.second_backbone.to_proxy_input`).
 CASS_INPUTS = ("upstream", "exact")
 #: dtype of the proxy keys and their graph (``PROXY.CASS.KEY_PRECISION``): upstream casts DINO's
 #: qkv to fp16 (``clip/model.py`` ``dino_attn = dino_attn.half()``) and builds the graph in it.
@@ -154,7 +154,7 @@ def cass_proxy_input(window: torch.Tensor, clip_mean, clip_std, proxy: ProxyBack
     ``astype('uint8')``), resized to a square of the short side by PIL's bicubic on those uint8
     pixels, as upstream calls it (the identity for square windows), ``/ 255``,
     ImageNet-normalised, cropped at the bottom/right to multiples of the proxy's patch.
-    ``exact``: :func:`~.backbone.to_proxy_input` at the window's size.
+    ``exact``: :func:`~.second_backbone.to_proxy_input` at the window's size.
     """
     if mode == "exact":
         return to_proxy_input(window[None], clip_mean, clip_std, proxy, tuple(window.shape[-2:]))
@@ -185,7 +185,7 @@ class CASSEncoder(DenseCLIPEncoder):
             ``prior_std`` (upstream gaussian, 5), ``normalizer`` / ``alpha`` / ``temperature``
             (upstream softmax, 1), ``residual`` / ``ffn`` (upstream neither); see
             :func:`check_cass_spec`.
-        proxy: the frozen :class:`~.backbone.ProxyBackbone` (``feature`` ``keys``; its channel
+        proxy: the frozen :class:`~.second_backbone.ProxyBackbone` (``feature`` ``keys``; its channel
             count must equal CLIP's width: upstream splits them into CLIP's heads).
         cass: :class:`CASSSettings`.
         pos_embed_interp, attn_pool_dense: as for ``DenseCLIPEncoder``.

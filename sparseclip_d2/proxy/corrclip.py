@@ -41,7 +41,7 @@ from ..clip.encoder import EncoderPass, check_pass_inputs
 from ..common.keys import key_field
 from ..common.needs import Needs
 from .attention import resample_grid
-from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
+from .proxyclip import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = [
     "CorrCLIPSettings", "check_corrclip_settings", "REGION_RESTRICTION_REGISTRY", "restrict_to_regions",
@@ -313,7 +313,7 @@ def _nearest(labels: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- the encoder
 class CorrCLIPEncoder(ProxyCLIPEncoder):
-    """CorrCLIP's last block on a :class:`~.encoder.ProxyCLIPEncoder` (see the module).
+    """CorrCLIP's last block on a :class:`~.proxyclip.ProxyCLIPEncoder` (see the module).
 
     Args:
         visual, spec, proxy, crop_size, pos_embed_interp, attn_pool_dense: as for
@@ -374,7 +374,7 @@ class CorrCLIPEncoder(ProxyCLIPEncoder):
         """``(weights (B, N', N') float32, proxy grid (h', w'), merged labels (B, h', w'))``."""
         _, _, H, W = images.shape
         size = self.proxy.input_size(H, W, self.crop_size)
-        from .backbone import to_proxy_input
+        from .second_backbone import to_proxy_input
 
         feats = self.proxy(to_proxy_input(images, self.image_mean, self.image_std, self.proxy, size))
         B, C, h, w = feats.shape

@@ -2,7 +2,7 @@
 
 chi-chi-zx/FSA @ dbd2da5 ``open_clip/transformer.py`` (``custom_attn``, ``FSA``,
 ``SparseAtten``, ``kl_divergence``, ``attend_v_ens``, ``compute_logits``): after ProxyCLIP's
-proxy attention ``A_vfm`` (:class:`~.encoder.ProxyCLIPEncoder`),
+proxy attention ``A_vfm`` (:class:`~.proxyclip.ProxyCLIPEncoder`),
 
 1. the branch output ``o = out_proj(A_vfm V)`` and the output of a uniform attention
    ``u = out_proj(mean_j V_j)`` are classified (final norm, projection, L2 norm, cosine with
@@ -32,7 +32,7 @@ from ..attention import get_normalizer
 from ..attention.nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask
 from ..common.keys import key_field
 from ..common.needs import Needs
-from .encoder import ProxyCLIPEncoder
+from .proxyclip import ProxyCLIPEncoder
 
 __all__ = ["FSASettings", "check_fsa_settings", "kl_similarity", "fsa_scores", "fsa_ensemble", "FSAEncoder"]
 
@@ -127,7 +127,7 @@ def fsa_ensemble(new: torch.Tensor, vfm: torch.Tensor) -> torch.Tensor:
 class FSAEncoder(ProxyCLIPEncoder):
     """The ProxyCLIP last block with FSA's feedback attention (see the module docstring).
 
-    Args: those of :class:`~.encoder.ProxyCLIPEncoder`, and ``fsa`` (:class:`FSASettings`).
+    Args: those of :class:`~.proxyclip.ProxyCLIPEncoder`, and ``fsa`` (:class:`FSASettings`).
     The class texts are an input of the block: ``forward(images, text_emb=(S, D))`` (the
     META_ARCH passes its classifier's unit synonym embeddings, as upstream passes its
     ``query_features``). The spec's ``normalizer`` / ``alpha`` / ``temperature`` act on the

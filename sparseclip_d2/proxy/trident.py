@@ -21,7 +21,7 @@ YuHengsss/Trident @ a93b346 (``trident.py`` ``get_trident_seg`` / ``get_windowed
    projection follow.
 
 SAM (timm ``samvit_base_patch16``, the key layout of the SAM package ``image_encoder.*`` loads
-through :func:`~.backbone.load_proxy_state_dict`) sees the image as ``SamPredictor.set_image``
+through :func:`~.second_backbone.load_proxy_state_dict`) sees the image as ``SamPredictor.set_image``
 prepares it (:func:`sam_input`); its last block's attention and values come from
 :func:`sam_last_attention`, head by head.
 """
@@ -40,8 +40,8 @@ from torch import nn
 
 from ..clip.spec import AttentionSpec
 from ..common.keys import key_field
-from .backbone import ProxyBackbone, to_proxy_input, uint8_image
-from .encoder import ProxyCLIPEncoder, normalize_proxy_scores
+from .second_backbone import ProxyBackbone, to_proxy_input, uint8_image
+from .proxyclip import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = ["WINDOW_SPLICE_REGISTRY", "GLOBAL_AGGREGATION_REGISTRY", "TridentSettings", "check_trident_settings",
            "trident_resize", "trident_windows", "joint_proxy_scores", "overlap_mean", "sam_threshold",
@@ -354,7 +354,7 @@ class TridentEncoder(ProxyCLIPEncoder):
 
     Args:
         visual, spec, proxy, beta, gamma, pos_embed_interp, attn_pool_dense: as for
-            :class:`~.encoder.ProxyCLIPEncoder` (``proxy``: DINO B/16 upstream; its scores use
+            :class:`~.proxyclip.ProxyCLIPEncoder` (``proxy``: DINO B/16 upstream; its scores use
             one mean over all windows of an image); the spec's normaliser / alpha /
             temperature act on the window attention, ``residual`` / ``ffn`` on the last block.
         sam: the frozen SAM :class:`ProxyBackbone` (``samvit_*``) of the global aggregation.

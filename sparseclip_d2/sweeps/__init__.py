@@ -3,7 +3,7 @@
 
 One module per job, in the order a sweep goes through them:
 
-- :mod:`.spec`: the sweep file format, aliases, expansion of a run's parameters;
+- :mod:`.sweep_file`: the sweep file format, aliases, expansion of a run's parameters;
 - :mod:`.load`: reading a sweep file into runs (``load_sweep``);
 - :mod:`.validate`: checking each run as the run would, before anything runs;
 - :mod:`.identity`: run keys (config, data contents, code, versions, weights);
@@ -23,7 +23,7 @@ from .load import default_hash_cache, load_sweep, sweep_name
 from .records import error_summary, planned_config
 from .run import run_sweep
 from .runner import RunTask, default_train_net, execute_run
-from .spec import ALIASES, BACKBONES, BLOCK_VARIANTS, Sweep, SweepRun, expand_params, load_base_config, \
+from .sweep_file import ALIASES, BACKBONES, BLOCK_VARIANTS, Sweep, SweepRun, expand_params, load_base_config, \
     merge_run_config
 from .store import append_jsonl, finished_keys, read_jsonl
 from .validate import SweepValidationError, validate_config

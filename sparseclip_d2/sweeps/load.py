@@ -1,4 +1,4 @@
-"""Reading a sweep file into a :class:`~sparseclip_d2.sweeps.spec.Sweep`: parse and check its
+"""Reading a sweep file into a :class:`~sparseclip_d2.sweeps.sweep_file.Sweep`: parse and check its
 top level, expand variants x grid into runs, validate each run and give it its run key."""
 import hashlib
 import itertools
@@ -10,7 +10,7 @@ import yaml
 
 from .identity import (HASH_CACHE_FILE, ContentHashes, dataset_identity, datasets_root, environment_identity,
                        run_key, weights_identity)
-from .spec import TOP_LEVEL_KEYS, Sweep, SweepRun, as_config_type, cli_value, expand_params, load_base_config, \
+from .sweep_file import TOP_LEVEL_KEYS, Sweep, SweepRun, as_config_type, cli_value, expand_params, load_base_config, \
     merge_run_config
 from .validate import validate_config
 

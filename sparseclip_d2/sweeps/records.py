@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from .spec import Sweep, SweepRun, load_base_config, merge_run_config
+from .sweep_file import Sweep, SweepRun, load_base_config, merge_run_config
 
 __all__ = ["base_record", "ok_record", "run_error", "error_summary", "config_summary", "dataset_metrics",
            "planned_config"]

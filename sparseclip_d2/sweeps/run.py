@@ -9,7 +9,7 @@ from .launchers import LocalLauncher
 from .progress import PROGRESS_INTERVAL_S, ProgressBoard
 from .records import error_summary
 from .runner import RunTask
-from .spec import Sweep
+from .sweep_file import Sweep
 from .store import RESULTS_FILE, failed_keys, finished_keys, read_jsonl
 from .validate import SweepValidationError
 

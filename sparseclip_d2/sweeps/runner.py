@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from ..common.io import atomic_write_text
 from ..evaluation.progress import PROGRESS_FILE, finish_progress
 from .records import base_record, error_summary, ok_record, run_error
-from .spec import SweepRun, cli_value
+from .sweep_file import SweepRun, cli_value
 from .store import RESULTS_FILE, append_jsonl
 
 __all__ = ["RunTask", "execute_run", "run_dir", "default_train_net", "distributed_args", "first_slurm_host",

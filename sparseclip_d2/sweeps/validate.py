@@ -4,7 +4,7 @@ templates and the datasets (registered). Invalid runs carry their errors and the
 to start (:class:`SweepValidationError`); settings that change nothing are warnings."""
 from typing import List, Sequence, Tuple
 
-from .spec import SweepRun
+from .sweep_file import SweepRun
 
 __all__ = ["SweepValidationError", "validate_config", "model_depth"]
 

@@ -1,2 +1,2 @@
-"""Helpers of the command-line tools: segmentation figures (:mod:`.visualize`). Imported
+"""Helpers of the command-line tools: segmentation figures (:mod:`.overlays`). Imported
 explicitly, not by ``sparseclip_d2``."""

@@ -1,5 +1,5 @@
 """``ProxyCLIPEncoder``: a ``DenseCLIPEncoder`` whose last block attends with weights taken
-from a second frozen backbone (:class:`~sparseclip_d2.proxy.backbone.ProxyBackbone`).
+from a second frozen backbone (:class:`~sparseclip_d2.proxy.second_backbone.ProxyBackbone`).
 
 The last block (ProxyCLIP, mc-lan/ProxyCLIP @ e7b767f ``open_clip/transformer.py``
 ``VisionTransformer.forward`` / ``custom_attn``): the proxy's features of the same window give
@@ -21,7 +21,7 @@ from ..attention import get_normalizer
 from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ..clip.spec import AttentionSpec
 from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
-from .backbone import ProxyBackbone, lcm, to_proxy_input
+from .second_backbone import ProxyBackbone, lcm, to_proxy_input
 
 __all__ = ["ProxyCLIPEncoder", "check_proxy_spec", "describe_proxy_block", "normalize_proxy_scores"]
 

@@ -4,8 +4,8 @@ import os
 from typing import Optional
 
 from ..common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
-from .backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options, is_sam_encoder,
-                       meta_model)
+from .second_backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options,
+                              is_sam_encoder, meta_model)
 from .trident import TridentSettings, check_trident_settings
 
 __all__ = ["TRIDENT_SECTION", "trident_settings_from_config", "check_trident_config", "build_trident_sam"]
@@ -56,7 +56,7 @@ def _sam_options(cfg) -> ProxyOptions:
 @functools.lru_cache(maxsize=None)
 def _is_sam(name: str) -> bool:
     """Whether timm model ``name`` is a SAM image encoder whose last block attends globally
-    (:func:`~sparseclip_d2.proxy.backbone.meta_model`: no memory, no weights)."""
+    (:func:`~sparseclip_d2.proxy.second_backbone.meta_model`: no memory, no weights)."""
     import timm
 
     if not timm.is_model(name):
@@ -91,5 +91,5 @@ def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[Tr
 
 
 def build_trident_sam(cfg, device) -> ProxyBackbone:
-    """The frozen SAM :class:`~.backbone.ProxyBackbone` of ``PROXY.TRIDENT.SAM_*`` on ``device``."""
+    """The frozen SAM :class:`~.second_backbone.ProxyBackbone` of ``PROXY.TRIDENT.SAM_*`` on ``device``."""
     return build_proxy(_sam_options(cfg), device=device, key=f"{KEY}.SAM_")

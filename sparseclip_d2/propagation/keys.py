@@ -4,7 +4,7 @@ import logging
 from typing import Optional, Tuple
 
 from ..common.keys import Section, changed_section_keys, refuse_keys_while_off
-from ..proxy.backbone import ProxyOptions, build_proxy, check_proxy_options
+from ..proxy.second_backbone import ProxyOptions, build_proxy, check_proxy_options
 from .lposs import KEY, PROPAGATION_KINDS, LabelPropagation, LabelPropagationSettings, check_label_propagation_settings
 
 __all__ = ["LABEL_PROPAGATION_SECTION", "VFM_SECTION", "label_propagation_from_config",

@@ -5,8 +5,8 @@ from typing import Optional
 from ..clip.spec import AttentionSpec
 from ..common.keys import Key, Section, changed_section_keys, key_defaults, refuse_keys_while_off
 from .attention import check_beta_gamma
-from .backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
-from .encoder import ProxyCLIPEncoder, check_proxy_spec
+from .second_backbone import PROXY_MODELS, ProxyOptions, build_proxy, check_proxy_options
+from .proxyclip import ProxyCLIPEncoder, check_proxy_spec
 from .fsa import FSAEncoder, FSASettings, check_fsa_settings
 from .cass import CASSEncoder, CASSSettings, check_cass_settings, check_cass_spec
 from .corrclip import CorrCLIPEncoder, CorrCLIPSettings, check_corrclip_settings
@@ -157,7 +157,7 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
         if p.TRIDENT.ENABLED:
             changed.append(f"{KEY}.TRIDENT.ENABLED = True")
         else:
-            from .trident_config import trident_settings_from_config
+            from .trident_keys import trident_settings_from_config
 
             trident_settings_from_config(cfg)  # refuses TRIDENT keys set while it is off
         if p.CORRCLIP.ENABLED:
@@ -167,7 +167,7 @@ def check_proxy_config(cfg) -> Optional[ProxyOptions]:
                              f"{', '.join(PROXY_MODELS)}) or leave these keys at their defaults")
         return None
     check_beta_gamma(p.BETA, p.GAMMA, KEY)
-    from .trident_config import check_trident_config
+    from .trident_keys import check_trident_config
 
     check_trident_config(cfg, opts)  # PROXY.TRIDENT.*
     if fsa_settings_from_config(cfg) is not None:
@@ -230,7 +230,7 @@ def build_proxy_encoder(cfg, visual, device, *, pos_embed_interp: str, attn_pool
                            attn_pool_dense=attn_pool_dense)
     if p.TRIDENT.ENABLED:  # Trident (proxy/trident.py): windows spliced, then SAM's global aggregation
         from .trident import TridentEncoder
-        from .trident_config import build_trident_sam, trident_settings_from_config
+        from .trident_keys import build_trident_sam, trident_settings_from_config
 
         return TridentEncoder(visual, AttentionSpec.from_config(cfg), proxy, sam=build_trident_sam(cfg, device),
                               settings=trident_settings_from_config(cfg), **kw)
