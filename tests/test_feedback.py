@@ -376,6 +376,7 @@ def test_feedback_spec_is_refused_by_the_modules_without_class_embeddings(arch, 
     from detectron2.modeling import build_backbone, build_model
 
     import sparseclip_d2.modeling.backbone as backbone
+    from sparseclip_d2.common.needs import Needs
     from sparseclip_d2.modeling import SparseCLIPBackbone
 
     from conftest import tiny_cfg
@@ -392,6 +393,7 @@ def test_feedback_spec_is_refused_by_the_modules_without_class_embeddings(arch, 
         # and a hand-built module with such an encoder
         encoder = type("E", (torch.nn.Module,), {})()
         encoder.spec, encoder.patch_size, encoder.embed_dim = AttentionSpec.preset("resclip"), 16, 8
+        encoder.needs = Needs(first_segmentation=True)  # the encoder contract (common/needs.py)
         with pytest.raises(ValueError, match="SparseCLIPBackbone cannot run"):
             SparseCLIPBackbone(encoder=encoder)
     else:
