@@ -80,7 +80,7 @@ with quiet_library_imports():
     import detectron2.modeling  # noqa: F401
 from detectron2.utils.logger import setup_logger
 
-from ..clip import AttentionSpec, describe_spec, parse_attention_specs
+from ..clip import AttentionSpec, parse_attention_specs
 from ..data import display_name
 from ..data.image_io import ImageReadError, read_image_rgb, parse_vocabulary
 from ..predictor import Predictor, build_config, resolve_vocabulary as resolve_vocabulary_value

@@ -23,7 +23,6 @@ class Needs:
             ``PATCH_REMAINDER pad_crop``).
         correlation_layer: the part reads the self-correlation map of this block (0-based,
             negative from the end) from the same encoding pass; None = none.
-        raw_image: the part reads the input's uint8 pixels (as RGB / 255) at the working size.
     """
 
     text: bool = False
@@ -31,7 +30,6 @@ class Needs:
     first_segmentation: bool = False
     whole_image: bool = False
     correlation_layer: Optional[int] = None
-    raw_image: bool = False
 
     def side_inputs(self) -> tuple:
         """The names of the per-image side inputs needed (``methods.SIDE_INPUTS``)."""
@@ -45,5 +43,4 @@ class Needs:
         layer = self.correlation_layer if self.correlation_layer is not None else other.correlation_layer
         return Needs(text=self.text or other.text, region_mask=self.region_mask or other.region_mask,
                      first_segmentation=self.first_segmentation or other.first_segmentation,
-                     whole_image=self.whole_image or other.whole_image, correlation_layer=layer,
-                     raw_image=self.raw_image or other.raw_image)
+                     whole_image=self.whole_image or other.whole_image, correlation_layer=layer)

@@ -5,7 +5,6 @@ import torch
 
 from ..clip.text import max_over_synonyms
 from ..dense.windows import dense_logits, symmetric_pad, window_grid
-from ..common.needs import Needs
 from .registry import STAGES, Stage
 
 __all__ = ["LabelPropagationStage"]
@@ -20,7 +19,6 @@ class LabelPropagationStage(Stage):
     kind = "windows"
     key = "MODEL.SPARSECLIP.LABEL_PROPAGATION.KIND"
     records_attention = False
-    needs = Needs(raw_image=True)
     excludes = {"pamr": "the propagated scores replace PAMR's refinement",
                 "cluster_vote": "the propagated scores replace the vote's whole-image logits"}
 

@@ -288,19 +288,6 @@ class SparseCLIP(nn.Module):
         cls = STAGES.get(name)
         return next((st for st in self.stages if type(st) is cls), None)
 
-    def with_encoder(self, encoder: nn.Module) -> "SparseCLIP":
-        """A model with another encoder (an attention variant of the same tower) and the same head,
-        stages, text classifier and text cache (nothing copied)."""
-        other = SparseCLIP.__new__(SparseCLIP)
-        nn.Module.__init__(other)
-        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_modules",)})
-        other._modules = dict(self._modules)
-        other._modules["encoder"] = encoder
-        check_parts((encoder.needs, type(encoder).__name__), other.head, list(other.stages),
-                    sliding_window=other.sliding_window, patch_remainder=other.patch_remainder,
-                    attention_stats=other.attention_stats)
-        return other
-
     def describe(self) -> str:
         """One line: the encoder's attention, then the head and stages that are not the default."""
         parts = [self.encoder.describe()]
@@ -553,11 +540,7 @@ class SparseCLIP(nn.Module):
         """``(3, H, W)`` normalised image -> ``(S, H, W)`` synonym logits of the window loop
         (no side input, no stage)."""
         inputs = ImageInputs({}, [], None, text_emb, torch.zeros(0), image, tuple(image.shape[-2:]))
-        return dense_logits(image, self.window_logits_fn(inputs, attention_sink),
-                            patch_size=int(self.encoder.patch_size),
-                            crop_size=self.crop_size if self.sliding_window else None,
-                            stride=self.stride if self.sliding_window else None,
-                            batch_size=self.window_batch_size, patch_remainder=self.patch_remainder)
+        return self.window_loop(inputs, attention_sink)
 
     def attention_record(self, weights: List[torch.Tensor], image_size: Tuple[int, int]) -> Dict:
         """``output["attention"]`` for the attention-statistics evaluator (per-head weights of
