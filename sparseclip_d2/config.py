@@ -40,7 +40,7 @@ def add_sparseclip_config(cfg):
     from . import register_detectron2_parts
 
     register_detectron2_parts()
-    sections = _part_sections()
+    from .dense.first_segmentation import FEEDBACK_SECTION
     _C = cfg
     _C.MODEL.SPARSECLIP = CN()
     # The CLIP model.
@@ -154,36 +154,6 @@ def add_sparseclip_config(cfg):
     # xmed-lab/CLIP_Surgery @ d4696d4 clip/clip.py clip_feature_surgery(t=2): (prob * 2).softmax(-1)
     _C.MODEL.SPARSECLIP.FEATURE_SURGERY.CLS_SCALE = 2.0
 
-    # A second frozen backbone whose features give the last block its attention (ProxyCLIP;
-    # sparseclip_d2.proxy, docs/architecture.md "The second backbone"). NAME "" = none.
-    # Keys and comments: ProxyOptions (sparseclip_d2/proxy/second_backbone.py) and PROXY_SECTION (proxy/keys.py).
-    _C.MODEL.SPARSECLIP.PROXY = build_section(CN, sections.PROXY_SECTION)
-    # FSA's feedback attention on the proxy last block (sparseclip_d2/proxy/fsa.py; chi-chi-zx/FSA
-    # @ dbd2da5 open_clip/transformer.py custom_attn / FSA / SparseAtten / attend_v_ens).
-    # Keys and comments: FSASettings.
-    _C.MODEL.SPARSECLIP.PROXY.FSA = build_section(CN, sections.FSA_SECTION)
-    # CASS's last block (sparseclip_d2/proxy/cass.py, attention/spectral.py; MICV-yonsei/CASS @
-    # 228ecdd clip/model.py custom_attn / _apply_spectral_strategy / optimal_q /
-    # _scale_singular_values): CLIP's ATTENTION.SOURCE graph combined per head with the proxy's
-    # key graph (PROXY.FEATURE keys), then ATTENTION.PRIOR and ATTENTION.NORMALIZER.
-    # Keys and comments: CASSSettings.
-    _C.MODEL.SPARSECLIP.PROXY.CASS = build_section(CN, sections.CASS_SECTION)
-
-    # CASS's object-presence prompt adjustment, usable with any encoder
-    # (sparseclip_d2/clip/object_presence.py; cass_segmentor.py hierarchical_prompt).
-    # Keys and comments: ObjectPresence.
-    _C.MODEL.SPARSECLIP.OBJECT_PRESENCE = build_section(CN, sections.OBJECT_PRESENCE_SECTION)
-    # Trident (sparseclip_d2/proxy/trident.py; YuHengsss/Trident @ a93b346 trident.py,
-    # open_clip/transformer.py guidance_attn / get_sam_sim): the proxy (DINO B/16) attends on
-    # sub-windows spliced onto the whole image, then SAM's last global attention aggregates.
-    # Needs TEST.SLIDING_WINDOW.ENABLED False (the encoder windows the image itself).
-    # Keys and comments: TridentSettings and TRIDENT_SECTION (proxy/trident_keys.py).
-    _C.MODEL.SPARSECLIP.PROXY.TRIDENT = build_section(CN, sections.TRIDENT_SECTION)
-    # CorrCLIP on the proxy last block (sparseclip_d2/proxy/corrclip.py; zdk258/CorrCLIP @ 103bc18
-    # CorrCLIPv1/open_clip/transformer.py VisionTransformer.forward, corrclip_segmentor.py).
-    # Keys and comments: CorrCLIPSettings.
-    _C.MODEL.SPARSECLIP.PROXY.CORRCLIP = build_section(CN, sections.CORRCLIP_SECTION)
-
     # The text classifier.
     _C.MODEL.SPARSECLIP.TEXT = CN()
     # Prompt templates: "single" ("a photo of a {}."), "openai_imagenet" (80 templates),
@@ -244,7 +214,7 @@ def add_sparseclip_config(cfg):
     # twice, the first pass's segmentation of each window giving a prior P blended into the
     # second pass's scores as SCALE * ((1 - WEIGHT) S + WEIGHT P / max P). Segmentation-only.
     # Keys and comments: FeedbackSettings and FEEDBACK_SECTION (sparseclip_d2/dense/first_segmentation.py).
-    _C.MODEL.SPARSECLIP.FEEDBACK = build_section(CN, sections.FEEDBACK_SECTION)
+    _C.MODEL.SPARSECLIP.FEEDBACK = build_section(CN, FEEDBACK_SECTION)
 
     # The calibrated last block (SC-CLIP, SFP; sparseclip_d2/clip/calibrated.py, any source and
     # normaliser): on when OUTLIER_DETECTOR is not "none", a SIMILARITY_LAYER or
@@ -347,7 +317,7 @@ def add_sparseclip_config(cfg):
     # Windows encoded together per encoder call.
     _C.TEST.SLIDING_WINDOW.BATCH_SIZE = 8
 
-    # Test-time augmentation of each window's logits (sparseclip_d2.dense.tta): "" = none,
+    # Test-time augmentation of each window's logits (sparseclip_d2.methods.itaclip.tta): "" = none,
     # "itaclip" = ITACLIP's image engineering (original + grayscale + blur features averaged,
     # mixed with the flipped windows' logits: WEIGHT * L + (1 - WEIGHT) * L_flip).
     _C.TEST.TTA = CN()
@@ -367,47 +337,29 @@ def add_sparseclip_config(cfg):
     # results.json so a partial number is never mistaken for a full one.
     _C.TEST.MAX_IMAGES = 0
 
-    # CLIPtrase's post-processing (sparseclip_d2/dense/cluster_vote.py), usable with any method:
-    # DBSCAN over the rows of block LAYER's CLS-denoised Q-Q/K-K/V-V cosine map, cluster maps
-    # upsampled UPSAMPLE x and median-filtered (MEDIAN_SIZE), each cluster's pixels take its
-    # majority label. Whole-image inference only; outputs are "sem_seg_labels".
-    # Keys and comments: ClusterVoteSettings (sparseclip_d2/dense/cluster_vote.py).
-    _C.MODEL.SPARSECLIP.CLUSTER_VOTE = build_section(CN, sections.CLUSTER_VOTE_SECTION)
     # Patch logits times the window's CLS logits, per synonym (CLIPtrase's VOC20 rule).
     _C.MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT = False
     # Centre-crop evaluation protocol (CLIPtrase; sparseclip_d2/data/center_crop.py): N > 0 resizes
     # image and ground truth to short side N and scores the centre N x N crop only; 0 disables
     # (replaces INPUT.MIN_SIZE_TEST / RESIZE_MODE when on).
     _C.INPUT.CENTER_CROP_TEST = 0
-    # Label propagation as post-processing of any method (LPOSS / LPOSS+; sparseclip_d2/propagation/,
-    # docs/architecture.md "Label propagation"). Defaults: vladan-stojnic/LPOSS @ e489a74
-    # configs/lposs.yaml and segmentation/evaluation/lposs_eval.py.
-    # Keys and comments: LabelPropagationSettings (sparseclip_d2/propagation/lposs.py; KIND "" = off).
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION = build_section(CN, sections.LABEL_PROPAGATION_SECTION)
-    # The VFM whose features build the patch graph, as MODEL.SPARSECLIP.PROXY.* (its own copy; the
-    # PROXY keys change the last block, these do not): LPOSS's DINO ViT-B/16 (models/lposs/lposs.py
-    # torch.hub dino_vitb16), its last block's values (enc_type_feats: "v"). Keys: ProxyOptions.
-    _C.MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM = build_section(CN, sections.VFM_SECTION)
+    _add_part_sections(_C)
     return cfg
 
 
-def _part_sections():
-    """The config sections built from a part's settings dataclass (``common/keys.py`` Section):
-    each field declares its key and comment there, this function only gathers them."""
-    from types import SimpleNamespace
+def _add_part_sections(cfg) -> None:
+    """Build every section a part registers from its settings dataclass (``methods/registry.py``
+    ``CONFIG_SECTIONS``; each field declares its key and comment there), parents first:
+    ``MODEL.SPARSECLIP.PROXY`` (the second backbone) and the last blocks built on it, the object
+    presence, the cluster vote, label propagation and its VFM."""
+    from .methods import CONFIG_SECTIONS
 
-    from .clip.object_presence import OBJECT_PRESENCE_SECTION
-    from .dense.cluster_vote import CLUSTER_VOTE_SECTION
-    from .dense.first_segmentation import FEEDBACK_SECTION
-    from .propagation.keys import LABEL_PROPAGATION_SECTION, VFM_SECTION
-    from .proxy.keys import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
-    from .proxy.trident_keys import TRIDENT_SECTION
-
-    return SimpleNamespace(PROXY_SECTION=PROXY_SECTION, FSA_SECTION=FSA_SECTION, CASS_SECTION=CASS_SECTION,
-                           CORRCLIP_SECTION=CORRCLIP_SECTION, TRIDENT_SECTION=TRIDENT_SECTION,
-                           OBJECT_PRESENCE_SECTION=OBJECT_PRESENCE_SECTION,
-                           LABEL_PROPAGATION_SECTION=LABEL_PROPAGATION_SECTION, VFM_SECTION=VFM_SECTION,
-                           FEEDBACK_SECTION=FEEDBACK_SECTION, CLUSTER_VOTE_SECTION=CLUSTER_VOTE_SECTION)
+    for path, section in sorted(CONFIG_SECTIONS, key=lambda item: item[0].count(".")):
+        parent, name = path.rsplit(".", 1)
+        node = cfg
+        for part in parent.split("."):
+            node = node[part]
+        node[name] = build_section(CN, section)
 
 
 _check_number = check_number  # the one number check (common/keys.py)
@@ -454,7 +406,7 @@ def check_sparseclip_config(cfg) -> None:
         parse_hf_pretrained(sc.CLIP.PRETRAINED)
     except (ValueError, FileNotFoundError) as e:
         raise ValueError(f"MODEL.SPARSECLIP.CLIP.NAME / PRETRAINED: {e}") from None
-    from .proxy.keys import check_proxy_config
+    from .methods.encoders import check_proxy_config
 
     check_proxy_config(cfg)  # MODEL.SPARSECLIP.PROXY.*
     _check_number("INPUT.CENTER_CROP_TEST", cfg.INPUT.CENTER_CROP_TEST, 0, inf, integer=True)
@@ -464,9 +416,6 @@ def check_sparseclip_config(cfg) -> None:
     _warn_ignored_values(cfg)
 
 
-# Normalisers that ignore ATTENTION.ALPHA (see attention/normalizers.py: softmax uses no
-# alpha, sparsemax is alpha-entmax at alpha = 2 whatever ALPHA says; attention/nucleus.py: top_p).
-_NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax", "top_p")
 _DEFAULT_ALPHA = 1.2  # add_sparseclip_config's ATTENTION.ALPHA
 
 
@@ -481,9 +430,11 @@ def _warn_ignored_values(cfg) -> None:
     """Warnings (once per process each) for values that are valid but do not do what they
     seem to: an ALPHA its NORMALIZER ignores, a MAX_SIZE_TEST below MIN_SIZE_TEST."""
     att = cfg.MODEL.SPARSECLIP.ATTENTION
-    fsa = cfg.MODEL.SPARSECLIP.PROXY.FSA  # FSA's own normaliser reads ALPHA too (proxy/fsa.py)
-    fsa_alpha = bool(fsa.ENABLED and fsa.NORMALIZER and fsa.NORMALIZER not in _NORMALIZERS_WITHOUT_ALPHA)
-    if att.NORMALIZER in _NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA and not fsa_alpha:
+    from .attention.normalizers import NORMALIZERS_WITHOUT_ALPHA
+    from .methods import ENCODERS
+
+    read_elsewhere = any(family.reads_alpha(cfg) for _, family in ENCODERS)  # an encoder's own normaliser
+    if att.NORMALIZER in NORMALIZERS_WITHOUT_ALPHA and float(att.ALPHA) != _DEFAULT_ALPHA and not read_elsewhere:
         _warn_once("MODEL.SPARSECLIP.ATTENTION.ALPHA = %g is ignored by NORMALIZER %s; it applies to "
                    "NORMALIZER entmax (and the random_matched control)%s", att.ALPHA, att.NORMALIZER,
                    "; NORMALIZER sparsemax is alpha 2" if att.NORMALIZER == "sparsemax" else "")

@@ -269,7 +269,7 @@ class Predictor:
             encoder = base
         else:
             try:
-                encoder = base.with_spec(spec)  # a second backbone's encoder keeps it (proxy/proxyclip.py)
+                encoder = base.with_spec(spec)  # a second backbone's encoder keeps it (methods/proxyclip/encoder.py)
             except ValueError as e:
                 raise ValueError(f"attention spec {self.method!r}: {e}") from e
         self.model = SparseCLIP(**dict(self._kwargs, encoder=encoder)).to(torch.device(cfg.MODEL.DEVICE))

@@ -1,5 +1,5 @@
 """CASS (MICV-yonsei/CASS @ 228ecdd): the spectral parts (``attention/spectral.py``), the CASS last
-block (``proxy/cass.py``), the object-presence prompt (``clip/object_presence.py``), the keys
+block (``methods/cass/encoder.py``), the object-presence prompt (``methods/cass/object_presence.py``), the keys
 and configs.
 
 Every part against a hand-written float64 computation or a known answer: spectra (numpy),
@@ -24,7 +24,7 @@ from sparseclip_d2.attention.spectral import (HEAD_MATCHING_REGISTRY, combine_gr
                                               spectral_cost)
 from sparseclip_d2.clip import AttentionSpec, MixOptions
 from sparseclip_d2.proxy import ProxyOptions, build_proxy
-from sparseclip_d2.proxy.cass import CASSEncoder, CASSSettings, cass_proxy_input
+from sparseclip_d2.methods.cass.encoder import CASSEncoder, CASSSettings, cass_proxy_input
 
 from conftest import baseline_cfg, build_tiny_clip, tiny_cfg
 from test_entmax import entmax_bisect_reference  # noqa: E402  (float64 bisection, independent of the kernel)
@@ -302,7 +302,7 @@ def test_cass_refuses_what_it_cannot_honour(clip):
 
 # ------------------------------------------------------------------ object presence
 def test_object_presence_text_and_logits_by_hand():
-    from sparseclip_d2.clip.object_presence import (ObjectPresence, object_presence_logits, object_presence_text,
+    from sparseclip_d2.methods.cass.object_presence import (ObjectPresence, object_presence_logits, object_presence_text,
                                                         text_clusters)
 
     g = torch.Generator().manual_seed(7)
@@ -349,7 +349,7 @@ def _model(**opts):
 def test_cass_and_object_presence_through_the_meta_arch():
     """The keys reach the model; the object-presence logits of the META_ARCH are the part's on
     the encoder's features, with the unmodified tower's CLS of the whole image."""
-    from sparseclip_d2.clip.object_presence import object_presence_logits, text_clusters
+    from sparseclip_d2.methods.cass.object_presence import object_presence_logits, text_clusters
 
     op = {"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True", "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": "0.2",
           "MODEL.SPARSECLIP.OBJECT_PRESENCE.MEAN_WEIGHT": "0.1",
@@ -395,7 +395,7 @@ def test_cass_and_object_presence_through_the_meta_arch():
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.CASS.INPUT": "pil"}), r"CASS\.INPUT = 'pil' is invalid"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FEATURE": "tokens"}), r"FEATURE = 'tokens' .* valid: FEATURE keys"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.BETA": "1.0"}), r"PROXY\.BETA = 1\.0 changes nothing with"),
-    (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"CASS\.ENABLED and .*FSA\.ENABLED"),
+    (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"FSA\.ENABLED and .*CASS\.ENABLED are two different last blocks"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED": "True"}), r"CASS\.ENABLED and .*TRIDENT\.ENABLED"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.ATTENTION.SOURCE": "qq+kk"}), r"ATTENTION\.SOURCE 'qq\+kk'"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.WEIGHTS": "/no/such/dino.pth"}), r"PROXY\.WEIGHTS = '/no/such/dino\.pth'"),
@@ -412,7 +412,7 @@ def test_cass_and_object_presence_through_the_meta_arch():
       "MODEL.SPARSECLIP.PROXY.NAME": DINO, "MODEL.SPARSECLIP.BLOCK.FFN": "False"}, r"GLOBAL = 'window' reads"),
 ])
 def test_bad_cass_keys_are_refused_before_any_model_is_built(opts, match, monkeypatch):
-    import sparseclip_d2.proxy.keys as pc
+    import sparseclip_d2.methods.encoders as pc
     from sparseclip_d2.config import check_sparseclip_config
 
     def no_build(*a, **k):
@@ -468,7 +468,7 @@ def test_object_presence_keeps_no_state_between_images():
     logits do not depend on the image before it, windows encoded without an image context use
     their own embedding (also on a model that never saw an image), and label propagation after
     it gets the image's context too."""
-    from sparseclip_d2.clip.object_presence import object_presence_logits, text_clusters
+    from sparseclip_d2.methods.cass.object_presence import object_presence_logits, text_clusters
 
     op = {"MODEL.SPARSECLIP.OBJECT_PRESENCE.ENABLED": "True", "MODEL.SPARSECLIP.OBJECT_PRESENCE.GLOBAL_WEIGHT": "0.3",
           "MODEL.SPARSECLIP.OBJECT_PRESENCE.CLUSTER_THRESHOLD": "0.3"}

@@ -81,7 +81,7 @@ def test_cliptrase_preset_with_entmax_matches_float64_tower(deep_visual):
 
 # ----------------------------------------------------------------------------- cluster vote
 def _settings(**kw):
-    from sparseclip_d2.dense.cluster_vote import ClusterVoteSettings
+    from sparseclip_d2.methods.cliptrase.cluster_vote import ClusterVoteSettings
 
     return ClusterVoteSettings(**kw)
 
@@ -91,7 +91,7 @@ def test_cluster_assignment_of_two_planted_groups():
     right columns likewise: DBSCAN finds the two groups; with upsample 1 and no median filter
     the cluster maps are the two group indicator maps (their row means), so every pixel of the
     left half takes cluster 0 and of the right half cluster 1 (bilinear resize of a 0/1 step)."""
-    from sparseclip_d2.dense.cluster_vote import cluster_assignment
+    from sparseclip_d2.methods.cliptrase.cluster_vote import cluster_assignment
 
     h = w = 4
     left = torch.tensor([[c < 2 for c in range(w)] for _ in range(h)], dtype=torch.float32).flatten()
@@ -106,7 +106,7 @@ def test_cluster_assignment_of_two_planted_groups():
 def test_cluster_assignment_padding_and_median_filter():
     """With padding the cluster maps are resized to the padded image and cropped back; the
     median filter (size 3) removes a one-patch spike of a cluster map that wins without it."""
-    from sparseclip_d2.dense.cluster_vote import cluster_assignment
+    from sparseclip_d2.methods.cliptrase.cluster_vote import cluster_assignment
 
     h, w = 3, 4
     left = torch.tensor([True, True, False, False] * 3)
@@ -125,7 +125,7 @@ def test_cluster_assignment_padding_and_median_filter():
 
 
 def test_majority_vote_hand_example():
-    from sparseclip_d2.dense.cluster_vote import majority_vote
+    from sparseclip_d2.methods.cliptrase.cluster_vote import majority_vote
 
     labels = torch.tensor([[1, 1, 2, 3],
                            [1, 2, 3, 3],
@@ -222,7 +222,7 @@ def test_cluster_vote_through_the_model_is_the_vote_of_its_own_labels():
     db = DBSCAN(eps=1.1, min_samples=2).fit_predict(den.float().numpy())
     assert len(set(db.tolist()) - {-1}) >= 2, "the planted test needs clusters"
     # each output pixel's cluster region: the vote makes labels constant within it
-    from sparseclip_d2.dense.cluster_vote import cluster_assignment
+    from sparseclip_d2.methods.cliptrase.cluster_vote import cluster_assignment
 
     a = cluster_assignment(cls_denoised_correlation(self_correlation_map(*model.encoder.block_qkv(
         -1, p.taps[1], p.grid)))[0], p.grid, model.stage("cluster_vote").settings, (64, 80))

@@ -39,12 +39,15 @@ def test_every_section_refuses_its_keys_while_off():
 
 
 def _sections():
-    from sparseclip_d2.clip.object_presence import OBJECT_PRESENCE_SECTION
-    from sparseclip_d2.dense.cluster_vote import CLUSTER_VOTE_SECTION
+    from sparseclip_d2.methods.cass.object_presence import OBJECT_PRESENCE_SECTION
+    from sparseclip_d2.methods.cliptrase.cluster_vote import CLUSTER_VOTE_SECTION
     from sparseclip_d2.dense.first_segmentation import FEEDBACK_SECTION
-    from sparseclip_d2.propagation.keys import LABEL_PROPAGATION_SECTION, VFM_SECTION
-    from sparseclip_d2.proxy.keys import CASS_SECTION, CORRCLIP_SECTION, FSA_SECTION, PROXY_SECTION
-    from sparseclip_d2.proxy.trident_keys import TRIDENT_SECTION
+    from sparseclip_d2.methods.lposs.keys import LABEL_PROPAGATION_SECTION, VFM_SECTION
+    from sparseclip_d2.methods.cass.keys import CASS_SECTION
+    from sparseclip_d2.methods.corrclip.keys import CORRCLIP_SECTION
+    from sparseclip_d2.methods.fsa.keys import FSA_SECTION
+    from sparseclip_d2.proxy.keys import PROXY_SECTION
+    from sparseclip_d2.methods.trident.keys import TRIDENT_SECTION
 
     return [(PROXY_SECTION, "PROXY"), (FSA_SECTION, "PROXY.FSA"), (CASS_SECTION, "PROXY.CASS"),
             (CORRCLIP_SECTION, "PROXY.CORRCLIP"), (TRIDENT_SECTION, "PROXY.TRIDENT"),

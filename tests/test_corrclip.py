@@ -1,4 +1,4 @@
-"""CorrCLIP's parts (``sparseclip_d2.proxy.corrclip``, ``methods/corrclip.py``).
+"""CorrCLIP's parts (``sparseclip_d2.methods.corrclip.encoder``, ``methods/corrclip/parts.py``).
 
 Each part against a hand-written float64 computation: the region restriction (both registered
 rules) by loops over token pairs, the DBSCAN region merge against connected components of the
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from sparseclip_d2.clip import AttentionSpec, build_clip
 from sparseclip_d2.proxy import ProxyOptions, build_proxy, to_proxy_input
-from sparseclip_d2.proxy.corrclip import (CorrCLIPEncoder, CorrCLIPSettings, REGION_RESTRICTION_REGISTRY,
+from sparseclip_d2.methods.corrclip.encoder import (CorrCLIPEncoder, CorrCLIPSettings, REGION_RESTRICTION_REGISTRY,
                                           load_region_mask, merge_regions, region_mode_labels, restrict_to_regions,
                                           upstream_num_spatial, write_region_mask)
 
@@ -318,7 +318,8 @@ def _cfg(mask_dir, **opts):
     ({"MODEL.SPARSECLIP.PROXY.CORRCLIP.TAU": "0.0"}, ValueError, "TAU = 0.0 is invalid; valid: a number > 0"),
     ({"MODEL.SPARSECLIP.PROXY.CORRCLIP.NUM_SPATIAL": "0"}, ValueError, "NUM_SPATIAL = 0 is invalid"),
     ({"MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_MIN_SAMPLES": "0"}, ValueError, "DBSCAN_MIN_SAMPLES = 0 is invalid"),
-    ({"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}, ValueError, "cannot be combined with MODEL.SPARSECLIP.PROXY.FSA"),
+    ({"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}, ValueError,
+     r"PROXY\.FSA\.ENABLED and MODEL\.SPARSECLIP\.PROXY\.CORRCLIP\.ENABLED are two different last blocks"),
     ({"MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED": "True"}, ValueError, "TRIDENT"),
     ({"MODEL.SPARSECLIP.PROXY.CASS.ENABLED": "True"}, ValueError, "CASS"),
     ({"MODEL.SPARSECLIP.BLOCK.FFN": "True"}, ValueError, "cannot be combined with MODEL.SPARSECLIP.BLOCK.FFN"),

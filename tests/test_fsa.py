@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from sparseclip_d2.attention import get_normalizer, nucleus_mask, nucleus_prune
 from sparseclip_d2.clip import AttentionSpec
-from sparseclip_d2.proxy import (FSAEncoder, FSASettings, ProxyCLIPEncoder, fsa_ensemble, fsa_scores,
-                                 kl_similarity)
+from sparseclip_d2.methods.fsa import FSAEncoder, FSASettings, fsa_ensemble, fsa_scores, kl_similarity
+from sparseclip_d2.methods.proxyclip import ProxyCLIPEncoder
 
 from conftest import build_tiny_clip, tiny_cfg
 from test_entmax import entmax_bisect_reference  # noqa: E402  (float64 bisection, independent of the kernel)
@@ -105,7 +105,7 @@ def kl_similarity_reference(patch, uniform):
 
 @pytest.mark.parametrize("block_bytes", [None, 2 * 7 * 4 * 4])  # one block; blocks of 2 rows (the last of 1)
 def test_kl_similarity_scores_and_ensemble_match_float64(block_bytes, monkeypatch):
-    import sparseclip_d2.proxy.fsa as fsa_module
+    import sparseclip_d2.methods.fsa.encoder as fsa_module
 
     if block_bytes:
         monkeypatch.setattr(fsa_module, "_KL_BLOCK_BYTES", block_bytes)
@@ -265,7 +265,8 @@ def test_bad_fsa_keys_are_refused_before_any_model_is_built(opts, match, monkeyp
 def test_fsa_configs_select_upstreams_values():
     """configs/baselines/fsa_b16*.yaml: FSA's values (chi-chi-zx/FSA @ dbd2da5 FSA_Proxy_segmentor.py,
     configs/cfg_*.py, hyper_param.txt) on ProxyCLIP's protocol, each accepted by the checks."""
-    from sparseclip_d2.proxy.keys import check_proxy_config, fsa_settings_from_config
+    from sparseclip_d2.methods.encoders import check_proxy_config
+    from sparseclip_d2.methods.fsa.keys import fsa_settings_from_config
 
     from conftest import baseline_cfg
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from sparseclip_d2.clip import AttentionSpec
 from sparseclip_d2.clip.definitions import load_definitions, mix_definitions
-from sparseclip_d2.dense.tta import close_labels, tta_logits
+from sparseclip_d2.methods.itaclip.tta import close_labels, tta_logits
 from sparseclip_d2.methods.cosine import CosineHead
 
 from conftest import tiny_cfg

@@ -20,9 +20,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import tiny_cfg  # noqa: E402
 from test_methods import _tower64  # noqa: E402  (float64 reference of the tiny tower's blocks)
 
+from sparseclip_d2.methods.lposs import LabelPropagationSettings, propagate_patches, propagate_pixels  # noqa: E402
 from sparseclip_d2.propagation import (  # noqa: E402
-    LabelPropagationSettings, conjugate_gradient, knn_affinity, knn_search, normalized_affinity, patch_centres,
-    pixel_affinity, propagate_patches, propagate_pixels, propagation_operator, rgb_to_lab)
+    conjugate_gradient, knn_affinity, knn_search, normalized_affinity, patch_centres, pixel_affinity,
+    propagation_operator, rgb_to_lab)
 
 TINY_VFM = "sparseclip_tiny_mae"  # timm vit_base_patch16_224's architecture (DINO B/16's), width 64, depth 2
 

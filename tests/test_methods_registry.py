@@ -11,12 +11,14 @@ import torch
 
 from conftest import tiny_cfg
 from sparseclip_d2.common.needs import Needs
-from sparseclip_d2.methods import LOGIT_HEADS, SIDE_INPUTS, STAGES, check_parts, plan_from_config
+from sparseclip_d2.methods import ENCODERS, LOGIT_HEADS, SIDE_INPUTS, STAGES, check_parts, plan_from_config
 from sparseclip_d2.methods.registry import Registry
 
 
 def test_registries_hold_every_part_once():
-    assert [n for n, _ in LOGIT_HEADS] == ["cosine", "tta", "feature_surgery", "cls_product", "object_presence"]
+    assert sorted(n for n, _ in LOGIT_HEADS) == ["cls_product", "cosine", "feature_surgery", "object_presence", "tta"]
+    assert sorted(n for n, _ in ENCODERS) == ["cass", "corrclip", "fsa", "proxyclip", "trident"]
+    assert [n for n, c in ENCODERS if c.default] == ["proxyclip"]
     assert sorted(n for n, _ in STAGES) == ["cluster_vote", "label_closing", "label_propagation", "pamr",
                                             "region_vote"]
     assert [n for n, _ in SIDE_INPUTS] == ["region_mask"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparseclip_d2.attention import attention_weights, cosine_attention_weights, gem_inverse_temperature
+from sparseclip_d2.attention import attention_weights, cosine_attention_weights, adaptive_inverse_temperature
 from sparseclip_d2.clip import AttentionSpec, DenseCLIPEncoder, ParallelOptions, build_clip
 from tiny_models import TINY_TIMM_MODEL_NAMES
 
@@ -176,10 +176,10 @@ def test_main_stream_is_unchanged(tiny64):
 
 
 # ------------------------------------------------------------- known answers
-def test_gem_inverse_temperature_known_answer():
+def test_adaptive_inverse_temperature_known_answer():
     y = torch.tensor([[[3.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], [[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]]])
     # mean norms 2.5 and 1.5, times 4 ** -0.5
-    torch.testing.assert_close(gem_inverse_temperature(y, head_dim=4), torch.tensor([1.25, 0.75]))
+    torch.testing.assert_close(adaptive_inverse_temperature(y, head_dim=4), torch.tensor([1.25, 0.75]))
 
 
 def test_cosine_scores_known_answer():
@@ -350,7 +350,7 @@ def _surgery_elementwise(feats, text, t=2.0):
 
 
 def test_feature_surgery_matches_the_elementwise_form():
-    from sparseclip_d2.clip.surgery import feature_surgery
+    from sparseclip_d2.methods.clip_surgery.surgery import feature_surgery
 
     g = torch.Generator().manual_seed(0)
     feats = F.normalize(torch.randn(1 + 6, 8, generator=g, dtype=torch.float64), dim=-1)

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from sparseclip_d2.attention import NORMALIZER_REGISTRY
 from sparseclip_d2.clip import AttentionSpec
-from sparseclip_d2.proxy import (ProxyCLIPEncoder, ProxyOptions, build_proxy, load_proxy_state_dict,
-                                 proxy_cosine_scores, resample_grid, to_proxy_input)
+from sparseclip_d2.methods.proxyclip import ProxyCLIPEncoder
+from sparseclip_d2.proxy import (ProxyOptions, build_proxy, load_proxy_state_dict, proxy_cosine_scores, resample_grid,
+                                 to_proxy_input)
 
 from conftest import build_tiny_clip, tiny_cfg
 from test_entmax import entmax_bisect_reference  # noqa: E402  (float64 bisection, independent of the kernel)
@@ -352,7 +353,7 @@ def test_proxyclip_configs_select_upstreams_values():
     import glob
     import os
 
-    from sparseclip_d2.proxy.keys import check_proxy_config
+    from sparseclip_d2.methods.encoders import check_proxy_config
 
     from conftest import baseline_cfg
 

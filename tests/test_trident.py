@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from sparseclip_d2.attention import NORMALIZER_REGISTRY
 from sparseclip_d2.clip import AttentionSpec
 from sparseclip_d2.proxy import ProxyOptions, build_proxy, proxy_cosine_scores, to_proxy_input
-from sparseclip_d2.proxy.trident import (GLOBAL_AGGREGATION_REGISTRY, WINDOW_SPLICE_REGISTRY, TridentEncoder,
+from sparseclip_d2.methods.trident.encoder import (GLOBAL_AGGREGATION_REGISTRY, WINDOW_SPLICE_REGISTRY, TridentEncoder,
                                          TridentSettings, joint_proxy_scores, overlap_mean, sam_input,
                                          sam_last_attention, sam_threshold, trident_resize, trident_windows)
 
@@ -403,7 +403,7 @@ def test_trident_keys_take_effect_through_the_meta_arch(tmp_path):
     (dict(TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.STRIDE": "64"}), r"STRIDE = 64 is larger than"),
     (dict(TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_TILES": "0"}), r"SAM_TILES = 0 is invalid"),
     (dict(TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_PRECISION": "fp8"}), r"TRIDENT\.SAM_PRECISION = 'fp8' is invalid; valid: fp32, fp16, bf16"),
-    (dict(TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"FSA\.ENABLED with .*TRIDENT\.ENABLED"),
+    (dict(TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"FSA\.ENABLED and .*TRIDENT\.ENABLED are two different last blocks"),
     (dict(TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.INPUT_SIZE": "64"}), r"the proxy sees each sub-window as it is"),
 ])
 def test_bad_trident_keys_are_refused_before_any_model_is_built(opts, match, monkeypatch):

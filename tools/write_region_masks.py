@@ -30,7 +30,7 @@ def main(argv=None):
     p.add_argument("--grey", type=int, default=16, help="pixels with max - min channel below this are unsegmented")
     a = p.parse_args(argv)
     from sparseclip_d2.data.image_io import read_image_rgb
-    from sparseclip_d2.proxy.corrclip import write_region_mask
+    from sparseclip_d2.methods.corrclip.encoder import write_region_mask
     from sparseclip_d2.proxy.region_partition import grid_brightness_partition
 
     if a.dataset:

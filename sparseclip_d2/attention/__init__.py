@@ -5,7 +5,7 @@ Score sources (:mod:`.sources`), row normalisers (:mod:`.normalizers`), additive
 :func:`mix_attention` (:mod:`.mixing`) blends a block's weights with layers tapped earlier.
 No open_clip or detectron2 import here.
 """
-from .cosine import COSINE_TERMS, QKV_NORMS, check_cosine_source, cosine_attention_weights, gem_inverse_temperature
+from .cosine import COSINE_TERMS, QKV_NORMS, check_cosine_source, cosine_attention_weights, adaptive_inverse_temperature
 from .entmax import ALPHA_RANGE, alpha_entmax, check_alpha
 from .feedback import FEEDBACK_PRECISIONS, blend_feedback, check_feedback_precision, feedback_prior, patch_labels
 from .functional import SUM_MODES, apply_attention, attention_weights
@@ -40,7 +40,7 @@ __all__ = [
     "paper_source_name",
     "support_size",
     "cosine_attention_weights",
-    "gem_inverse_temperature",
+    "adaptive_inverse_temperature",
     "check_cosine_source",
     "COSINE_TERMS",
     "QKV_NORMS",

@@ -4,7 +4,7 @@ iteration loop: ``cosine_attention_weights``.
 For a pair term ``ab`` (``qq``, ``kk``, ``vv``, ``qk``) the scores are
 ``S = cos(a_i, b_j) * s / temperature + prior`` where ``s`` is the inverse temperature:
 a fixed number, or GEM's adaptive one, ``mean_i ||y_i||_2 * d**-0.5`` with ``y`` the block's
-input tokens after its first norm (:func:`gem_inverse_temperature`). With ``iterations``
+input tokens after its first norm (:func:`adaptive_inverse_temperature`). With ``iterations``
 ``n > 0`` every self term ``aa`` first refines its features ``n`` times,
 ``a <- N(cos(a, a) * s / T + prior) @ normalize(a)`` (GEM's ``ss_attn_iter``), and the
 final weights come from the refined features. ``N`` is any registered normaliser (softmax,
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .functional import check_weight_inputs
 from .sources import parse_source
 
-__all__ = ["cosine_attention_weights", "gem_inverse_temperature", "check_cosine_source", "COSINE_TERMS", "QKV_NORMS"]
+__all__ = ["cosine_attention_weights", "adaptive_inverse_temperature", "check_cosine_source", "COSINE_TERMS", "QKV_NORMS"]
 
 #: Pair terms a cosine source can use: term -> (index of a, index of b) in (q, k, v).
 COSINE_TERMS = {"qk": (0, 1), "qq": (0, 0), "kk": (1, 1), "vv": (2, 2)}
@@ -28,7 +28,7 @@ COSINE_TERMS = {"qk": (0, 1), "qq": (0, 0), "kk": (1, 1), "vv": (2, 2)}
 QKV_NORMS = ("none", "l2")
 
 
-def gem_inverse_temperature(y: torch.Tensor, head_dim: int) -> torch.Tensor:
+def adaptive_inverse_temperature(y: torch.Tensor, head_dim: int) -> torch.Tensor:
     """GEM's adaptive inverse temperature: the mean L2 norm of the tokens times ``d**-0.5``.
 
     WalBouss/GEM @ 5fa677c ``gem/gem_utils.py`` ``SelfSelfAttention.forward``:
@@ -82,7 +82,7 @@ def cosine_attention_weights(
         normalizer: a registered normaliser (``softmax``, ``entmax``, ...).
         alpha: entmax alpha.
         inverse_temperature: ``s``, a number or a ``(B,)`` tensor (one per image, e.g.
-            :func:`gem_inverse_temperature`); must be > 0.
+            :func:`adaptive_inverse_temperature`); must be > 0.
         temperature: the scores are also divided by it (> 0).
         iterations: GEM's self-self loop count (>= 0; > 0 needs self terms only).
         prior: optional additive score bias ending in ``(L, L)``.

@@ -22,7 +22,11 @@ from fvcore.common.registry import Registry
 
 from .entmax import alpha_entmax
 
-__all__ = ["NORMALIZER_REGISTRY", "get_normalizer", "support_size"]
+__all__ = ["NORMALIZER_REGISTRY", "NORMALIZERS_WITHOUT_ALPHA", "get_normalizer", "support_size"]
+
+#: Normalisers that ignore ``alpha``: softmax uses none, sparsemax is alpha-entmax at alpha = 2
+#: whatever ``alpha`` says, ``top_p`` (``attention/nucleus.py``) keeps a share of the mass.
+NORMALIZERS_WITHOUT_ALPHA = ("softmax", "sparsemax", "top_p")
 
 NORMALIZER_REGISTRY = Registry("ATTENTION_NORMALIZER")
 NORMALIZER_REGISTRY.__doc__ = """

@@ -161,7 +161,7 @@ def low_rank_graph(graph: torch.Tensor, rank: int, *, method: str = "randomized"
     ``fill_diagonal_(0)``).
 
     ``method`` (:data:`SVD_METHODS`): ``randomized`` draws from the current global torch
-    generator (callers fork and seed it: :class:`~sparseclip_d2.proxy.cass.CASSEncoder`);
+    generator (callers fork and seed it: :class:`~sparseclip_d2.methods.cass.encoder.CASSEncoder`);
     ``exact`` needs no randomness.
     """
     if method not in SVD_METHODS:

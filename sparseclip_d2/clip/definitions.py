@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-__all__ = ["load_definitions", "mix_definitions"]
+__all__ = ["load_definitions", "mix_definitions", "check_definition_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,3 +88,25 @@ def mix_definitions(emb: torch.Tensor, class_index: torch.Tensor, definition_emb
     mixed = (1.0 - w) * emb.float() + w * definition_emb.float()[rows.clamp(min=0)]
     out[keep] = mixed[keep]
     return out
+
+
+def check_definition_options(cfg) -> None:
+    """Validate ``MODEL.SPARSECLIP.TEXT.DEFINITIONS`` / ``DEFINITION_WEIGHT`` (ITACLIP's class
+    definitions); ``ValueError`` / ``FileNotFoundError`` naming the key, the value and the valid
+    choices; a weight without a file is logged."""
+    sc = cfg.MODEL.SPARSECLIP
+    dw = sc.TEXT.DEFINITION_WEIGHT
+    if isinstance(dw, bool) or not isinstance(dw, (int, float)) or not 0.0 <= float(dw) <= 1.0:
+        raise ValueError(f"MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = {dw!r} is invalid; valid: a number in [0, 1]")
+    if sc.TEXT.DEFINITIONS:
+        load_definitions(sc.TEXT.DEFINITIONS)
+        if float(dw) == 0.0:
+            raise ValueError(f"MODEL.SPARSECLIP.TEXT.DEFINITIONS = {sc.TEXT.DEFINITIONS!r} is set but "
+                             "MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT is 0, so it would change nothing; valid: a "
+                             "weight in (0, 1] (ITACLIP: 0.05-0.2)")
+    elif float(dw) != 0.0:
+        # the ITACLIP configs carry upstream's weight; the definitions file is the user's to give
+        logger.warning("MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = %s is unused: no MODEL.SPARSECLIP.TEXT.DEFINITIONS "
+                       "file ('name >=definition' lines, e.g. ITACLIP's llama_generated_texts/<dataset>_*.txt) is "
+                       "given, so no class definitions are mixed in", dw)
+

@@ -383,7 +383,7 @@ class DenseCLIPEncoder(nn.Module):
         counts from the end) computes from ``x``, its input tokens ``(B, L, C)`` (e.g.
         ``forward_pass(..., tap_layers=[layer]).taps[layer]``), with the block's own norm and
         projections (and rotary embeddings for ``grid`` on EVA towers). Used by CLIPtrase's
-        self-correlation map (``dense/cluster_vote.py``)."""
+        self-correlation map (``methods/cliptrase/cluster_vote.py``)."""
         index = self.block_index(layer)
         blk = self._tower.blocks[index]
         rope = self._tower.rope_embed(grid, x.device) if hasattr(self._tower, "rope_embed") else None

@@ -27,7 +27,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..attention import apply_attention, attention_weights, cosine_attention_weights, gem_inverse_temperature
+from ..attention import apply_attention, attention_weights, cosine_attention_weights, adaptive_inverse_temperature
 
 __all__ = ["check_parallel", "run_parallel", "parallel_attention"]
 
@@ -60,7 +60,7 @@ def parallel_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         generator: for ``random_matched``.
     """
     if spec.parallel.qkv_norm == "l2":
-        s = spec.parallel.cosine_scale if spec.parallel.cosine_scale > 0 else gem_inverse_temperature(y, q.shape[-1])
+        s = spec.parallel.cosine_scale if spec.parallel.cosine_scale > 0 else adaptive_inverse_temperature(y, q.shape[-1])
         return cosine_attention_weights(
             q, k, v, source=spec.source, normalizer=spec.normalizer, alpha=spec.alpha, inverse_temperature=s,
             temperature=spec.temperature, iterations=spec.parallel.self_iterations, prior=prior, sum_mode=spec.sum_mode,

@@ -914,7 +914,7 @@ def describe_spec(spec: AttentionSpec) -> str:
 #:   softmax(VV^T s)``, ``s = d**-0.5``, rows summing to 3 (``normalize_then_sum``), residual and FFN
 #:   kept (``ResidualAttentionBlock.forward`` unchanged). Its layer-11 self-correlation, DBSCAN
 #:   cluster vote and VOC20 CLS-logit product are post-processing keys
-#:   (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``, ``CLS_LOGIT_PRODUCT``; ``dense/cluster_vote.py``).
+#:   (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``, ``CLS_LOGIT_PRODUCT``; ``methods/cliptrase/cluster_vote.py``).
 #:
 #: Calibrated-block baselines (:mod:`sparseclip_d2.clip.calibrated`):
 #:

@@ -15,7 +15,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["window_grid", "symmetric_pad", "dense_logits", "PATCH_REMAINDER_MODES"]
+from ..attention.self_correlation import cls_denoised_correlation, self_correlation_map
+
+__all__ = ["window_grid", "symmetric_pad", "dense_logits", "encode_window_logits", "PATCH_REMAINDER_MODES"]
 
 Window = Tuple[int, int, int, int]
 
@@ -167,3 +169,34 @@ def dense_logits(
         raise RuntimeError(f"the window grid left pixels of the {H}x{W} image uncovered "
                            f"(crop_size={crop_size}, stride={stride})")
     return summed / count
+
+
+def encode_window_logits(encoder, images: torch.Tensor, text_emb: torch.Tensor, logit_scale: float, *,
+                         cls_product: bool = False, correlation_layer: Optional[int] = None,
+                         feedback: Optional[Callable] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Patch logits of windows, optionally times the CLS logits, and the windows' self-correlation.
+
+    Args:
+        encoder: a ``DenseCLIPEncoder``.
+        images: ``(N, 3, h*p, w*p)`` normalised windows.
+        text_emb: ``(S, D)`` L2-normalised synonym embeddings.
+        logit_scale: logits = ``logit_scale * cos``.
+        cls_product: multiply each window's patch logits by its CLS logits (per synonym).
+        correlation_layer: also return the CLS-denoised self-correlation of this block's q/k/v.
+        feedback: the first-segmentation callable of a feedback spec (``forward_pass``).
+    Returns:
+        ``(logits (N, S, h, w) float32, corr (N, h*w, h*w) float32 or None)``.
+    """
+    taps = () if correlation_layer is None else (encoder.block_index(correlation_layer),)
+    p = encoder.forward_pass(images, tap_layers=taps, feedback=feedback)
+    feats = F.normalize(encoder.dense_embedding(p.tokens, p.grid).float(), dim=1)
+    logits = logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb.float())
+    if cls_product:
+        cls = F.normalize(encoder.pooled_embedding(p.tokens).float(), dim=-1)
+        logits = logits * (logit_scale * (cls @ text_emb.float().T))[:, :, None, None]
+    corr = None
+    if correlation_layer is not None:
+        q, k, v = encoder.block_qkv(taps[0], p.taps[taps[0]], p.grid)
+        corr = cls_denoised_correlation(self_correlation_map(q, k, v), int(encoder.num_prefix_tokens))
+    return logits, corr
+

@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from ..dense.cluster_vote import encode_window_logits
+from ..dense.windows import encode_window_logits
 from .registry import LOGIT_HEADS, LogitHead
 
 __all__ = ["CosineHead", "cosine_logits"]

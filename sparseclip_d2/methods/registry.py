@@ -29,8 +29,9 @@ from torch import nn
 
 from ..common.needs import Needs
 
-__all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "ImageInputs",
-           "PipelinePlan", "plan_from_config", "check_parts"]
+__all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "STAGE_KINDS",
+           "LogitHead", "Stage", "SideInput", "EncoderFamily", "ImageInputs", "PipelinePlan", "check_parts"]
+
 
 class Registry:
     """Named parts of one kind, in registration order; ``get`` names the valid choices."""
@@ -78,6 +79,14 @@ STAGES.__doc__ = """Post-processing stages, each of one kind in :data:`STAGE_KIN
 SIDE_INPUTS = Registry("side input")
 SIDE_INPUTS.__doc__ = """Per-image inputs besides the image that an encoder declares in its ``needs``
 (``region_mask``), read from the input dict or from a file, and cut into the windows."""
+
+ENCODERS = Registry("second-backbone encoder")
+ENCODERS.__doc__ = """Encoders whose last block is built on the second backbone (``MODEL.SPARSECLIP.PROXY.*``),
+each a :class:`EncoderFamily`; one is the default (built when a proxy is set and no other is on)."""
+
+CONFIG_SECTIONS = Registry("config section")
+CONFIG_SECTIONS.__doc__ = """``{dotted config path: common.keys.Section}`` of the parts' settings: a family registers
+the section its settings dataclass declares, and ``add_sparseclip_config`` builds every one (parents first)."""
 
 #: the stage kinds in the order they run
 STAGE_KINDS = ("windows", "logits", "labels")
@@ -206,6 +215,46 @@ class SideInput:
         raise NotImplementedError
 
 
+class EncoderFamily:
+    """Contract of an encoder family built on the second backbone (registered in :data:`ENCODERS`).
+
+    Declarations: ``key`` (the switch key, named in messages; "" for the default family),
+    ``default`` (built when a proxy is set and no other family is on), ``needs`` (what its
+    encoder needs besides the windows, read before it is built).
+
+    ``switched_on(cfg)``: whether the config turns it on (its switch alone, nothing validated);
+    ``settings_from_config(cfg)``: its validated settings, or None when off (then its other keys
+    must keep their defaults); ``check(cfg, proxy_options, settings)``: what it needs of the rest
+    of the config (a ValueError naming the key and the valid values); ``build(cfg, visual, spec,
+    proxy, settings, crop_size, pos_embed_interp, attn_pool_dense)``: the encoder;
+    ``reads_alpha(cfg)``: whether it reads ``ATTENTION.ALPHA`` beyond the spec's normaliser.
+    """
+
+    key = ""
+    default = False
+    needs = Needs()
+
+    @classmethod
+    def switched_on(cls, cfg) -> bool:
+        return False
+
+    @classmethod
+    def settings_from_config(cls, cfg):
+        return None
+
+    @classmethod
+    def check(cls, cfg, proxy_options, settings) -> None:
+        return None
+
+    @classmethod
+    def build(cls, cfg, visual, spec, proxy, settings, **kw):
+        raise NotImplementedError
+
+    @classmethod
+    def reads_alpha(cls, cfg) -> bool:
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelinePlan:
     """The parts a config switches on, validated, before anything is built: the head's registry
@@ -214,46 +263,6 @@ class PipelinePlan:
     head: str
     head_settings: Any
     stages: Tuple[Tuple[str, Any], ...]
-
-
-def _head_classes():
-    return {name: cls for name, cls in LOGIT_HEADS}
-
-
-def _stage_classes():
-    return {name: cls for name, cls in STAGES}
-
-
-def plan_from_config(cfg) -> PipelinePlan:
-    """Validate every head's and stage's keys and the combination of the parts switched on
-    (:func:`check_parts` with the encoder's needs as far as the config tells them)."""
-    heads = [(name, cls, cls.settings_from_config(cfg)) for name, cls in sorted(_head_classes().items())]
-    chosen = [(name, cls, s) for name, cls, s in heads if s is not None and name != "cosine"]
-    if len(chosen) > 1:
-        (a, ca, _), (b, cb, _) = chosen[:2]
-        raise ValueError(f"{ca.key} cannot be combined with {cb.key}: both compute the window logits (the {a!r} and "
-                         f"{b!r} logit heads); turn one of them off")
-    head = chosen[0] if chosen else [h for h in heads if h[0] == "cosine"][0]
-    stages = []
-    for kind in STAGE_KINDS:
-        for name, cls in _stage_classes().items():
-            if cls.kind == kind:
-                s = cls.settings_from_config(cfg)
-                if s is not None:
-                    stages.append((name, s))
-    plan = PipelinePlan(head[0], head[2], tuple(stages))
-    check_parts(_config_encoder_needs(cfg), _head_classes()[plan.head], [_stage_classes()[n] for n, _ in stages],
-                sliding_window=bool(cfg.TEST.SLIDING_WINDOW.ENABLED),
-                patch_remainder=cfg.MODEL.SPARSECLIP.PATCH_REMAINDER,
-                attention_stats=bool(cfg.TEST.ATTENTION_STATS.ENABLED))
-    return plan
-
-
-def _config_encoder_needs(cfg) -> Tuple[Needs, str]:
-    """The encoder's needs as the config tells them before it is built, and the key naming it."""
-    from ..proxy.keys import encoder_needs_from_config
-
-    return encoder_needs_from_config(cfg)
 
 
 def check_parts(encoder: Tuple[Needs, str], head, stages: Sequence, *, sliding_window: bool, patch_remainder: str,

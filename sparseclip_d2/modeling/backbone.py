@@ -101,7 +101,7 @@ def build_encoder_from_config(cfg, clip_model: nn.Module) -> DenseCLIPEncoder:
     if c.VISION_ACT or c.VISION_LN_EPS:
         visual = vision_tower_variant(clip_model, c.NAME, act=c.VISION_ACT, ln_eps=c.VISION_LN_EPS)
     if cfg.MODEL.SPARSECLIP.PROXY.NAME:  # a second backbone gives the last block its attention
-        from ..proxy.keys import build_proxy_encoder
+        from ..methods.encoders import build_proxy_encoder
 
         return build_proxy_encoder(cfg, visual, next(clip_model.parameters()).device,
                                    pos_embed_interp=c.POS_EMBED_INTERP, attn_pool_dense=c.ATTN_POOL_DENSE)

@@ -51,7 +51,7 @@ from ..methods import plan_from_config
 from ..methods.cosine import CosineHead
 from .postprocess import ScoreMaps
 from ..dense.windows import PATCH_REMAINDER_MODES, dense_logits
-from ..dense.tta import check_definition_options
+from ..clip.definitions import check_definition_options
 
 __all__ = ["SparseCLIP", "PipelineOutput"]
 

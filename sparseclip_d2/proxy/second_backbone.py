@@ -1,6 +1,6 @@
 """``ProxyBackbone``: a second frozen vision backbone (a VFM: DINO, DINOv2, MAE, SAM) built
 through timm, returning one dense feature map per image for the proxy attention of the last
-CLIP block (:mod:`sparseclip_d2.proxy.proxyclip`).
+CLIP block (:mod:`sparseclip_d2.methods.proxyclip.encoder`).
 
 Weights (``MODEL.SPARSECLIP.PROXY.WEIGHTS``): ``none`` (random, logged loudly as for CLIP),
 ``timm`` (timm's own pretrained tag of the name, downloaded by timm), or a local file

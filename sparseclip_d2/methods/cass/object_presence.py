@@ -20,7 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..common.keys import Key, Section, changed_section_keys, key_field, refuse_keys_while_off
+from ...common.keys import Key, Section, changed_section_keys, key_field, refuse_keys_while_off
+from ..registry import CONFIG_SECTIONS
 
 __all__ = ["OBJECT_PRESENCE_GLOBALS", "OBJECT_PRESENCE_SECTION", "ObjectPresence", "check_object_presence",
            "object_presence_from_config", "text_clusters",
@@ -142,7 +143,8 @@ _KEY = "MODEL.SPARSECLIP.OBJECT_PRESENCE"
 #: ``MODEL.SPARSECLIP.OBJECT_PRESENCE``: ``ENABLED`` then :class:`ObjectPresence`'s keys. With
 #: ``ENABLED False`` the others must keep their defaults (a key set without the adjustment would
 #: change nothing and is refused).
-OBJECT_PRESENCE_SECTION = Section(ObjectPresence, switch="ENABLED", before=(Key("ENABLED", False),))
+OBJECT_PRESENCE_SECTION = CONFIG_SECTIONS.register(_KEY)(Section(ObjectPresence, switch="ENABLED",
+                                                                  before=(Key("ENABLED", False),)))
 
 
 def object_presence_from_config(cfg):

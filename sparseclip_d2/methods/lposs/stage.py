@@ -3,9 +3,9 @@ propagated jointly over a VFM patch graph (and, for LPOSS+, a Lab pixel graph). 
 the VFM are in ``propagation/``; the keys are ``MODEL.SPARSECLIP.LABEL_PROPAGATION.*``."""
 import torch
 
-from ..clip.text import max_over_synonyms
-from ..dense.windows import dense_logits, symmetric_pad, window_grid
-from .registry import STAGES, Stage
+from ...clip.text import max_over_synonyms
+from ...dense.windows import dense_logits, symmetric_pad, window_grid
+from ..registry import STAGES, Stage
 
 __all__ = ["LabelPropagationStage"]
 
@@ -28,13 +28,13 @@ class LabelPropagationStage(Stage):
 
     @classmethod
     def settings_from_config(cls, cfg):
-        from ..propagation.keys import check_label_propagation_config
+        from .keys import check_label_propagation_config
 
         return check_label_propagation_config(cfg)
 
     @classmethod
     def from_config(cls, cfg, clip):
-        from ..propagation.keys import build_label_propagation
+        from .keys import build_label_propagation
 
         if cls.settings_from_config(cfg) is None:
             return None

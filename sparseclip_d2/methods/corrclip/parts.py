@@ -2,14 +2,14 @@
 region mask as a side input (``predict`` reads the mask of the original image, ``generate_mask``,
 and resizes it to the input by nearest neighbour; ``forward_slide`` cuts it into the windows with
 the image and pads it with 10000) and the mode label of each region as a labels stage
-(``postprocess_result``, ``MODE_VOTE``). The encoder is ``proxy/corrclip.py``."""
+(``postprocess_result``, ``MODE_VOTE``). The encoder is ``methods/corrclip/encoder.py``."""
 from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..proxy.corrclip import PAD_LABEL, load_region_mask, mask_file_for, region_mode_labels
-from .registry import SIDE_INPUTS, STAGES, SideInput, Stage
+from .encoder import PAD_LABEL, load_region_mask, mask_file_for, region_mode_labels
+from ..registry import SIDE_INPUTS, STAGES, SideInput, Stage
 
 __all__ = ["RegionMaskInput", "RegionVoteStage", "region_mask_of"]
 
@@ -66,7 +66,7 @@ class RegionVoteStage(Stage):
 
     @classmethod
     def settings_from_config(cls, cfg):
-        from ..proxy.keys import corrclip_settings_from_config
+        from .keys import corrclip_settings_from_config
 
         if not cfg.MODEL.SPARSECLIP.PROXY.NAME:
             return None

@@ -1,11 +1,11 @@
 """CLIP Surgery's text-side feature surgery as a logit head (xmed-lab/CLIP_Surgery @ d4696d4
-``clip/clip.py`` ``clip_feature_surgery``); the maths is in ``clip/surgery.py``, the keys are
+``clip/clip.py`` ``clip_feature_surgery``); the maths is in ``methods/clip_surgery/surgery.py``, the keys are
 ``MODEL.SPARSECLIP.FEATURE_SURGERY.*``."""
 import torch
 import torch.nn.functional as F
 
-from ..clip.surgery import check_surgery_options, feature_surgery
-from .registry import LOGIT_HEADS, LogitHead
+from .surgery import check_surgery_options, feature_surgery
+from ..registry import LOGIT_HEADS, LogitHead
 
 __all__ = ["FeatureSurgeryHead"]
 

@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from fvcore.common.registry import Registry
 from torch import nn
 
-from ..clip.encoder import EncoderPass, check_pass_inputs
-from ..common.keys import key_field
-from ..common.needs import Needs
-from .attention import resample_grid
-from .proxyclip import ProxyCLIPEncoder, normalize_proxy_scores
+from ...clip.encoder import EncoderPass, check_pass_inputs
+from ...common.keys import key_field
+from ...common.needs import Needs
+from ...proxy.attention import resample_grid
+from ..proxyclip.encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = [
     "CorrCLIPSettings", "check_corrclip_settings", "REGION_RESTRICTION_REGISTRY", "restrict_to_regions",
@@ -362,7 +362,7 @@ class CorrCLIPEncoder(ProxyCLIPEncoder):
                 f"blocks, semantic={s.semantic_weight:g}, restriction={s.restriction})")
 
     def describe(self) -> str:
-        from ..clip.spec import describe_spec
+        from ...clip.spec import describe_spec
 
         s = self.settings
         rest = describe_spec(self.spec).split(", ", 1)[1]
@@ -374,7 +374,7 @@ class CorrCLIPEncoder(ProxyCLIPEncoder):
         """``(weights (B, N', N') float32, proxy grid (h', w'), merged labels (B, h', w'))``."""
         _, _, H, W = images.shape
         size = self.proxy.input_size(H, W, self.crop_size)
-        from .second_backbone import to_proxy_input
+        from ...proxy.second_backbone import to_proxy_input
 
         feats = self.proxy(to_proxy_input(images, self.image_mean, self.image_std, self.proxy, size))
         B, C, h, w = feats.shape

@@ -32,13 +32,13 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from ..attention import attention_weights, parse_source
-from ..attention.priors import build_prior
-from ..attention.spectral import SVD_METHODS, combine_graphs, get_head_matching, low_rank_graph, match_range
-from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
-from ..clip.spec import AttentionSpec
-from ..common.keys import key_field
-from .second_backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
+from ...attention import attention_weights, parse_source
+from ...attention.priors import build_prior
+from ...attention.spectral import SVD_METHODS, combine_graphs, get_head_matching, low_rank_graph, match_range
+from ...clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
+from ...clip.spec import AttentionSpec
+from ...common.keys import key_field
+from ...proxy.second_backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
 
 __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_settings", "check_cass_spec",
            "cass_proxy_input", "CASSEncoder"]
@@ -223,7 +223,7 @@ class CASSEncoder(DenseCLIPEncoder):
                           attn_pool_dense=self.attn_pool_dense)
 
     def describe(self) -> str:
-        from ..clip.spec import describe_spec
+        from ...clip.spec import describe_spec
 
         c = self.cass
         return (f"CASS: {self.spec.source} graph + {self.proxy.name} key graph ({c.matching} head matching, rank "

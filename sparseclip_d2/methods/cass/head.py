@@ -1,15 +1,15 @@
 """CASS's object-presence prompt adjustment as a logit head (``MODEL.SPARSECLIP.OBJECT_PRESENCE.*``;
-the maths is in ``clip/object_presence.py``, CASS's spectral key matching in ``proxy/cass.py``)."""
+the maths is in ``methods/cass/object_presence.py``, CASS's spectral key matching in ``methods/cass/encoder.py``)."""
 from typing import Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..clip.encoder import DenseCLIPEncoder
-from ..clip.object_presence import object_presence_from_config, object_presence_logits, text_clusters
-from ..clip.spec import AttentionSpec
-from .registry import LOGIT_HEADS, LogitHead
+from ...clip.encoder import DenseCLIPEncoder
+from .object_presence import object_presence_from_config, object_presence_logits, text_clusters
+from ...clip.spec import AttentionSpec
+from ..registry import LOGIT_HEADS, LogitHead
 
 __all__ = ["ObjectPresenceHead"]
 

@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import get_normalizer
-from ..attention.nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask
-from ..common.keys import key_field
-from ..common.needs import Needs
-from .proxyclip import ProxyCLIPEncoder
+from ...attention import get_normalizer
+from ...attention.nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask
+from ...common.keys import key_field
+from ...common.needs import Needs
+from ..proxyclip.encoder import ProxyCLIPEncoder
 
 __all__ = ["FSASettings", "check_fsa_settings", "kl_similarity", "fsa_scores", "fsa_ensemble", "FSAEncoder"]
 

@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.functional as TF
 
-__all__ = ["TTA_MODES", "tta_logits", "close_labels", "check_tta_options", "check_label_closing",
-           "check_definition_options"]
+__all__ = ["TTA_MODES", "tta_logits", "close_labels", "check_tta_options", "check_label_closing"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,26 +128,3 @@ def check_label_closing(cfg) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or (k != 0 and (k < 3 or k % 2 == 0)):
         raise ValueError(f"MODEL.SPARSECLIP.LABEL_CLOSING = {k!r} is invalid; valid: 0 (off) or an odd integer >= 3")
     return k
-
-
-def check_definition_options(cfg) -> None:
-    """Validate ``MODEL.SPARSECLIP.TEXT.DEFINITIONS`` / ``DEFINITION_WEIGHT`` (ITACLIP's class
-    definitions); ``ValueError`` / ``FileNotFoundError`` naming the key, the value and the valid
-    choices; a weight without a file is logged."""
-    from ..clip.definitions import load_definitions
-
-    sc = cfg.MODEL.SPARSECLIP
-    dw = sc.TEXT.DEFINITION_WEIGHT
-    if isinstance(dw, bool) or not isinstance(dw, (int, float)) or not 0.0 <= float(dw) <= 1.0:
-        raise ValueError(f"MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = {dw!r} is invalid; valid: a number in [0, 1]")
-    if sc.TEXT.DEFINITIONS:
-        load_definitions(sc.TEXT.DEFINITIONS)
-        if float(dw) == 0.0:
-            raise ValueError(f"MODEL.SPARSECLIP.TEXT.DEFINITIONS = {sc.TEXT.DEFINITIONS!r} is set but "
-                             "MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT is 0, so it would change nothing; valid: a "
-                             "weight in (0, 1] (ITACLIP: 0.05-0.2)")
-    elif float(dw) != 0.0:
-        # the ITACLIP configs carry upstream's weight; the definitions file is the user's to give
-        logger.warning("MODEL.SPARSECLIP.TEXT.DEFINITION_WEIGHT = %s is unused: no MODEL.SPARSECLIP.TEXT.DEFINITIONS "
-                       "file ('name >=definition' lines, e.g. ITACLIP's llama_generated_texts/<dataset>_*.txt) is "
-                       "given, so no class definitions are mixed in", dw)

@@ -38,10 +38,10 @@ from PIL import Image
 from fvcore.common.registry import Registry
 from torch import nn
 
-from ..clip.spec import AttentionSpec
-from ..common.keys import key_field
-from .second_backbone import ProxyBackbone, to_proxy_input, uint8_image
-from .proxyclip import ProxyCLIPEncoder, normalize_proxy_scores
+from ...clip.spec import AttentionSpec
+from ...common.keys import key_field
+from ...proxy.second_backbone import ProxyBackbone, to_proxy_input, uint8_image
+from ..proxyclip.encoder import ProxyCLIPEncoder, normalize_proxy_scores
 
 __all__ = ["WINDOW_SPLICE_REGISTRY", "GLOBAL_AGGREGATION_REGISTRY", "TridentSettings", "check_trident_settings",
            "trident_resize", "trident_windows", "joint_proxy_scores", "overlap_mean", "sam_threshold",
@@ -86,9 +86,9 @@ class TridentSettings:
     stride: int = key_field(224, "STRIDE", "Sub-window stride (base_config.py slide_stride=224).")
     sam_tiles: int = key_field(1, "SAM_TILES", "SAM sees the image in this many side-by-side tiles (trident.py: 2 "
                                "for Cityscapes).")
-    splice: str = key_field("overlap_mean", "SPLICE", "A WINDOW_SPLICE_REGISTRY name (proxy/trident.py).")
+    splice: str = key_field("overlap_mean", "SPLICE", "A WINDOW_SPLICE_REGISTRY name (methods/trident/encoder.py).")
     aggregation: str = key_field("sam_threshold", "AGGREGATION", "A GLOBAL_AGGREGATION_REGISTRY name "
-                                 "(proxy/trident.py).")
+                                 "(methods/trident/encoder.py).")
 
 
 def _registry_names(reg: Registry) -> List[str]:

@@ -17,11 +17,11 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..attention import get_normalizer
-from ..clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
-from ..clip.spec import AttentionSpec
-from .attention import check_beta_gamma, proxy_cosine_scores, resample_grid
-from .second_backbone import ProxyBackbone, lcm, to_proxy_input
+from ...attention import get_normalizer
+from ...clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
+from ...clip.spec import AttentionSpec
+from ...proxy.attention import check_beta_gamma, proxy_cosine_scores, resample_grid
+from ...proxy.second_backbone import ProxyBackbone, lcm, to_proxy_input
 
 __all__ = ["ProxyCLIPEncoder", "check_proxy_spec", "describe_proxy_block", "normalize_proxy_scores"]
 
@@ -57,7 +57,7 @@ def check_proxy_spec(spec: AttentionSpec) -> None:
 def describe_proxy_block(opts, spec: AttentionSpec, beta: float, gamma: float) -> str:
     """``"proxy vit_base_patch8_224.dino tokens of block -1: cosine (S - 1.2 mean S) x 3, negatives
     -inf, softmax, no residual/FFN"`` (:func:`~sparseclip_d2.clip.describe_spec`'s style)."""
-    from ..clip.spec import describe_spec
+    from ...clip.spec import describe_spec
 
     rest = describe_spec(spec).split(", ", 1)[1]  # the normaliser onwards (the proxy replaces the source)
     return (f"proxy {opts.name} {opts.feature} of block {opts.layer}: cosine (S - {beta:g} mean S) x {gamma:g}, "

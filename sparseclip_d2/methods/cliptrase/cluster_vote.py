@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..attention.self_correlation import cls_denoised_correlation, self_correlation_map
-from ..common.keys import Key, Section, key_field
+from ...common.keys import Key, Section, key_field
+from ..registry import CONFIG_SECTIONS
 
-__all__ = ["ClusterVoteSettings", "CLUSTER_VOTE_SECTION", "cluster_assignment", "majority_vote", "encode_window_logits"]
+__all__ = ["ClusterVoteSettings", "CLUSTER_VOTE_SECTION", "cluster_assignment", "majority_vote"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class ClusterVoteSettings:
     @classmethod
     def from_config(cls, cfg) -> Optional["ClusterVoteSettings"]:
         """The settings of ``cfg``, or None when ``CLUSTER_VOTE.ENABLED`` is False (the keys are
-        checked by ``methods/cliptrase.py``, what they cannot join by ``methods.check_parts``)."""
+        checked by ``methods/cliptrase/parts.py``, what they cannot join by ``methods.check_parts``)."""
         c = cfg.MODEL.SPARSECLIP.CLUSTER_VOTE
         if not c.ENABLED:
             return None
@@ -88,7 +88,8 @@ class ClusterVoteSettings:
 
 
 #: ``MODEL.SPARSECLIP.CLUSTER_VOTE``: ``ENABLED`` then :class:`ClusterVoteSettings`' keys.
-CLUSTER_VOTE_SECTION = Section(ClusterVoteSettings, switch="ENABLED", before=(Key("ENABLED", False),))
+CLUSTER_VOTE_SECTION = CONFIG_SECTIONS.register("MODEL.SPARSECLIP.CLUSTER_VOTE")(Section(
+    ClusterVoteSettings, switch="ENABLED", before=(Key("ENABLED", False),)))
 
 
 def _median_filter(maps: np.ndarray, size: int) -> np.ndarray:
@@ -166,33 +167,3 @@ def majority_vote(labels: torch.Tensor, assignment: torch.Tensor) -> torch.Tenso
         counts = torch.bincount(flat[mask], minlength=minlength)
         out.reshape(-1)[mask] = int(counts.argmax())  # argmax: the first (lowest) label among ties
     return out
-
-
-def encode_window_logits(encoder, images: torch.Tensor, text_emb: torch.Tensor, logit_scale: float, *,
-                         cls_product: bool = False, correlation_layer: Optional[int] = None,
-                         feedback: Optional[Callable] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Patch logits of windows, optionally times the CLS logits, and the windows' self-correlation.
-
-    Args:
-        encoder: a ``DenseCLIPEncoder``.
-        images: ``(N, 3, h*p, w*p)`` normalised windows.
-        text_emb: ``(S, D)`` L2-normalised synonym embeddings.
-        logit_scale: logits = ``logit_scale * cos``.
-        cls_product: multiply each window's patch logits by its CLS logits (per synonym).
-        correlation_layer: also return the CLS-denoised self-correlation of this block's q/k/v.
-        feedback: the first-segmentation callable of a feedback spec (``forward_pass``).
-    Returns:
-        ``(logits (N, S, h, w) float32, corr (N, h*w, h*w) float32 or None)``.
-    """
-    taps = () if correlation_layer is None else (encoder.block_index(correlation_layer),)
-    p = encoder.forward_pass(images, tap_layers=taps, feedback=feedback)
-    feats = F.normalize(encoder.dense_embedding(p.tokens, p.grid).float(), dim=1)
-    logits = logit_scale * torch.einsum("ndhw,sd->nshw", feats, text_emb.float())
-    if cls_product:
-        cls = F.normalize(encoder.pooled_embedding(p.tokens).float(), dim=-1)
-        logits = logits * (logit_scale * (cls @ text_emb.float().T))[:, :, None, None]
-    corr = None
-    if correlation_layer is not None:
-        q, k, v = encoder.block_qkv(taps[0], p.taps[taps[0]], p.grid)
-        corr = cls_denoised_correlation(self_correlation_map(q, k, v), int(encoder.num_prefix_tokens))
-    return logits, corr

@@ -3,9 +3,10 @@ import)."""
 import logging
 from typing import Optional, Tuple
 
-from ..common.keys import Section, changed_section_keys, refuse_keys_while_off
-from ..proxy.second_backbone import ProxyOptions, build_proxy, check_proxy_options
-from .lposs import KEY, PROPAGATION_KINDS, LabelPropagation, LabelPropagationSettings, check_label_propagation_settings
+from ...common.keys import Section, changed_section_keys, refuse_keys_while_off
+from ...proxy.second_backbone import ProxyOptions, build_proxy, check_proxy_options
+from ..registry import CONFIG_SECTIONS
+from .propagation import KEY, PROPAGATION_KINDS, LabelPropagation, LabelPropagationSettings, check_label_propagation_settings
 
 __all__ = ["LABEL_PROPAGATION_SECTION", "VFM_SECTION", "label_propagation_from_config",
            "check_label_propagation_config", "build_label_propagation"]
@@ -16,12 +17,13 @@ logger = logging.getLogger(__name__)
 #: other key, the VFM's included, must keep its default (a key set without propagation would
 #: change nothing and is refused). ``KIND`` is the switch: its section default ``""`` (off)
 #: replaces the field's ``"lposs"``.
-LABEL_PROPAGATION_SECTION = Section(LabelPropagationSettings, switch="KIND", defaults={"kind": ""})
+LABEL_PROPAGATION_SECTION = CONFIG_SECTIONS.register(KEY)(Section(LabelPropagationSettings, switch="KIND",
+                                                                  defaults={"kind": ""}))
 #: ``LABEL_PROPAGATION.VFM.*``, :class:`ProxyOptions`' keys with LPOSS's VFM as defaults
 #: (models/lposs/lposs.py torch.hub dino_vitb16, its last block's values: enc_type_feats "v")
 #: in place of the field defaults (no name, "none", "tokens").
-VFM_SECTION = Section(ProxyOptions, defaults={"name": "vit_base_patch16_224.dino", "weights": "timm",
-                                              "feature": "values"})
+VFM_SECTION = CONFIG_SECTIONS.register(f"{KEY}.VFM")(Section(
+    ProxyOptions, defaults={"name": "vit_base_patch16_224.dino", "weights": "timm", "feature": "values"}))
 
 
 def _node(cfg):
@@ -56,7 +58,7 @@ def check_label_propagation_config(cfg) -> Optional[Tuple[LabelPropagationSettin
     Raises:
         ValueError: a key set while ``KIND`` is ``""``; a bad value (naming the key and the valid
             choices); ``KIND`` with the FG-OVD META_ARCH or ``INPUT_SIZE -1`` without the sliding
-            window (the stages it cannot join: ``methods/lposs.py``, checked by ``methods.check_parts``).
+            window (the stages it cannot join: ``methods/lposs/stage.py``, checked by ``methods.check_parts``).
         FileNotFoundError: ``VFM.WEIGHTS`` names a missing file (key and path in the message).
     """
     n = _node(cfg)

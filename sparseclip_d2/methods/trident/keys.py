@@ -1,24 +1,31 @@
-"""Reading and checking ``MODEL.SPARSECLIP.PROXY.TRIDENT.*`` (duck-typed config; no detectron2 import)."""
+"""``MODEL.SPARSECLIP.PROXY.TRIDENT.*``: Trident's keys, read and validated, its SAM, and Trident as an
+encoder family on the second backbone (duck-typed config; no detectron2 import)."""
 import functools
 import os
 from typing import Optional
 
-from ..common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
-from .second_backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options,
-                              is_sam_encoder, meta_model)
-from .trident import TridentSettings, check_trident_settings
+from ...clip.spec import AttentionSpec
+from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...proxy.keys import KEY as PROXY_KEY
+from ...proxy.second_backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options,
+                                      is_sam_encoder, meta_model)
+from ..proxyclip.encoder import check_proxy_spec
+from ..proxyclip.keys import proxy_scores
+from ..registry import CONFIG_SECTIONS, ENCODERS, EncoderFamily
+from .encoder import TridentEncoder, TridentSettings, check_trident_settings
 
-__all__ = ["TRIDENT_SECTION", "trident_settings_from_config", "check_trident_config", "build_trident_sam"]
+__all__ = ["TRIDENT_SECTION", "trident_settings_from_config", "check_trident_config", "build_trident_sam",
+           "TridentFamily"]
 
-KEY = "MODEL.SPARSECLIP.PROXY.TRIDENT"
+KEY = f"{PROXY_KEY}.TRIDENT"
 #: ``PROXY.TRIDENT.*``: ``ENABLED``, SAM's keys (read by :func:`_sam_options`), then
 #: :class:`TridentSettings`' keys; with ``ENABLED False`` the others must keep their defaults.
-TRIDENT_SECTION = Section(TridentSettings, switch="ENABLED", before=(
+TRIDENT_SECTION = CONFIG_SECTIONS.register(KEY)(Section(TridentSettings, switch="ENABLED", before=(
     Key("ENABLED", False),
     Key("SAM_NAME", "samvit_base_patch16", "SAM's image encoder (a timm samvit_* name)."),
     Key("SAM_WEIGHTS", "none", "SAM's weights: none (random), timm, or a file (the SAM release "
                                "sam_vit_b_01ec64.pth loads as it is: image_encoder.* keys)."),
-    Key("SAM_PRECISION", "fp32", "fp32, fp16 (upstream .half()) or bf16.")))
+    Key("SAM_PRECISION", "fp32", "fp32, fp16 (upstream .half()) or bf16."))))
 
 
 def trident_settings_from_config(cfg) -> Optional[TridentSettings]:
@@ -93,3 +100,31 @@ def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[Tr
 def build_trident_sam(cfg, device) -> ProxyBackbone:
     """The frozen SAM :class:`~.second_backbone.ProxyBackbone` of ``PROXY.TRIDENT.SAM_*`` on ``device``."""
     return build_proxy(_sam_options(cfg), device=device, key=f"{KEY}.SAM_")
+
+
+@ENCODERS.register("trident")
+class TridentFamily(EncoderFamily):
+    """YuHengsss/Trident: the proxy on sub-windows spliced onto the whole image, SAM's last global
+    attention aggregating."""
+
+    key = f"{KEY}.ENABLED"
+
+    @classmethod
+    def switched_on(cls, cfg) -> bool:
+        return bool(cfg.MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED)
+
+    @classmethod
+    def settings_from_config(cls, cfg):
+        return trident_settings_from_config(cfg)
+
+    @classmethod
+    def check(cls, cfg, proxy_options, settings) -> None:
+        check_trident_config(cfg, proxy_options)
+        check_proxy_spec(AttentionSpec.from_config(cfg, warn=False))
+
+    @classmethod
+    def build(cls, cfg, visual, spec, proxy, settings, *, device, crop_size, pos_embed_interp, attn_pool_dense):
+        beta, gamma = proxy_scores(cfg)
+        return TridentEncoder(visual, spec, proxy, sam=build_trident_sam(cfg, device), settings=settings, beta=beta,
+                              gamma=gamma, crop_size=crop_size, pos_embed_interp=pos_embed_interp,
+                              attn_pool_dense=attn_pool_dense)

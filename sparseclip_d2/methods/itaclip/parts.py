@@ -1,8 +1,8 @@
 """ITACLIP's parts (m-arda-aydn/ITACLIP @ 521a33c ``itaclip_segmentor.py``): test-time augmentation
 of each window's logits (a logit head) and the closing of the label map (a labels stage). The
-maths is in ``dense/tta.py``; the keys are ``TEST.TTA.*`` and ``MODEL.SPARSECLIP.LABEL_CLOSING``."""
-from ..dense.tta import check_label_closing, check_tta_options, close_labels, tta_logits
-from .registry import LOGIT_HEADS, STAGES, LogitHead, Stage
+maths is in ``methods/itaclip/tta.py``; the keys are ``TEST.TTA.*`` and ``MODEL.SPARSECLIP.LABEL_CLOSING``."""
+from .tta import check_label_closing, check_tta_options, close_labels, tta_logits
+from ..registry import LOGIT_HEADS, STAGES, LogitHead, Stage
 
 __all__ = ["TTAHead", "LabelClosingStage"]
 

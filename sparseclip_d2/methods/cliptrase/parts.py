@@ -1,19 +1,20 @@
 """CLIPtrase's parts (leaves162/CLIPtrase @ 2b7de61 ``clip_self_correlation.py``): the CLS-logit
 product (a logit head, ``MODEL.SPARSECLIP.CLS_LOGIT_PRODUCT``) and the DBSCAN cluster vote on a
 block's self-correlation (a labels stage, ``MODEL.SPARSECLIP.CLUSTER_VOTE.*``). The maths is in
-``dense/cluster_vote.py``; the centre-crop protocol is ``INPUT.CENTER_CROP_TEST`` (data/)."""
-from ..common.keys import check_number
-from ..common.needs import Needs
-from ..dense.cluster_vote import ClusterVoteSettings, cluster_assignment, encode_window_logits, majority_vote
-from ..dense.windows import symmetric_pad
-from .registry import LOGIT_HEADS, STAGES, LogitHead, Stage
+``methods/cliptrase/cluster_vote.py``; the centre-crop protocol is ``INPUT.CENTER_CROP_TEST`` (data/)."""
+from ...common.keys import check_number
+from ...common.needs import Needs
+from ...dense.windows import encode_window_logits
+from .cluster_vote import ClusterVoteSettings, cluster_assignment, majority_vote
+from ...dense.windows import symmetric_pad
+from ..registry import LOGIT_HEADS, STAGES, LogitHead, Stage
 
 __all__ = ["CLSProductHead", "ClusterVoteStage"]
 
 
 def _check_keys(cfg) -> None:
     """Validate CLIPtrase's post-processing keys (``MODEL.SPARSECLIP.CLUSTER_VOTE.*``,
-    ``CLS_LOGIT_PRODUCT``; ``dense/cluster_vote.py``); ``ValueError`` naming the key, its value
+    ``CLS_LOGIT_PRODUCT``; ``methods/cliptrase/cluster_vote.py``); ``ValueError`` naming the key, its value
     and the valid choices. What they cannot run with follows from the parts' declarations
     (``methods.check_parts``)."""
     inf = float("inf")

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from fvcore.common.registry import Registry
 from torch import nn
 
-from ..common.keys import key_field
-from ..proxy.second_backbone import ProxyBackbone, lcm, to_proxy_input
-from .graph import (conjugate_gradient, knn_affinity, normalized_affinity, patch_centres, pixel_affinity,
+from ...common.keys import key_field
+from ...proxy.second_backbone import ProxyBackbone, lcm, to_proxy_input
+from ...propagation.graph import (conjugate_gradient, knn_affinity, normalized_affinity, patch_centres, pixel_affinity,
                     propagation_operator)
 
 __all__ = ["LabelPropagationSettings", "LabelPropagation", "PROPAGATION_KINDS", "PROPAGATION_STAGE_REGISTRY",

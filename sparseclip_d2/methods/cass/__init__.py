@@ -1,0 +1,12 @@
+"""CASS (MICV-yonsei/CASS): the spectral combination of CLIP's and the proxy's attention graphs on
+the last block (:mod:`.encoder`) and the object-presence prompt adjustment (:mod:`.object_presence`,
+the logit head in :mod:`.head`)."""
+from .encoder import CASSEncoder, CASSSettings, cass_proxy_input, check_cass_settings, check_cass_spec
+from .head import ObjectPresenceHead
+from .object_presence import (OBJECT_PRESENCE_SECTION, ObjectPresence, object_presence_from_config,
+                              object_presence_logits, text_clusters)
+from . import keys  # noqa: F401  (registers the family and its config sections)
+
+__all__ = ["CASSEncoder", "CASSSettings", "cass_proxy_input", "check_cass_settings", "check_cass_spec",
+           "ObjectPresenceHead", "OBJECT_PRESENCE_SECTION", "ObjectPresence", "object_presence_from_config",
+           "object_presence_logits", "text_clusters"]

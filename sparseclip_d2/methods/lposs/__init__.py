@@ -1,0 +1,10 @@
+"""LPOSS / LPOSS+ (vladan-stojnic/LPOSS): label propagation over a VFM patch graph (and a Lab pixel
+graph) as a windows stage any method can use (:mod:`.stage`); the propagation and its settings in
+:mod:`.propagation` (the graphs are generic: ``propagation/graph.py``), the keys in :mod:`.keys`."""
+from .propagation import (PROPAGATION_KINDS, PROPAGATION_STAGE_REGISTRY, LabelPropagation, LabelPropagationSettings,
+                          check_label_propagation_settings, propagate_patches, propagate_pixels)
+from .stage import LabelPropagationStage
+from . import keys  # noqa: F401  (registers the family and its config sections)
+
+__all__ = ["PROPAGATION_KINDS", "PROPAGATION_STAGE_REGISTRY", "LabelPropagation", "LabelPropagationSettings",
+           "check_label_propagation_settings", "propagate_patches", "propagate_pixels", "LabelPropagationStage"]

@@ -1,0 +1,6 @@
+"""Trident (YuHengsss/Trident): the proxy attends on sub-windows spliced onto the whole image, then
+SAM's last global attention aggregates (:mod:`.encoder`; keys and SAM in :mod:`.keys`)."""
+from .encoder import TridentEncoder, TridentSettings, check_trident_settings
+from . import keys  # noqa: F401  (registers the family and its config sections)
+
+__all__ = ["TridentEncoder", "TridentSettings", "check_trident_settings"]
