@@ -146,7 +146,7 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.PARALLEL.LAYERS = 0
     # Where the output CLS token comes from: "parallel" (the branch, GEM) or "main" (CLIP Surgery).
     _C.MODEL.SPARSECLIP.PARALLEL.CLS = "parallel"
-    # CLIP Surgery's text-side feature surgery (sparseclip_d2/clip/surgery.py), usable with any
+    # CLIP Surgery's text-side feature surgery (sparseclip_d2/methods/clip_surgery/surgery.py), usable with any
     # method: logits = LOGIT_SCALE * (w_n cos_n - mean_m w_m cos_m), w = p / mean(p),
     # p = softmax(CLS_SCALE * cos(CLS embedding, texts)) per window.
     _C.MODEL.SPARSECLIP.FEATURE_SURGERY = CN()

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from conftest import tiny_cfg
 
 from sparseclip_d2.clip import (
-    MASKCLIP_TEMPLATES, OPENAI_IMAGENET_TEMPLATES, AttentionSpec, DenseCLIPEncoder, TextClassifier, get_templates,
+    OPENAI_IMAGENET_TEMPLATES, AttentionSpec, DenseCLIPEncoder, TextClassifier, get_templates,
     interpolate_pos_embed, vision_tower_variant,
 )
+from sparseclip_d2.clip.templates import MASKCLIP_TEMPLATES
 from sparseclip_d2.data.class_names import CLASS_NAME_SETS, available_class_name_files, load_class_names
 from sparseclip_d2.data.mapper import (
     MMSegRescale, build_resize, mmseg_rescale_size, pixel_normalization,

@@ -1,4 +1,4 @@
-"""Trident (sparseclip_d2/proxy/trident.py; YuHengsss/Trident @ a93b346) against float64
+"""Trident (sparseclip_d2/methods/trident/encoder.py; YuHengsss/Trident @ a93b346) against float64
 computations written by hand: the joint-mean proxy scores, the window splice, SAM's
 thresholded aggregation, SAM's last global attention (SAM package layout loaded into timm's
 SAM), SAM's input, the geometry, the whole encoder with entmax 1.2, and the config keys."""

@@ -158,7 +158,7 @@ from timm.models.vision_transformer_sam import samvit_base_patch16  # noqa: E402
 def sparseclip_tiny_samvit(pretrained: bool = False, **kwargs):
     """Tiny SAM ViT-B image encoder (``samvit_base_patch16``'s architecture at 128 px: an 8 x 8
     grid, width 64, depth 2, 4 heads, windows of 4 in block 0, global attention in block 1, a
-    32-channel neck), for Trident's SAM (sparseclip_d2/proxy/trident.py)."""
+    32-channel neck), for Trident's SAM (sparseclip_d2/methods/trident/encoder.py)."""
     return _tiny(samvit_base_patch16, pretrained, kwargs, embed_dim=64, depth=2, num_heads=4, img_size=128,
                  window_size=4, global_attn_indexes=[1], neck_chans=32)
 # ----------------------------------------------------------------------------- a deeper tiny CLIP

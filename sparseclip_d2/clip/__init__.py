@@ -8,7 +8,7 @@ from .encoder import POS_EMBED_INTERP_MODES, DenseCLIPEncoder, EncoderPass, inte
 from .model_configs import LOCAL_MODEL_CONFIGS, TINY_MODEL_NAME, register_local_model_config
 from .spec import (PRESETS, SETTINGS, SPEC_KEYS, AttentionSpec, CalibrationOptions, FeedbackOptions, MixOptions,
                    ParallelOptions, describe_spec, parse_attention_spec, parse_attention_specs)
-from .templates import MASKCLIP_TEMPLATES, OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
+from .templates import OPENAI_IMAGENET_TEMPLATES, TEMPLATE_SETS, get_templates
 from .text import TextClassifier, max_over_synonyms, split_synonyms, text_cache_dir, weights_fingerprint
 
 __all__ = [
@@ -46,5 +46,4 @@ __all__ = [
     "weights_fingerprint",
     "TEMPLATE_SETS",
     "OPENAI_IMAGENET_TEMPLATES",
-    "MASKCLIP_TEMPLATES",
 ]

@@ -7,6 +7,9 @@ from .object_presence import (OBJECT_PRESENCE_SECTION, ObjectPresence, object_pr
                               object_presence_logits, text_clusters)
 from . import keys  # noqa: F401  (registers the family and its config sections)
 
+#: the families this one is built on (it may name them; tests/test_source_rules.py)
+BUILDS_ON = ("proxyclip",)
+
 __all__ = ["CASSEncoder", "CASSSettings", "cass_proxy_input", "check_cass_settings", "check_cass_spec",
            "ObjectPresenceHead", "OBJECT_PRESENCE_SECTION", "ObjectPresence", "object_presence_from_config",
            "object_presence_logits", "text_clusters"]

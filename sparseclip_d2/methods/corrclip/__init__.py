@@ -5,6 +5,9 @@ from .encoder import (REGION_RESTRICTION_REGISTRY, CorrCLIPEncoder, CorrCLIPSett
 from .parts import RegionMaskInput, RegionVoteStage, region_mask_of
 from . import keys  # noqa: F401  (registers the family and its config sections)
 
+#: the families this one is built on (it may name them; tests/test_source_rules.py)
+BUILDS_ON = ("proxyclip",)
+
 __all__ = ["REGION_RESTRICTION_REGISTRY", "CorrCLIPEncoder", "CorrCLIPSettings", "check_corrclip_settings",
            "load_region_mask", "merge_regions", "region_mode_labels", "restrict_to_regions", "write_region_mask",
            "RegionMaskInput", "RegionVoteStage", "region_mask_of"]

@@ -3,4 +3,7 @@ SAM's last global attention aggregates (:mod:`.encoder`; keys and SAM in :mod:`.
 from .encoder import TridentEncoder, TridentSettings, check_trident_settings
 from . import keys  # noqa: F401  (registers the family and its config sections)
 
+#: the families this one is built on (it may name them; tests/test_source_rules.py)
+BUILDS_ON = ("proxyclip",)
+
 __all__ = ["TridentEncoder", "TridentSettings", "check_trident_settings"]

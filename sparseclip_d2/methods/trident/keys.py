@@ -76,7 +76,7 @@ def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[Tr
 
     Raises:
         ValueError: a bad value (naming the key and the valid choices); Trident with the sliding
-            window, with FSA, or with a proxy that does not see the windows as they are.
+            window or with a proxy that does not see the windows as they are.
         FileNotFoundError: ``SAM_WEIGHTS`` names a missing file (key and path in the message).
     """
     settings = trident_settings_from_config(cfg)
@@ -87,8 +87,6 @@ def check_trident_config(cfg, proxy_opts: Optional[ProxyOptions]) -> Optional[Tr
     if cfg.TEST.SLIDING_WINDOW.ENABLED:
         raise ValueError(f"TEST.SLIDING_WINDOW.ENABLED True with {KEY}.ENABLED: Trident windows the whole image "
                          f"itself ({KEY}.CROP_SIZE / STRIDE); set TEST.SLIDING_WINDOW.ENABLED False")
-    if cfg.MODEL.SPARSECLIP.PROXY.FSA.ENABLED:
-        raise ValueError(f"MODEL.SPARSECLIP.PROXY.FSA.ENABLED with {KEY}.ENABLED: two last blocks; enable one")
     if proxy_opts.input_size != 0 or proxy_opts.name.startswith("samvit"):
         raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME {proxy_opts.name!r} / INPUT_SIZE {proxy_opts.input_size} with "
                          f"{KEY}.ENABLED: the proxy sees each sub-window as it is; valid: a ViT (e.g. "
