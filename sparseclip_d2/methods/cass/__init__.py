@@ -6,6 +6,7 @@ from .head import ObjectPresenceHead
 from .object_presence import (OBJECT_PRESENCE_SECTION, ObjectPresence, object_presence_from_config,
                               object_presence_logits, text_clusters)
 from . import keys  # noqa: F401  (registers the family and its config sections)
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
 __all__ = ["CASSEncoder", "CASSSettings", "cass_proxy_input", "check_cass_settings", "check_cass_spec",
            "ObjectPresenceHead", "OBJECT_PRESENCE_SECTION", "ObjectPresence", "object_presence_from_config",

@@ -4,6 +4,7 @@ from .encoder import (REGION_RESTRICTION_REGISTRY, CorrCLIPEncoder, CorrCLIPSett
                       load_region_mask, merge_regions, region_mode_labels, restrict_to_regions, write_region_mask)
 from .parts import RegionMaskInput, RegionVoteStage, region_mask_of
 from . import keys  # noqa: F401  (registers the family and its config sections)
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
 __all__ = ["REGION_RESTRICTION_REGISTRY", "CorrCLIPEncoder", "CorrCLIPSettings", "check_corrclip_settings",
            "load_region_mask", "merge_regions", "region_mode_labels", "restrict_to_regions", "write_region_mask",
