@@ -7,7 +7,7 @@ import pytest
 
 from sparseclip_d2.benchmarks.checkouts import dataset_classes
 from sparseclip_d2.benchmarks.cli import main, parse_args
-from sparseclip_d2.benchmarks.method_table import vfm_file
+from sparseclip_d2.benchmarks.entries import entries, vfm_file
 from sparseclip_d2.benchmarks.project import prepare_project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,11 +75,12 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--methods", "sclip", "--project-only"], ["unknown method", "'sclip'", "itaclip, resclip, gem, clipsurgery"]),
+    (["--methods", "sclip", "--project-only"], ["unknown method", "'sclip'", "proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, "
+                                                     "clipsurgery, resclip, gem, scclip, sfp"]),
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
     (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
-    (["--project-only", "--short-side", "sclip=224"], ["--short-side 'sclip=224'", "itaclip, resclip"]),
+    (["--project-only", "--short-side", "sclip=224"], ["--short-side 'sclip=224'", "itaclip, cliptrase"]),
     (["--project-only", "--short-side", "gem=-4"], ["--short-side 'gem=-4'", "positive integer"]),
     (["--project-only", "--weights", "/nonexistent/w.pt"], ["--weights /nonexistent/w.pt", "no such file"]),
     (["--project-only", "MODEL.DEVICE"], ["KEY VALUE pairs", "MODEL.DEVICE"]),
@@ -219,3 +220,50 @@ def test_lposs_project_side_on_the_tiny_tower():
     assert row["method"] == "lposs" and row["config"] == "lposs_b16_voc21.yaml" and row["input"] == "64x48"
     assert len(row["project_all_s"]) == 1 and row["project_all_s"][0] > 0 and row["upstream_s"] is None
     assert row["project_peak_rss_mib"] >= row["project_rss_after_build_mib"] > 100
+
+
+def test_every_entry_names_its_checkout_config_and_kind():
+    """Each method's entry (methods/<family>/upstream.py, registered in UPSTREAM) names a repository,
+    a short commit, a marker file, a project config that exists and a kind the harness feeds; a
+    segmentor names its vocabulary."""
+    from sparseclip_d2.model_zoo import get_config_file
+
+    assert sorted(entries()) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs",
+                                 "proxyclip", "resclip", "scclip", "sfp", "trident"]
+    for method, e in entries().items():
+        assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
+        assert e.marker.startswith(e.subdir), method
+        assert os.path.isfile(get_config_file(f"baselines/{e.config}")), method
+        assert e.kind in ("segmentor", "encoder", "folder"), method
+        if e.kind == "segmentor":
+            assert bool(e.class_file) != bool(e.class_tuple), method
+        assert e.__module__ == f"sparseclip_d2.methods.{e.__module__.split('.')[2]}.upstream", method
+
+
+def test_the_upstream_worker_imports_an_entry_without_the_model_code():
+    """The upstream worker reads its entry with the methods package's __init__ files skipped: in a fresh
+    interpreter where detectron2, open_clip and timm cannot be imported, every entry is found, and no
+    module of the model code (the clip layer, a family's parts) is loaded."""
+    import json
+    import subprocess
+    import sys
+
+    mods = {m: e.__module__ for m, e in entries().items()}
+    code = ("import importlib.abc, json, sys\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('detectron2', 'open_clip', 'timm'):\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from sparseclip_d2.benchmarks.upstream import import_entry\n"
+            f"mods = {mods!r}\n"
+            "found = {m: import_entry(dict(method=m, entry=mod)).repo for m, mod in mods.items()}\n"
+            "ours = sorted(m for m in sys.modules if m.startswith('sparseclip_d2'))\n"
+            "print(json.dumps([found, ours]))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    found, ours = json.loads(out)
+    assert found == {m: e.repo for m, e in entries().items()}
+    assert not [m for m in ours if m.startswith(("sparseclip_d2.clip", "sparseclip_d2.attention", "sparseclip_d2.proxy",
+                                                   "sparseclip_d2.dense", "sparseclip_d2.modeling"))], ours
+    loaded = {m.rsplit(".", 1)[-1] for m in ours if m.startswith("sparseclip_d2.methods.") and m.count(".") == 3}
+    assert loaded <= {"upstream"}, ours  # of the method folders, their upstream.py only

@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_cfg
 from sparseclip_d2.common.needs import Needs
-from sparseclip_d2.methods import ENCODERS, LOGIT_HEADS, SIDE_INPUTS, STAGES, check_parts, plan_from_config
+from sparseclip_d2.methods import ENCODERS, LOGIT_HEADS, SIDE_INPUTS, STAGES, UPSTREAM, check_parts, plan_from_config
 from sparseclip_d2.methods.registry import Registry
 
 
@@ -22,6 +22,8 @@ def test_registries_hold_every_part_once():
     assert sorted(n for n, _ in STAGES) == ["cluster_vote", "label_closing", "label_propagation", "pamr",
                                             "region_vote"]
     assert [n for n, _ in SIDE_INPUTS] == ["region_mask"]
+    assert sorted(n for n, _ in UPSTREAM) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip",
+                                              "lposs", "proxyclip", "resclip", "scclip", "sfp", "trident"]
     with pytest.raises(KeyError, match=r"unknown post-processing stage 'pamrr'; valid: .*pamr"):
         STAGES.get("pamrr")
     r = Registry("thing")

@@ -5,7 +5,8 @@
         --resclip /path/to/ResCLIP --gem /path/to/GEM --gem-python /path/to/gem-venv/bin/python
 
 The program lives in ``sparseclip_d2/benchmarks/`` (``cli.py``: the command line; the timing
-harness, the upstream stand-ins and drivers and the project side beside it);
+harness, the upstream stand-ins and the project side beside it), each method's entry (its
+checkout, config and upstream driver) in its folder, ``sparseclip_d2/methods/<family>/upstream.py``;
 ``python tools/benchmark_methods.py --help`` prints its help.
 """
 import os

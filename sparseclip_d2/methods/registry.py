@@ -20,8 +20,12 @@ A head or a stage is a class registered with ``@LOGIT_HEADS.register()`` /
 switches it on and None otherwise (``clip``: the built CLIP parts, or None while only
 validating); ``settings_from_config(cfg)`` validates its keys without building it. Writing a
 method: ``docs/writing_a_method.md``.
+
+:data:`UPSTREAM` is not part of the pipeline: it holds each method's entry in the timing
+benchmark against its upstream code (:class:`UpstreamEntry`).
 """
 import dataclasses
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -29,8 +33,9 @@ from torch import nn
 
 from ..common.needs import Needs
 
-__all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "STAGE_KINDS",
-           "LogitHead", "Stage", "SideInput", "EncoderFamily", "ImageInputs", "PipelinePlan", "check_parts"]
+__all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "UPSTREAM",
+           "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "EncoderFamily", "UpstreamEntry", "ImageInputs",
+           "PipelinePlan", "check_parts"]
 
 
 class Registry:
@@ -87,6 +92,11 @@ each a :class:`EncoderFamily`; one is the default (built when a proxy is set and
 CONFIG_SECTIONS = Registry("config section")
 CONFIG_SECTIONS.__doc__ = """``{dotted config path: common.keys.Section}`` of the parts' settings: a family registers
 the section its settings dataclass declares, and ``add_sparseclip_config`` builds every one (parents first)."""
+
+UPSTREAM = Registry("upstream benchmark entry")
+UPSTREAM.__doc__ = """The method-vs-upstream timing benchmark's entries (``tools/benchmark_methods.py``, the harness in
+``sparseclip_d2/benchmarks/``): each a :class:`UpstreamEntry`, registered by its method's folder (``upstream.py``)
+under the method's command-line name; the benchmark lists them in registration order."""
 
 #: the stage kinds in the order they run
 STAGE_KINDS = ("windows", "logits", "labels")
@@ -253,6 +263,77 @@ class EncoderFamily:
     @classmethod
     def reads_alpha(cls, cfg) -> bool:
         return False
+
+
+class UpstreamEntry:
+    """Contract of a method's entry in the upstream timing benchmark (``tools/benchmark_methods.py``):
+    a class in the method's folder (``methods/<family>/upstream.py``) registered in :data:`UPSTREAM`
+    under the method's command-line name (``--methods NAME``, ``--NAME PATH``, ``--NAME-python``).
+    Its module imports nothing heavy at module level (the methods package imports it) and never
+    this project's model code at all: the upstream worker imports it alone (the ``__init__`` of
+    the packages above it skipped), possibly in another environment; it never copies upstream
+    code, it drives the checkout's own. docs/writing_a_method.md, "An upstream benchmark entry".
+
+    Declarations, read by the harness:
+
+    - ``repo`` (``owner/name`` on GitHub), ``commit`` (the one the agreement rows compare with,
+      docs/upstream_agreement.md), ``marker`` (a file only that checkout has, from its root);
+      ``subdir``: the checkout's folder holding its code and configs ("" for the root);
+    - ``config``: the project config, ``configs/baselines/<config>``;
+    - ``kind``: how both sides are fed: ``"segmentor"`` (the photo resized by mmcv's rule
+      through a segmentor), ``"encoder"`` (a dense forward on the same normalised S x S image)
+      or ``"folder"`` (the checkout's own loop over a folder holding the photo; ``dataset``:
+      the project dataset whose test mapper reads it);
+    - the vocabulary of a segmentor: ``class_file`` (a ``cls_*.txt`` under ``subdir``) or
+      ``class_tuple`` (``(file, class)`` whose ``CLASSES`` is it); ``upstream_config``: the
+      checkout's config file its driver reads;
+    - ``needs_dino``: what of the ``--dino`` checkout its upstream uses, a phrase for the option's
+      help ("" when it needs none); ``vfm``: the DINO hub entry whose random weights (seed 0,
+      drawn by the upstream worker) both sides load (:meth:`vfm_file`); ``dino_aliases``: more
+      option strings meaning ``--dino``;
+    - ``sample_reads_file``: upstream's data sample reads the resized photo from a file
+      (``spec['image_file']``, written by the harness).
+
+    Hooks (class methods):
+
+    - ``project_opts(path, workdir, drawn)``: the project side's config overrides beyond the
+      shared ones (CPU, weights, templates), as ``[KEY, VALUE, ...]``; ``path`` the checkout
+      (None with ``--project-only`` and no path), ``drawn`` whether the upstream worker draws the
+      VFM weights (:meth:`vfm_file`) both sides load; runs in the tool's process;
+    - ``build(spec, image, path, kit)``: in the upstream worker, ``run()`` of one image through
+      the checkout's code (``path``: the folder holding it, the working directory; ``image``:
+      the input array; ``spec``: the worker's spec, ``spec['weights']`` the CLIP weights file);
+      ``kit``: the harness's generic helpers (``sparseclip_d2.benchmarks.upstream.upstream_kit``:
+      stand-ins, config readers, the segmentor runs).
+    """
+
+    repo = ""
+    commit = ""
+    marker = ""
+    subdir = ""
+    config = ""
+    kind = "segmentor"
+    dataset = ""
+    class_file = ""
+    class_tuple: Optional[Tuple[str, str]] = None
+    upstream_config = ""
+    needs_dino = ""
+    vfm = "dino_vitb8"
+    dino_aliases: Tuple[str, ...] = ()
+    sample_reads_file = False
+
+    @classmethod
+    def vfm_file(cls, workdir: str) -> str:
+        """The random VFM state dict both sides load, in ``workdir`` (the upstream worker draws it)."""
+        return os.path.join(workdir, f"{cls.vfm}_seed0.pth")
+
+    @classmethod
+    def project_opts(cls, path: Optional[str], workdir: str, drawn: bool) -> List[str]:
+        return []
+
+    @classmethod
+    def build(cls, spec: Dict, image, path: str, kit):
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)

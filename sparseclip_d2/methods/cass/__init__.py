@@ -6,6 +6,7 @@ from .head import ObjectPresenceHead
 from .object_presence import (OBJECT_PRESENCE_SECTION, ObjectPresence, object_presence_from_config,
                               object_presence_logits, text_clusters)
 from . import keys  # noqa: F401  (registers the family and its config sections)
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
 #: the families this one is built on (it may name them; tests/test_source_rules.py)
 BUILDS_ON = ("proxyclip",)

@@ -4,6 +4,7 @@ from .encoder import (REGION_RESTRICTION_REGISTRY, CorrCLIPEncoder, CorrCLIPSett
                       load_region_mask, merge_regions, region_mode_labels, restrict_to_regions, write_region_mask)
 from .parts import RegionMaskInput, RegionVoteStage, region_mask_of
 from . import keys  # noqa: F401  (registers the family and its config sections)
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
 #: the families this one is built on (it may name them; tests/test_source_rules.py)
 BUILDS_ON = ("proxyclip",)

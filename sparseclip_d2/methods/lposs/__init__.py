@@ -5,6 +5,7 @@ from .propagation import (PROPAGATION_KINDS, PROPAGATION_STAGE_REGISTRY, LabelPr
                           check_label_propagation_settings, propagate_patches, propagate_pixels)
 from .stage import LabelPropagationStage
 from . import keys  # noqa: F401  (registers the family and its config sections)
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
 __all__ = ["PROPAGATION_KINDS", "PROPAGATION_STAGE_REGISTRY", "LabelPropagation", "LabelPropagationSettings",
            "check_label_propagation_settings", "propagate_patches", "propagate_pixels", "LabelPropagationStage"]

@@ -1,0 +1,46 @@
+"""CASS's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
+(``cass_segmentor.py``, MICV-yonsei/CASS at 228ecdd), driven as its agreement rows drive it
+(docs/upstream_agreement.md), with DINO ViT-B/8's random weights in place of the release file."""
+import os
+import sys
+
+from ..registry import UPSTREAM, UpstreamEntry
+
+
+@UPSTREAM.register("cass")
+class CASSUpstream(UpstreamEntry):
+    """CASS_segmentor(clip_path, name_path, device, dataset=<cfg file>, pamr_steps=0, **model dict of
+    configs/cfg_voc21.py over base_config.py); its predict (whole image for voc21, slide_crop=0)."""
+
+    repo, commit, marker = "MICV-yonsei/CASS", "228ecdd", "cass_segmentor.py"
+    config = "cass_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    # its DinoSelfAttention loads DINO's release file: the random weights drawn by the --dino hub code
+    needs_dino, vfm = "DINO's release weights, drawn at random by the hub code", "dino_vitb8"
+
+    @classmethod
+    def project_opts(cls, path, workdir, drawn):
+        return ["MODEL.SPARSECLIP.PROXY.WEIGHTS", cls.vfm_file(workdir) if drawn else "none"]
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        import types
+
+        import torch
+
+        kit.install_standins()
+        sys.modules.setdefault("requests", types.ModuleType("requests"))  # dino/dino_attention.py: imported, unused
+        dino_file = kit.random_dino(spec, cls.vfm)
+        # DinoSelfAttention without a weights file loads the release through load_state_dict_from_url
+        torch.hub.load_state_dict_from_url = lambda url, *a, **k: torch.load(dino_file, map_location="cpu")
+        kit.tensor_cuda_standin()
+        import cass_segmentor as seg_module
+        if spec["templates"] == "single":
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = kit.upstream_config(path, cls.upstream_config)
+        for k in ("type", "clip_path", "name_path"):
+            model.pop(k, None)
+        seg = seg_module.CASS_segmentor(clip_path=spec["weights"], name_path=os.path.join(path, cls.class_file),
+                                        device="cpu", dataset="./" + cls.upstream_config, pamr_steps=0, **model)
+        seg.eval()
+        return kit.segmentor_run(seg, image, spec)

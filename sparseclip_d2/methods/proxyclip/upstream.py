@@ -1,0 +1,67 @@
+"""ProxyCLIP's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
+(``proxyclip_segmentor.py``, mc-lan/ProxyCLIP at e7b767f) from ``configs/cfg_voc21.py``, DINO ViT-B/8
+answered from the ``--dino`` checkout; :func:`build_proxy_segmentor` drives FSA's too."""
+import os
+
+from ..registry import UPSTREAM, UpstreamEntry
+
+
+def proxy_project_opts(entry, path, workdir):
+    """The project side's second-backbone weights: the random DINO the upstream worker draws (with a
+    checkout), else random ones drawn by the project."""
+    return ["MODEL.SPARSECLIP.PROXY.WEIGHTS", entry.vfm_file(workdir) if path else "none"]
+
+
+def build_proxy_segmentor(spec, image, path, kit, entry, segmentor: str):
+    """A ProxyCLIP-style segmentor (``segmentor``: ``"module:Class"``) of ``entry.upstream_config``
+    with ``name_path``, ``device='cpu'``, ``model_type`` = the weights file (by its bare name: its
+    create_model turns "/" of a name into "-"); ``torch.hub.load`` of DINO answered from the
+    ``--dino`` checkout with random weights (seed 0, drawn once), its fp16 casts in float32."""
+    import importlib
+
+    import torch
+
+    weights = spec["weights"]
+    kit.install_standins()
+    dino, vfm_file = spec["dino"], spec["vfm_weights"]
+    hub_load = torch.hub.load
+    if not os.path.exists(vfm_file):  # random VFM weights, drawn by the upstream VFM code (seed 0)
+        torch.manual_seed(0)
+        torch.save(hub_load(dino, entry.vfm, source="local", pretrained=False).state_dict(), vfm_file)
+
+    def local_hub_load(repo, hub_entry, *a, **k):  # torch.hub.load('facebookresearch/dino:main', ...) offline
+        vfm = hub_load(dino, hub_entry, source="local", pretrained=False)
+        vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
+        return vfm
+    torch.hub.load = local_hub_load
+    module, cls = segmentor.split(":")
+    seg_module = importlib.import_module(module)
+    if spec["templates"] == "single":
+        seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+    model = kit.upstream_config(path, entry.upstream_config)
+    model.pop("type", None)
+    model.update(name_path=os.path.join(path, entry.class_file), device="cpu", model_type=os.path.basename(weights))
+    os.chdir(os.path.dirname(weights))  # its create_model turns "/" of a name into "-": the bare file name
+    seg = getattr(seg_module, cls)(**model)
+    kit.upstream_to_fp32(seg, seg.vfm)
+    return kit.segmentor_run(seg, image, spec)
+
+
+@UPSTREAM.register("proxyclip")
+class ProxyCLIPUpstream(UpstreamEntry):
+    """ProxyCLIPSegmentation of configs/cfg_voc21.py (:func:`build_proxy_segmentor`); its predict."""
+
+    repo, commit, marker = "mc-lan/ProxyCLIP", "e7b767f", "proxyclip_segmentor.py"
+    config = "proxyclip_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    # its segmentor loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8')
+    needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb8"
+    dino_aliases = ("--proxyclip-dino",)  # the option's first name
+
+    @classmethod
+    def project_opts(cls, path, workdir, drawn):
+        return proxy_project_opts(cls, path, workdir)
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        return build_proxy_segmentor(spec, image, path, kit, cls, "proxyclip_segmentor:ProxyCLIPSegmentation")

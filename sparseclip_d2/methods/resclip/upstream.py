@@ -1,0 +1,20 @@
+"""ResCLIP's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
+(``resclip_segmentor.py``, yvhangyang/ResCLIP at 0e085f7) from ``configs/cfg_voc21.py``."""
+from ..registry import UPSTREAM, UpstreamEntry
+
+
+@UPSTREAM.register("resclip")
+class ResCLIPUpstream(UpstreamEntry):
+    """ResCLIPSegmentation(clip_path=<weights file>, name_path, device='cpu', **model dict of
+    configs/cfg_voc21.py), its hard-coded ``.cuda()`` calls kept on the CPU; its data preprocessor
+    and predict."""
+
+    repo, commit, marker = "yvhangyang/ResCLIP", "0e085f7", "resclip_segmentor.py"
+    config = "resclip_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        kit.cpu_cuda_standins()
+        return kit.template_segmentor(spec, image, path, cls, "resclip_segmentor:ResCLIPSegmentation",
+                                      clip_path=spec["weights"])

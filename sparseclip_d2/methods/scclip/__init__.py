@@ -1,0 +1,3 @@
+"""SC-CLIP (SuleBai/SC-CLIP): its attention is a preset (``clip/spec.py``); this folder holds its
+entry in the upstream timing benchmark (:mod:`.upstream`)."""
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)

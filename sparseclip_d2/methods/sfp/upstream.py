@@ -1,0 +1,20 @@
+"""SFP's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
+(``SFP_ICCV/SFP_segmentor.py``, Kimsure/SFP at 2804f5b), driven as SC-CLIP's (docs/upstream_agreement.md,
+"SC-CLIP and SFP")."""
+from ..registry import UPSTREAM, UpstreamEntry
+
+
+@UPSTREAM.register("sfp")
+class SFPUpstream(UpstreamEntry):
+    """SFPForSegmentation built from configs/base_config.py + cfg_voc21.py with clip_path = the
+    weights file and device='cpu'; its data preprocessor and predict (slide, postprocess)."""
+
+    # the SFP repository holds its code in SFP_ICCV/ (its README: cd SFP_ICCV, python eval.py)
+    repo, commit, marker, subdir = "Kimsure/SFP", "2804f5b", "SFP_ICCV/SFP_segmentor.py", "SFP_ICCV"
+    config = "sfp_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        return kit.template_segmentor(spec, image, path, cls, "SFP_segmentor:SFPForSegmentation",
+                                      clip_path=spec["weights"])

@@ -1,0 +1,70 @@
+"""Trident's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
+(``trident.py``, YuHengsss/Trident at a93b346), driven as its agreement rows drive it
+(docs/upstream_agreement.md): DINO ViT-B/16 from the ``--dino`` checkout, SAM ViT-B drawn by its own
+vendored ``segment_anything``, both with random weights (seed 0)."""
+import os
+import sys
+
+from ..registry import UPSTREAM, UpstreamEntry
+
+#: SAM ViT-B's random state dict (seed 0), drawn by the upstream worker beside the VFM's, loaded by both sides
+SAM_FILE = "sam_vit_b_seed0.pth"
+
+
+@UPSTREAM.register("trident")
+class TridentUpstream(UpstreamEntry):
+    """Trident(clip_type='openai', model_type=<weights file, its name ending in the patch size 16:
+    upstream reads the stride as int(model_type[-2:])>, vfm_model='dino', name_path, sam_ckpt=<random
+    SAM>, **model dict of configs/cfg_voc21.py over base_config.py); its predict (get_trident_seg,
+    postprocess)."""
+
+    repo, commit, marker = "YuHengsss/Trident", "a93b346", "trident.py"
+    config = "trident_b16_voc21.yaml"
+    upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb16"
+    sample_reads_file = True  # SAM reads the data sample's img_path
+
+    @classmethod
+    def project_opts(cls, path, workdir, drawn):
+        return ["MODEL.SPARSECLIP.PROXY.WEIGHTS", cls.vfm_file(workdir) if drawn else "none",
+                # its own segment_anything draws SAM ViT-B (seed 0) beside DINO
+                "MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS", os.path.join(workdir, SAM_FILE) if drawn else "none"]
+
+    @classmethod
+    def build(cls, spec, image, path, kit):
+        import types
+
+        import torch
+
+        weights = spec["weights"]
+        kit.install_standins()
+        skimage = types.ModuleType("skimage")  # seg_utils/utils.py imports it for sam_refinement only (off)
+        skimage.measure = types.ModuleType("skimage.measure")
+        sys.modules.update({"skimage": skimage, "skimage.measure": skimage.measure})
+        kit.random_dino(spec, cls.vfm)
+        sam_file = os.path.join(os.path.dirname(spec["vfm_weights"]), SAM_FILE)
+        if not os.path.exists(sam_file):
+            from segment_anything import sam_model_registry  # Trident's vendored copy
+            torch.manual_seed(0)
+            torch.save(sam_model_registry["vit_b"](checkpoint=None).state_dict(), sam_file)
+        import trident as seg_module
+        if spec["templates"] == "single":
+            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        model = kit.upstream_config(path, cls.upstream_config)
+        model.pop("type", None)
+        link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
+        if not os.path.exists(link):
+            os.symlink(weights, link)
+        model.update(clip_type="openai", model_type=os.path.basename(link), vfm_model="dino",
+                     name_path=os.path.join(path, cls.class_file), device="cpu", sam_ckpt=sam_file,
+                     sam_refinement=False)
+        os.chdir(os.path.dirname(link))  # its create_model takes the weights file by its bare name
+        seg = seg_module.Trident(**model)
+        seg.clip.float()
+        seg.vfm.float()
+        seg.sam.float()
+        seg.query_features = seg.query_features.float()
+        seg.dtype = torch.float32
+        torch.Tensor.half = lambda self: self.float()
+        seg.eval()
+        return kit.path_segmentor_run(seg, image, spec)
