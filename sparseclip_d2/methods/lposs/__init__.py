@@ -7,5 +7,9 @@ from .stage import LabelPropagationStage
 from . import keys  # noqa: F401  (registers the family and its config sections)
 from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
+#: the families this one is built on (it may name them; tests/test_source_rules.py): upstream LPOSS
+#: propagates MaskCLIP's predictions, and its benchmark entry runs upstream's MaskCLIP model files
+BUILDS_ON = ("maskclip",)
+
 __all__ = ["PROPAGATION_KINDS", "PROPAGATION_STAGE_REGISTRY", "LabelPropagation", "LabelPropagationSettings",
            "check_label_propagation_settings", "propagate_patches", "propagate_pixels", "LabelPropagationStage"]
