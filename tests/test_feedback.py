@@ -261,6 +261,141 @@ def test_first_segmentation_prior_by_hand():
                                feedback_prior(torch.zeros_like(want), 1.0, True))
 
 
+def _patch_labels_by_hand(probs, p):
+    """``(S, H, W)`` -> ``(H // p, W // p)``: per patch of the top-left ``H // p * p x W // p * p``
+    pixels, the most frequent per-pixel argmax, ties to the smaller label (loops, bincount)."""
+    pred = probs.argmax(0)
+    h, w = probs.shape[1] // p, probs.shape[2] // p
+    out = torch.zeros(h, w, dtype=torch.long)
+    for i in range(h):
+        for j in range(w):
+            counts = torch.bincount(pred[i * p:(i + 1) * p, j * p:(j + 1) * p].reshape(-1), minlength=probs.shape[0])
+            out[i, j] = int(counts.argmax())  # the first maximum: the smaller label
+    return out
+
+
+def _first_labels_by_hand(first, guide, emb, scale, p, steps, dilations):
+    """The first segmentation's patch labels of one window: cosines of the ``(1, D, h, w)`` first-run
+    features resized to ``guide``'s ``H x W`` (bilinear, half-pixel centres), PAMR guided by ``guide``
+    (``dense.pamr``, tested against the reference in test_postprocess / test_baselines), softmax of
+    ``scale *`` them over synonyms, then :func:`_patch_labels_by_hand` (threshold 0)."""
+    from sparseclip_d2.dense.pamr import pamr
+
+    f = first[0].float()
+    f = f / f.norm(dim=0, keepdim=True)
+    cos = torch.einsum("dhw,sd->shw", f, emb.float())[None]
+    cos = F.interpolate(cos, size=tuple(guide.shape[-2:]), mode="bilinear", align_corners=False)
+    cos = pamr(guide[None].float(), cos, steps, dilations)[0]
+    return _patch_labels_by_hand(torch.softmax(cos * scale, dim=0), p)
+
+
+@pytest.mark.parametrize("size", [(48, 88), (41, 75)])  # 504 = 31 * 16 + 8 as in the issue; both sides
+def test_first_segmentation_of_a_non_multiple_whole_image_is_made_on_the_whole_image(size, monkeypatch):
+    """Issue 41: a whole image whose sides are not multiples of the patch, with ``truncate`` (ResCLIP:
+    yvhangyang/ResCLIP @ 0e085f7 ``clip/model.py`` ``create_logit_temp`` resizes the first pass's
+    cosines to the whole input and guides PAMR with the whole input; ``create_patch_matrix`` then
+    labels the top-left patches). The tiny tower, threshold 0: the prior the encoder's second run
+    gets is the one made by hand on the whole image (not on the encoded top-left crop, which gives
+    other labels here), and the logits are those of the second run with that prior."""
+    import sparseclip_d2.modeling.meta_arch as meta_arch
+    from detectron2.modeling import build_model
+
+    from sparseclip_d2.methods.cosine import cosine_logits
+
+    from conftest import tiny_cfg
+
+    model = build_model(tiny_cfg(**{
+        "MODEL.SPARSECLIP.FEEDBACK.ENABLED": True, "MODEL.SPARSECLIP.FEEDBACK.THRESHOLD": 0.0,
+        "MODEL.SPARSECLIP.PATCH_REMAINDER": "truncate", "MODEL.SPARSECLIP.LOGIT_SCALE": 40.0}))
+    p, H, W = 16, size[0], size[1]
+    kh, kw = H // p * p, W // p * p
+    g = torch.Generator().manual_seed(0)
+    # a smooth picture (PAMR follows its edges) plus noise, normalised scale
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, H), torch.linspace(-1, 1, W), indexing="ij")
+    image = torch.stack([torch.sin(3 * xx + 2 * yy), (xx * yy > 0).float(), torch.cos(4 * yy)]) * 1.5
+    image = image + 0.3 * torch.randn(3, H, W, generator=g)
+    emb = F.normalize(torch.randn(6, model.encoder.embed_dim, generator=g), dim=-1)
+    seen = []
+    real = meta_arch.first_segmentation_prior
+
+    def recording(first, images, *args):
+        out = real(first, images, *args)
+        seen.append((first, images, out))
+        return out
+
+    monkeypatch.setattr(meta_arch, "first_segmentation_prior", recording)
+    with torch.no_grad():
+        logits = model.synonym_logits(image, emb)
+    assert len(seen) == 1
+    first, guide, prior = seen[0]
+    assert tuple(first.shape[-2:]) == (H // p, W // p)
+    # what the feedback receives: the whole normalised image as the guide and the resize size
+    assert tuple(guide.shape) == (1, 3, H, W)
+    assert torch.equal(guide[0], image)
+    fb = model.feedback
+    labels = _first_labels_by_hand(first, image, emb, 40.0, p, fb.pamr_steps, fb.pamr_dilations)
+    assert labels.unique().numel() >= 3  # a real first segmentation
+    # the encoded top-left crop as guide and size (main before the fix) labels other patches
+    cropped = _first_labels_by_hand(first, image[:, :kh, :kw], emb, 40.0, p, fb.pamr_steps, fb.pamr_dilations)
+    assert not torch.equal(labels, cropped)
+    want = feedback_prior(labels[None], fb.smooth_std, fb.connectivity)
+    torch.testing.assert_close(prior, want, atol=0, rtol=0)
+    # the logits: the second run with that prior on the encoded crop, resized to the whole image
+    with torch.no_grad():
+        feats = model.encoder(image[None, :, :kh, :kw], feedback=lambda f: want)
+    ref = F.interpolate(cosine_logits(feats, emb, 40.0), size=(H, W), mode="bilinear", align_corners=False)[0]
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_logits_gives_the_whole_windows_only_when_asked():
+    """``with_windows``: ``truncate`` windows come whole (the crop is their top-left part), padded
+    crops come as they are encoded, windows of multiples are the crops; without it, no keyword."""
+    from sparseclip_d2.dense.windows import dense_logits, window_grid
+
+    img = torch.randn(3, 41, 75, generator=torch.Generator().manual_seed(0))
+    got = []
+
+    def fn(crops, windows=None):
+        got.append((crops, windows))
+        return F.avg_pool2d(crops, 16)
+
+    dense_logits(img, fn, patch_size=16, patch_remainder="truncate", with_windows=True)
+    (crops, windows), = got
+    assert torch.equal(crops[0], img[:, :32, :64]) and torch.equal(windows[0], img)
+    for crop_size, stride in ((24, 17), (32, 16)):  # sliding: windows of 24 (truncated to 16) and 32 (multiples)
+        got.clear()
+        dense_logits(img, fn, patch_size=16, crop_size=crop_size, stride=stride, batch_size=4,
+                     patch_remainder="truncate", with_windows=True)
+        grid = window_grid(41, 75, crop_size, stride)
+        wins = torch.cat([w for _, w in got])
+        assert torch.equal(wins, torch.stack([img[:, y1:y2, x1:x2] for y1, y2, x1, x2 in grid]))
+        if crop_size == 32:
+            assert all(c is w for c, w in got)
+    for mode in ("pad_crop", "pad_corner"):
+        got.clear()
+        dense_logits(img, fn, patch_size=16, patch_remainder=mode, with_windows=True)
+        (crops, windows), = got
+        assert crops.shape[-2:] == (48, 80) and windows is crops
+    got.clear()
+    dense_logits(img, fn, patch_size=16, patch_remainder="truncate")
+    assert got[0][1] is None
+    side = torch.zeros(41, 75)
+    seen = []
+    dense_logits(img, lambda c, s, windows: seen.append(windows.shape) or F.avg_pool2d(c, 16), patch_size=16,
+                 patch_remainder="truncate", side=side, with_windows=True)
+    assert seen == [(1, 3, 41, 75)]
+
+
+def test_first_segmentation_prior_refuses_windows_of_another_grid():
+    from sparseclip_d2.dense.first_segmentation import FeedbackSettings, first_segmentation_prior
+
+    feats, text = torch.randn(1, 3, 2, 3), torch.eye(2, 3)
+    st = FeedbackSettings(pamr_steps=0)
+    assert first_segmentation_prior(feats, torch.randn(1, 3, 11, 15), text, 1.0, st, 4).shape == (1, 7, 7)
+    with pytest.raises(ValueError, match=r"needs 1 windows of 8\.\.11 x 12\.\.15 pixels, got \(1, 3, 12, 12\)"):
+        first_segmentation_prior(feats, torch.randn(1, 3, 12, 12), text, 1.0, st, 4)
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("MODEL.SPARSECLIP.FEEDBACK.THRESHOLD", 1.5, r"FEEDBACK.THRESHOLD = 1.5 is invalid; valid: a probability in \[0, 1\]"),
     ("MODEL.SPARSECLIP.FEEDBACK.PAMR_STEPS", -1, "FEEDBACK.PAMR_STEPS = -1 is invalid; valid: an integer >= 0"),

@@ -3,7 +3,9 @@ of a first run of the last block to the ``(B, P + N, P + N)`` prior the encoder 
 its second run (``attention.feedback``).
 
 Per window (any batch size): ``cos(patch, synonym)`` logits bilinearly resized to the
-window's pixels (``align_corners=False``), PAMR-refined guided by the normalised window,
+window's pixels (``align_corners=False``), PAMR-refined guided by the normalised window (the
+whole window, also where the encoded patch grid leaves a remainder of fewer than ``p`` pixels
+out: ``dense_logits``' ``windows``),
 times the logit scale, softmax over synonyms, :func:`~sparseclip_d2.attention.patch_labels`
 (threshold, patch mode), :func:`~sparseclip_d2.attention.feedback_prior`. Labels are synonym
 indices, as upstream's query indices (yvhangyang/ResCLIP @ 0e085f7 ``clip/model.py``
@@ -100,7 +102,9 @@ def first_segmentation_prior(feats: torch.Tensor, images: torch.Tensor, text_emb
 
     Args:
         feats: ``(B, D, h, w)`` dense features of the first run of the last block.
-        images: ``(B, 3, h * p, w * p)`` the normalised windows they come from (PAMR's guide).
+        images: ``(B, 3, H, W)`` the normalised windows they come from, ``H // p = h`` and
+            ``W // p = w`` (the resize size and PAMR's guide; patch labels from the top-left
+            ``h * p x w * p`` pixels).
         text_emb: ``(S, D)`` L2-normalised synonym embeddings.
         logit_scale: the softmax's scale of the cosines.
         settings: :class:`FeedbackSettings`.
@@ -109,6 +113,11 @@ def first_segmentation_prior(feats: torch.Tensor, images: torch.Tensor, text_emb
     Returns:
         ``(B, P + h*w, P + h*w)`` float32.
     """
+    h, w = feats.shape[-2:]
+    if images.shape[0] != feats.shape[0] or (images.shape[-2] // patch, images.shape[-1] // patch) != (h, w):
+        raise ValueError(f"the first segmentation of {tuple(feats.shape[-2:])} patches of side {patch} needs "
+                         f"{feats.shape[0]} windows of {h * patch}..{h * patch + patch - 1} x "
+                         f"{w * patch}..{w * patch + patch - 1} pixels, got {tuple(images.shape)}")
     f = F.normalize(feats.float(), dim=1)
     cos = torch.einsum("bdhw,sd->bshw", f, text_emb.float().to(f.device))
     cos = F.interpolate(cos, size=tuple(images.shape[-2:]), mode="bilinear", align_corners=False)

@@ -85,6 +85,7 @@ def dense_logits(
     patch_remainder: str = "pad_crop",
     side: Optional[torch.Tensor] = None,
     side_pad_value: float = 0,
+    with_windows: bool = False,
 ) -> torch.Tensor:
     """Pixel logits of one image from a patch-level logits function.
 
@@ -101,6 +102,14 @@ def dense_logits(
         side: optional ``(H, W)`` map cut into the same windows and padded the same way with
             ``side_pad_value`` (CorrCLIP's region masks, padded with their label 10000); then
             ``logits_fn(crops, side_crops)`` gets the ``(N, h, w)`` windows of it too.
+        with_windows: also give ``logits_fn`` the keyword ``windows``: the ``(N, 3, h', w')``
+            pixels each crop stands for, at the size its patch logits are upsampled to. With
+            ``truncate`` these are the whole windows (``h' x w'`` = the window, of which the crop
+            is the top-left ``floor(h' / p) * p x floor(w' / p) * p``); with the padding modes,
+            the padded crops themselves. (A first segmentation made from a window's patch logits
+            is made at this size, guided by these pixels: yvhangyang/ResCLIP @ 0e085f7
+            ``clip/model.py`` ``create_logit_temp`` resizes to, and runs PAMR on, the whole input
+            its truncated patch grid comes from.)
 
     Returns:
         ``(K, H, W)`` float32 logits: per window, patch logits are upsampled bilinearly
@@ -143,13 +152,19 @@ def dense_logits(
         crops = torch.stack([image[:, y1:y1 + keep_h, x1:x1 + keep_w] for (y1, y2, x1, x2) in chunk])
         if any(pad):
             crops = F.pad(crops, pad)
+        extra = {}
+        if with_windows:
+            if (keep_h, keep_w) == (wh, ww):  # nothing truncated: the (padded) crops
+                extra["windows"] = crops
+            else:
+                extra["windows"] = torch.stack([image[:, y1:y2, x1:x2] for (y1, y2, x1, x2) in chunk])
         if side is not None:
             side_crops = torch.stack([side[y1:y1 + keep_h, x1:x1 + keep_w] for (y1, y2, x1, x2) in chunk])
             if any(pad):
                 side_crops = F.pad(side_crops, pad, value=side_pad_value)
-            patch_logits = logits_fn(crops, side_crops)
+            patch_logits = logits_fn(crops, side_crops, **extra)
         else:
-            patch_logits = logits_fn(crops)
+            patch_logits = logits_fn(crops, **extra)
         if patch_logits.dim() != 4 or patch_logits.shape[0] != len(chunk):
             raise ValueError(
                 f"logits_fn must return (N, K, h, w) with N={len(chunk)}, got {tuple(patch_logits.shape)}"

@@ -385,14 +385,18 @@ class SparseCLIP(nn.Module):
             inputs.side[name] = side.working(full, tuple(image.shape[-2:]))
         return inputs
 
-    def encoder_inputs(self, images: torch.Tensor, text_emb: torch.Tensor, side: Optional[torch.Tensor] = None
-                       ) -> Dict:
-        """The encoder's keyword inputs for a batch of windows, from its declared ``needs``."""
+    def encoder_inputs(self, images: torch.Tensor, text_emb: torch.Tensor, side: Optional[torch.Tensor] = None,
+                       windows: Optional[torch.Tensor] = None) -> Dict:
+        """The encoder's keyword inputs for a batch of windows, from its declared ``needs``.
+        ``windows``: the pixels the ``images`` stand for (``dense_logits``' ``windows``: the whole
+        windows of truncated crops), at whose size and guided by which a first segmentation is
+        made; None = ``images``."""
         needs: Needs = self.encoder.needs
         kwargs = {}
         if needs.first_segmentation:
+            guide = images if windows is None else windows
             kwargs["feedback"] = lambda first: first_segmentation_prior(
-                first, images, text_emb, self.logit_scale, self.feedback, int(self.encoder.patch_size),
+                first, guide, text_emb, self.logit_scale, self.feedback, int(self.encoder.patch_size),
                 int(self.encoder.num_prefix_tokens))
         if needs.text:
             kwargs["text_emb"] = text_emb
@@ -404,16 +408,17 @@ class SparseCLIP(nn.Module):
         return kwargs
 
     def window_logits_fn(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None):
-        """``(crops[, side crops]) -> (N, S, h/p, w/p)`` logits of windows of ``inputs``' image through
-        the encoder and the head (the tapped block's self-correlation collected into
+        """``(crops[, side crops][, windows=]) -> (N, S, h/p, w/p)`` logits of windows of ``inputs``' image
+        through the encoder and the head (the tapped block's self-correlation collected into
         ``inputs.correlation`` when a stage needs it)."""
         text_emb = inputs.text_emb
         layer = self.needs.correlation_layer
         if inputs.context is None:
             inputs.context = self.head.image_context(self, inputs.image, text_emb)
 
-        def logits_fn(crops: torch.Tensor, side: Optional[torch.Tensor] = None) -> torch.Tensor:
-            kwargs = self.encoder_inputs(crops, text_emb, side)
+        def logits_fn(crops: torch.Tensor, side: Optional[torch.Tensor] = None,
+                      windows: Optional[torch.Tensor] = None) -> torch.Tensor:
+            kwargs = self.encoder_inputs(crops, text_emb, side, windows)
             if layer is not None:
                 logits, corr = self.head.with_correlation(self, crops, text_emb, kwargs, layer)
                 inputs.correlation.extend(corr.unbind(0))
@@ -437,6 +442,8 @@ class SparseCLIP(nn.Module):
             patch_remainder=self.patch_remainder,
             side=side,
             side_pad_value=self.side_inputs[side_name].pad_value if side_name is not None else 0,
+            # a first segmentation is made on the whole window (truncated crops: the encoded part)
+            with_windows=bool(self.encoder.needs.first_segmentation),
         )
 
     def working_logits(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None
