@@ -147,7 +147,7 @@ log "installing sparseclip_d2 (editable, with the test extra)"
 env -u PYTHONPATH "$VENV/bin/python" "$REPO/scripts/check_venv_binding.py" "$REPO" >/dev/null \
   || fail "after the editable install, $VENV still does not import this checkout's sparseclip_d2 (another .pth or site path comes first?)"
 
-# Headless Chromium for tests/test_app_browser.py (Playwright drives Debian's build; its own browser download is not used)
+# Headless Chromium for tests/app/test_app_browser.py (Playwright drives Debian's build; its own browser download is not used)
 command -v chromium >/dev/null || { log "installing Debian's chromium"; apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || fail "apt-get install chromium failed"; }
 
 log "pip check"

@@ -13,10 +13,20 @@ Fixtures:
         end-to-end tests). It is shared: never modify it in place - deep-copy it first.
 """
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("SPARSECLIP_TEXT_CACHE", "off")
+
+# The tests live in folders that mirror the package (tests/methods/, tests/clip/ ...); a test may
+# import another one's float64 references by module name (``from test_proxyclip import ...``), so
+# every folder is on sys.path (module names are unique across folders).
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+for _name in sorted(os.listdir(_TESTS)):
+    _folder = os.path.join(_TESTS, _name)
+    if os.path.isdir(_folder) and not _name.startswith((".", "_")) and _folder not in sys.path:
+        sys.path.insert(0, _folder)
 
 import sparseclip_d2  # noqa: E402
 

@@ -163,7 +163,7 @@ def sparseclip_tiny_samvit(pretrained: bool = False, **kwargs):
                  window_size=4, global_attn_indexes=[1], neck_chans=32)
 # ----------------------------------------------------------------------------- a deeper tiny CLIP
 # sparseclip-tiny-vit with 5 vision blocks: CorrCLIP's spatial branch averages blocks depth-2-N ..
-# depth-3 (tests/test_corrclip.py), which a 2-block tower does not have.
+# depth-3 (tests/methods/test_corrclip.py), which a 2-block tower does not have.
 TINY_CLIP5_NAME = "sparseclip-tiny-vit-5l"
 TINY_CLIP5_CONFIG = {
     "embed_dim": 32,

@@ -189,7 +189,7 @@ def match_range(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     ``ref``'s dtype, so where the dtypes differ (fp16 keys, fp32 CLIP keys) PyTorch's own
     promotion decides, as it does upstream on the same device. On the CPU an fp16 tensor times a
     0-dim float32 tensor uses the float32 value (``(a.float() * s).half()``), while the sum rounds
-    the 0-dim term to fp16 first (both measured in ``tests/test_cass.py``).
+    the 0-dim term to fp16 first (both measured in ``tests/methods/test_cass.py``).
     """
     lo, hi = x.min(), x.max()
     if not bool(hi > lo):

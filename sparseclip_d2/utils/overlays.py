@@ -175,7 +175,7 @@ def load_font(size: float, bold: bool = False, path: Optional[str] = None) -> Im
     return ImageFont.truetype(path or _dejavu(bold), size=max(6, int(round(size))))
 
 
-_font = load_font  # the old private name (tests/test_overlay_text.py uses it)
+_font = load_font  # the old private name (tests/analysis/test_overlay_text.py uses it)
 
 
 def _boxes_overlap(a, b) -> bool:

@@ -8,7 +8,7 @@ from .object_presence import (OBJECT_PRESENCE_SECTION, ObjectPresence, object_pr
 from . import keys  # noqa: F401  (registers the family and its config sections)
 from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
-#: the families this one is built on (it may name them; tests/test_source_rules.py)
+#: the families this one is built on (it may name them; tests/project/test_source_rules.py)
 BUILDS_ON = ("proxyclip",)
 
 __all__ = ["CASSEncoder", "CASSSettings", "cass_proxy_input", "check_cass_settings", "check_cass_spec",

@@ -7,7 +7,7 @@ from .stage import LabelPropagationStage
 from . import keys  # noqa: F401  (registers the family and its config sections)
 from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
-#: the families this one is built on (it may name them; tests/test_source_rules.py): upstream LPOSS
+#: the families this one is built on (it may name them; tests/project/test_source_rules.py): upstream LPOSS
 #: propagates MaskCLIP's predictions, and its benchmark entry runs upstream's MaskCLIP model files
 BUILDS_ON = ("maskclip",)
 

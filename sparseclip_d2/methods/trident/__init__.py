@@ -4,7 +4,7 @@ from .encoder import TridentEncoder, TridentSettings, check_trident_settings
 from . import keys  # noqa: F401  (registers the family and its config sections)
 from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
-#: the families this one is built on (it may name them; tests/test_source_rules.py)
+#: the families this one is built on (it may name them; tests/project/test_source_rules.py)
 BUILDS_ON = ("proxyclip",)
 
 __all__ = ["TridentEncoder", "TridentSettings", "check_trident_settings"]

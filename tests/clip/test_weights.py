@@ -1,0 +1,277 @@
+"""Every weight format a researcher holds loads into the same open_clip model.
+
+Each format is made here, tiny and random, with no download: an OpenAI-layout TorchScript
+archive (``torch.jit.save``, what ``clip.load`` leaves in ``~/.cache/clip``), an open_clip
+``local-dir:`` folder, and ``transformers`` ``CLIPModel`` / ``SiglipModel`` checkpoints
+written by ``save_pretrained``. Each test compares the features of the model
+:func:`build_clip` returns with the source library's own forward of the same file
+(``open_clip.load_openai_model``, ``open_clip.create_model("local-dir:...")``,
+transformers' ``get_image_features`` / ``get_text_features``): max |diff| <= 1e-5.
+``pytest -s tests/clip/test_weights.py`` prints each measured max |diff|.
+"""
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import open_clip
+
+from sparseclip_d2.clip import build_clip, get_tokenizer
+from sparseclip_d2.clip.builder import check_model_name
+from sparseclip_d2.clip.model_configs import register_local_model_config
+
+transformers = pytest.importorskip("transformers")
+
+# torch >= 2.10 deprecates TorchScript; the archives made here are what OpenAI's release is.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.(script|save|load)` is deprecated:FutureWarning")
+
+TOL = 1e-5
+# An OpenAI-layout tower: open_clip's build_model_from_openai_state_dict infers heads = width / 64.
+OPENAI_TINY = "sparseclip-test-openai-tiny"
+register_local_model_config(OPENAI_TINY, {
+    "embed_dim": 32,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 64, "layers": 2, "width": 128, "head_width": 64, "patch_size": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 2, "layers": 2},
+})
+TEXTS = ["a photo of a cat.", "a dog", "grass"]
+
+
+def _images(seed=0, side=64):
+    return torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(seed))
+
+
+def _max_diff(a, b):
+    return (a.detach().double() - b.detach().double()).abs().max().item()
+
+
+def _features(model, images, tokens):
+    with torch.no_grad():
+        return model.encode_image(images), model.encode_text(tokens)
+
+
+def _random_model(name, seed):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_clip(name, "none")
+
+
+# ------------------------------------------------------------------------------ TorchScript
+class _Holder(torch.nn.Module):
+    """A scriptable module holding a state dict under the exact (dotted) key names."""
+
+    def __init__(self, sd):
+        super().__init__()
+        for key, value in sd.items():
+            *path, leaf = key.split(".")
+            mod = self
+            for part in path:
+                if not hasattr(mod, part):
+                    mod.add_module(part, torch.nn.Module())
+                mod = getattr(mod, part)
+            if value.is_floating_point():
+                mod.register_parameter(leaf, torch.nn.Parameter(value.clone(), requires_grad=False))
+            else:
+                mod.register_buffer(leaf, value.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _torchscript_file(tmp_path, name=OPENAI_TINY, seed=0, fp16=True):
+    source = _random_model(name, seed)
+    sd = {k: (v.half() if fp16 and v.is_floating_point() else v) for k, v in source.state_dict().items()}
+    sd.update(input_resolution=torch.tensor(64), context_length=torch.tensor(77), vocab_size=torch.tensor(49408))
+    path = str(tmp_path / "ViT-tiny.pt")
+    torch.jit.save(torch.jit.script(_Holder(sd)), path)
+    return path
+
+
+def test_openai_torchscript_file_loads_like_open_clip_load_openai_model(tmp_path):
+    path = _torchscript_file(tmp_path)
+    ours = build_clip(OPENAI_TINY, path)
+    ref = open_clip.load_openai_model(path, precision="fp32", device="cpu").eval()
+    tokens = get_tokenizer(OPENAI_TINY)(TEXTS)
+    (oi, ot), (ri, rt) = _features(ours, _images(), tokens), _features(ref, _images(), tokens)
+    di, dt = _max_diff(oi, ri), _max_diff(ot, rt)
+    print(f"\nTorchScript archive vs open_clip.load_openai_model: image max|diff| {di:.2e}, text {dt:.2e}")
+    assert di <= TOL and dt <= TOL
+    assert not any(p.requires_grad for p in ours.parameters())
+
+
+def test_torchscript_file_forces_quick_gelu_as_the_openai_tag(tmp_path, caplog):
+    """A name without -quickgelu gets QuickGELU forced, with the openai tag's warning."""
+    name = "sparseclip-test-openai-tiny-gelu"
+    cfg = {"embed_dim": 32, "vision_cfg": {"image_size": 64, "layers": 2, "width": 128, "head_width": 64,
+                                           "patch_size": 16},
+           "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 2, "layers": 2}}
+    register_local_model_config(name, cfg)
+    path = _torchscript_file(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="sparseclip_d2"):
+        model = build_clip(name, path)
+    assert isinstance(model.visual.transformer.resblocks[0].mlp.gelu, open_clip.transformer.QuickGELU)
+    assert any("QuickGELU" in r.getMessage() for r in caplog.records)
+
+
+def test_torchscript_file_of_another_model_names_both(tmp_path):
+    path = _torchscript_file(tmp_path)
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-vit", path)
+    msg = str(e.value)
+    assert "sparseclip-tiny-vit" in msg and "width 128" in msg and "width 64" in msg and path in msg
+
+
+# ------------------------------------------------------------------------------ local-dir
+def _local_dir(tmp_path, name="sparseclip-tiny-vit", seed=1, weights=True):
+    from safetensors.torch import save_file
+
+    from sparseclip_d2.clip.model_configs import get_local_model_config
+
+    folder = tmp_path / "oc_dir"
+    folder.mkdir()
+    with open(folder / "open_clip_config.json", "w") as f:
+        json.dump({"model_cfg": get_local_model_config(name), "preprocess_cfg": {}}, f)
+    if weights:
+        sd = {k: v.contiguous() for k, v in _random_model(name, seed).state_dict().items()}
+        save_file(sd, str(folder / "open_clip_model.safetensors"))
+    return str(folder)
+
+
+def test_local_dir_name_loads_like_open_clip(tmp_path):
+    folder = _local_dir(tmp_path)
+    name = f"local-dir:{folder}"
+    check_model_name(name)
+    ours = build_clip(name, "openai")  # the name brings its own weights: the tag is not used
+    ref = open_clip.create_model(name).eval()
+    tokens = get_tokenizer(name)(TEXTS)
+    (oi, ot), (ri, rt) = _features(ours, _images(), tokens), _features(ref, _images(), tokens)
+    di, dt = _max_diff(oi, ri), _max_diff(ot, rt)
+    print(f"\nlocal-dir vs open_clip.create_model: image max|diff| {di:.2e}, text {dt:.2e}")
+    assert di <= TOL and dt <= TOL
+    assert _max_diff(oi, _features(_random_model("sparseclip-tiny-vit", 1), _images(), tokens)[0]) <= TOL
+
+
+def test_local_dir_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_model_name(f"local-dir:{tmp_path}/missing")
+    with pytest.raises(FileNotFoundError, match="open_clip_config.json"):
+        check_model_name(f"local-dir:{tmp_path}")
+    folder = _local_dir(tmp_path, weights=False)
+    with pytest.raises(FileNotFoundError, match="holds no weights file"):
+        build_clip(f"local-dir:{folder}", "openai")
+    assert build_clip(f"local-dir:{folder}", "none") is not None  # random weights, said loudly
+
+
+def test_hf_hub_names_are_validated_and_fail_fast_offline(monkeypatch):
+    with pytest.raises(ValueError, match="org/repo"):
+        check_model_name("hf-hub:just-a-name")
+    check_model_name("hf-hub:timm/ViT-B-16-SigLIP")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="hf-hub:sparseclip-test/not-cached"):
+        build_clip("hf-hub:sparseclip-test/not-cached", "none")
+
+
+# ------------------------------------------------------------------------------ transformers
+def _hf_clip_dir(tmp_path, hidden=64, seed=2):
+    cfg = transformers.CLIPConfig(
+        text_config=dict(vocab_size=49408, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=77, hidden_act="quick_gelu",
+                         bos_token_id=49406, eos_token_id=49407),
+        vision_config=dict(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=64, patch_size=16, hidden_act="quick_gelu"),
+        projection_dim=32)
+    torch.manual_seed(seed)
+    model = transformers.CLIPModel(cfg).eval()
+    with torch.no_grad():  # transformers initialises LayerNorms to (1, 0) and biases to 0: perturb them
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    folder = tmp_path / f"hf_clip_{hidden}"
+    model.save_pretrained(str(folder))
+    return str(folder), model
+
+
+def _hf_siglip_dir(tmp_path, seed=3):
+    cfg = transformers.SiglipConfig(
+        text_config=dict(vocab_size=49408, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=16, hidden_act="gelu", layer_norm_eps=1e-6,
+                         projection_size=64),
+        vision_config=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=64, patch_size=16, hidden_act="gelu", layer_norm_eps=1e-6))
+    torch.manual_seed(seed)
+    model = transformers.SiglipModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    folder = tmp_path / "hf_siglip"
+    model.save_pretrained(str(folder))
+    return str(folder), model
+
+
+def _hf_features(model, images, tokens):
+    def pooled(out):
+        return out.pooler_output if hasattr(out, "pooler_output") else out
+
+    with torch.no_grad():
+        return pooled(model.get_image_features(pixel_values=images)), pooled(model.get_text_features(input_ids=tokens))
+
+
+def test_transformers_clip_checkpoint_matches_transformers_forward(tmp_path):
+    folder, hf = _hf_clip_dir(tmp_path)
+    ours = build_clip("sparseclip-tiny-vit", f"hf:{folder}")
+    tokens = get_tokenizer("sparseclip-tiny-vit")(TEXTS)
+    (oi, ot), (hi, ht) = _features(ours, _images(), tokens), _hf_features(hf, _images(), tokens)
+    di, dt = _max_diff(oi, hi), _max_diff(ot, ht)
+    print(f"\ntransformers CLIPModel vs converted open_clip: image max|diff| {di:.2e}, text {dt:.2e}")
+    assert di <= TOL and dt <= TOL
+    assert _max_diff(ours.logit_scale, hf.logit_scale) == 0.0
+
+
+def test_transformers_siglip_checkpoint_matches_transformers_forward(tmp_path):
+    folder, hf = _hf_siglip_dir(tmp_path)
+    ours = build_clip("sparseclip-tiny-siglip", f"hf:{folder}")
+    tokens = torch.randint(1, 49408, (3, 16), generator=torch.Generator().manual_seed(4))
+    (oi, ot), (hi, ht) = _features(ours, _images(), tokens), _hf_features(hf, _images(), tokens)
+    di, dt = _max_diff(oi, hi), _max_diff(ot, ht)
+    print(f"\ntransformers SiglipModel vs converted open_clip: image max|diff| {di:.2e}, text {dt:.2e}")
+    assert di <= TOL and dt <= TOL
+    assert _max_diff(ours.logit_bias, hf.logit_bias) == 0.0
+
+
+def test_transformers_checkpoint_of_another_model_names_both(tmp_path):
+    folder, _ = _hf_clip_dir(tmp_path, hidden=128)
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-vit", f"hf:{folder}")
+    msg = str(e.value)
+    assert "sparseclip-tiny-vit" in msg and "vision hidden 128" in msg
+    clip_dir, _ = _hf_clip_dir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-siglip", f"hf:{clip_dir}")
+    assert "sparseclip-tiny-siglip" in str(e.value) and "transformers clip checkpoint" in str(e.value)
+
+
+def test_transformers_unsupported_or_missing(tmp_path):
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    with pytest.raises(ValueError, match="model_type 'bert'.*valid: clip, siglip"):
+        build_clip("sparseclip-tiny-vit", f"hf:{folder}")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build_clip("sparseclip-tiny-vit", f"hf:{tmp_path}/nothing")
+    with pytest.raises(ValueError, match="names no directory"):
+        build_clip("sparseclip-tiny-vit", "hf:")
+
+
+def test_quick_gelu_mismatch_is_an_error(tmp_path):
+    """A GELU transformers checkpoint into a QuickGELU open_clip model would be silently wrong."""
+    cfg = transformers.CLIPConfig(
+        text_config=dict(vocab_size=49408, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, hidden_act="gelu"),
+        vision_config=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=64, patch_size=16, hidden_act="gelu"), projection_dim=32)
+    folder = tmp_path / "gelu"
+    transformers.CLIPModel(cfg).save_pretrained(str(folder))
+    with pytest.raises(ValueError, match="quick_gelu"):
+        build_clip("sparseclip-tiny-vit", f"hf:{folder}")
