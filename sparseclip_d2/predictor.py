@@ -107,6 +107,15 @@ def build_config(config: Union[str, os.PathLike, CfgNode, None] = "demo", opts: 
 
 
 def to_rgb_image(image: ImageLike, name: str = "<image>") -> np.ndarray:
+    """Any supported image as ``(H, W, 3)`` uint8 RGB (float input 0-1 is rounded to 8 bits);
+    see :func:`_rgb_array` for the forms. Raises ValueError for an image with a side below
+    :data:`MIN_IMAGE_SIDE`."""
+    rgb = _rgb_array(image, name)
+    check_image_size(rgb.shape[1], rgb.shape[0], name)
+    return rgb
+
+
+def _rgb_array(image: ImageLike, name: str = "<image>") -> np.ndarray:
     """Any supported image as ``(H, W, 3)`` uint8 RGB (float input 0-1 is rounded to 8 bits).
 
     Accepts a file path (read with :func:`~sparseclip_d2.data.image_io.read_image_rgb`:
@@ -117,9 +126,7 @@ def to_rgb_image(image: ImageLike, name: str = "<image>") -> np.ndarray:
         ValueError / OSError naming the problem and the accepted forms.
     """
     if isinstance(image, (str, os.PathLike)):
-        rgb = read_image_rgb(os.fspath(image))
-        check_image_size(rgb.shape[1], rgb.shape[0], name)
-        return rgb
+        return read_image_rgb(os.fspath(image))
     try:
         from PIL import Image
     except ImportError:  # pragma: no cover - Pillow is a dependency
@@ -143,7 +150,6 @@ def to_rgb_image(image: ImageLike, name: str = "<image>") -> np.ndarray:
                          "(3, H, W) with RGB channels")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError(f"{name}: empty image of shape {tuple(arr.shape)}")
-    check_image_size(arr.shape[1], arr.shape[0], name)
     if arr.shape[2] == 1:
         arr = np.repeat(arr, 3, axis=2)
     if arr.dtype == np.uint8:

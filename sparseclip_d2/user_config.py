@@ -65,11 +65,11 @@ def _unknown_key(cfg, key: str, where: str) -> ConfigError:
     if depth and isinstance(node, CfgNode):
         prefix = ".".join(parts[:depth])
         below = config_keys(node)
-        close = nearest(".".join(parts[depth:]), below, n=3, cutoff=0.6)
+        close = nearest(".".join(parts[depth:]), below, n=3, cutoff=0.6, parts=False)
         if close:
             return ConfigError(f"{head}; closest: {', '.join(prefix + '.' + c for c in close)}")
         return ConfigError(f"{head}; keys under {prefix}: {', '.join(sorted(node.keys()))}")
-    close = nearest(key, config_keys(cfg), n=3, cutoff=0.8)
+    close = nearest(key, config_keys(cfg), n=3, cutoff=0.8, parts=False)
     if close:
         return ConfigError(f"{head}; closest: {', '.join(close)}")
     return ConfigError(f"{head}; top-level keys: {', '.join(sorted(cfg.keys()))} (all keys: the config.yaml a run "
@@ -99,6 +99,20 @@ def _explain_merge(e: Exception, where: str, cfg) -> ConfigError:
     if m:
         return _unknown_key(cfg, m.group(1), where)
     return ConfigError(f"{one_line(text)}{where}")
+
+
+def _odd_overrides(cfg, opts: List[str], opts_name: str) -> str:
+    """The message of an odd number of overrides, naming the key that lacks its value: the
+    first key followed by another key (``ALPHA OUTPUT_DIR out``), else the last item."""
+    is_key = [_lookup(cfg, o)[0] for o in opts]
+    lone = next((opts[i] for i in range(0, len(opts) - 1, 2) if is_key[i] and is_key[i + 1]), None)
+    if lone is None:
+        lone = opts[-1]
+        why = "is last" if is_key[-1] else "is last; a value with spaces must be quoted"
+    else:
+        why = f"is followed by the key {opts[opts.index(lone) + 1]!r}"
+    return (f"{opts_name}: KEY VALUE pairs expected, got {len(opts)} item{'s' if len(opts) > 1 else ''}: "
+            f"{lone!r} has no value (it {why})")
 
 
 def merge_user_config(cfg, config_file: Optional[str] = None, opts: Sequence = (), *,
@@ -131,10 +145,7 @@ def merge_user_config(cfg, config_file: Optional[str] = None, opts: Sequence = (
             raise
     opts = [str(o) if not isinstance(o, str) else o for o in opts]
     if len(opts) % 2:
-        last = opts[-1]
-        raise ConfigError(f"{opts_name} takes KEY VALUE pairs; got {len(opts)} item{'s' if len(opts) > 1 else ''}, so {last!r} has no "
-                          f"{'value' if '.' in last or last.isupper() else 'key'} (a value with spaces must be "
-                          "quoted)")
+        raise ConfigError(_odd_overrides(cfg, opts, opts_name))
     where = f" (from {opts_name})"
     for key in opts[0::2]:
         if not _lookup(cfg, key)[0]:

@@ -138,7 +138,7 @@ def test_outputs_equal_the_predictor(app, photo):
     for method in ("cfg", "sclip"):
         # The panel's class means (at the 256 px maps) agree with the Predictor's full-size
         # probabilities, and every class is shown (5 < 8), highest mean first.
-        full = expected[method].probabilities().numpy().reshape(5, -1).astype(np.float64).mean(1)
+        full = expected[method].probabilities().reshape(5, -1).astype(np.float64).mean(1)
         shown_means = means[method]
         assert len(shown_means) == 5, details
         names = expected[method].names
@@ -183,7 +183,7 @@ def test_outputs_equal_the_predictor(app, photo):
         assert labels.dtype == np.uint8 and np.array_equal(labels, pred.labels), method
         npy = np.load(by_name[f"probs_{k}_{method}.npy"])
         assert npy.shape == (5, 375, 500) and npy.dtype == np.float16
-        assert np.array_equal(npy, pred.probabilities().numpy().astype(np.float16)), method
+        assert np.array_equal(npy, pred.probabilities().astype(np.float16)), method
 
     # Pixel (250, 187) of the 500x375 photo, resized to 128x96 (short side 96): its centre
     # maps to (floor(250.5 * 128 / 500), floor(187.5 * 96 / 375)) = (64, 48) -> patch
@@ -313,7 +313,7 @@ def test_probability_panel_by_hand(photo):
     order = sorted(range(11), key=lambda c: -means[c])[:8]
     assert [c for c, _ in panel["shown"]] == order
     np.testing.assert_allclose([m for _, m in panel["shown"]], means[order], atol=1e-6)
-    full = pred.probabilities().numpy().reshape(11, -1).astype(np.float64).mean(1)
+    full = pred.probabilities().reshape(11, -1).astype(np.float64).mean(1)
     np.testing.assert_allclose(means, full, atol=2e-3)  # the 256 px maps' means are the photo's, closely
     image = panel["image"]
     assert image.dtype == np.uint8 and image.shape[1] == 4 * 256 + 5 * 6 and image.shape[0] > 2 * 192

@@ -32,7 +32,7 @@ from ..clip.spec import PRESETS, parse_attention_spec  # noqa: E402
 from ..data.image_io import parse_vocabulary, read_image_rgb  # noqa: E402
 from ..model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
 from ..modeling.postprocess import ScoreMaps  # noqa: E402
-from ..predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
+from ..predictor import MIN_IMAGE_SIDE, Predictor, build_config, resolve_vocabulary  # noqa: E402
 from ..utils.overlays import RANDOM_WEIGHTS_BANNER, save_label_map  # noqa: E402
 from .render import (  # noqa: E402
     downscale_photo, grid_columns, method_overlay, probability_panel, save_jpeg, save_png, tile_images)
@@ -53,7 +53,7 @@ SPEC_METHODS = ("cfg",) + tuple(PRESETS) + ("softmax", "entmax:1.2", "qq:softmax
 #: The prefix of a method that is a packaged config (its own CLIP model, built with the
 #: launch ``--opts`` on top).
 CONFIG_PREFIX = "config:"
-MIN_SIDE = 16  # a photo side below this is refused
+MIN_SIDE = MIN_IMAGE_SIDE  # a photo side below this is refused (the Predictor's minimum)
 MAX_METHODS = 8
 #: Columns of the attention table, one row per method (:meth:`AppEngine.attention`).
 STATS_HEADERS = ["method", "token", "support size", "perplexity", "same-class mass", "predicted class"]
@@ -133,14 +133,13 @@ class AppEngine:
     def __init__(self, config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, device: Optional[str] = None,
                  max_models: int = 2, max_runs: int = 8, max_image_pixels: int = 40_000_000,
                  output_dir: Optional[str] = None):
-        if len(opts) % 2:
-            raise ValueError(f"--opts needs KEY VALUE pairs, got {len(opts)} items: {list(opts)}")
         if max_image_pixels < MIN_SIDE * MIN_SIDE:
             raise ValueError(f"max_image_pixels must be at least {MIN_SIDE * MIN_SIDE}, got {max_image_pixels}")
         self.config_file = resolve_config_file(config_file)
         self.opts = [str(v) for v in opts]
         self.device = device
-        self.cfg = build_config(self.config_file, self.opts, device=device)  # validates the launch config now
+        self.cfg = build_config(self.config_file, self.opts, device=device,  # validates the launch config now
+                                opts_name="--opts")
         self.max_image_pixels = int(max_image_pixels)
         self._models: LRUCache = LRUCache(max_models)
         self._runs: LRUCache = LRUCache(max_runs)
@@ -158,7 +157,8 @@ class AppEngine:
         def make():
             logger.info("building %s with %s", config_file, " ".join(self.opts) or "no overrides")
             cfg = self.cfg if config_file == self.config_file else build_config(config_file, self.opts,
-                                                                                   device=self.device)
+                                                                                   device=self.device,
+                                                                                   opts_name="--opts")
             return {"base": Predictor(cfg), "variants": LRUCache(16)}
 
         return self._models.get_or_create(key, make)

@@ -112,14 +112,15 @@ def _variants(choice: str):
                 yield "_".join(parts[i:j])
 
 
-def nearest(name: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list:
+def nearest(name: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6, parts: bool = True) -> list:
     """Up to ``n`` of ``choices`` closest to ``name`` (case-insensitive), best first: each
-    choice scores the best ``difflib`` ratio of ``name`` against the choice or a run of its
-    parts, so ``voc99`` finds ``sparseclip_voc21_val`` through ``voc21``."""
+    choice scores the best ``difflib`` ratio of ``name`` against the choice or (``parts``) a
+    run of its parts, so ``voc99`` finds ``sparseclip_voc21_val`` through ``voc21``."""
     key = str(name).lower()
     scored = []
     for order, choice in enumerate(dict.fromkeys(str(c) for c in choices)):
-        best = max(difflib.SequenceMatcher(None, key, v.lower()).ratio() for v in _variants(choice))
+        variants = _variants(choice) if parts else (choice,)
+        best = max(difflib.SequenceMatcher(None, key, v.lower()).ratio() for v in variants)
         if best >= cutoff:
             scored.append((-best, order, choice))
     return [c for _, _, c in sorted(scored)[:n]]
