@@ -146,19 +146,23 @@ def test_outputs_equal_the_predictor(app, photo):
             assert mean == pytest.approx(full[names.index(name)], abs=2e-3), (method, name)
         assert [m for _, m in shown_means] == sorted((m for _, m in shown_means), reverse=True)
     # The overlay picture: the two 500x375 overlays side by side, 8 white pixels apart, each
-    # the overlay of that method's Predictor labels (JPEG: close, and closer than the other's).
-    from sparseclip_d2.app.render import probability_panel
+    # the overlay of that method's Predictor labels without a legend, its text twice the size
+    # (two columns), and ONE legend under both (JPEG: close, and closer than the other's).
+    from sparseclip_d2.app.render import probability_panel, shared_legend
     from sparseclip_d2.utils.overlays import RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay
 
     picture = np.asarray(Image.open(overlays).convert("RGB"))
-    assert picture.shape == (375, 2 * 500 + 8, 3)
-    assert picture[:, 500:508].mean() > 245  # the white gap (JPEG rings near the edges)
-    want = [draw_overlay(photo, expected[m].labels, expected[m].names, colors=class_colors(5),
-                         banner=RANDOM_WEIGHTS_BANNER, title=m).astype(np.float64) for m in ("cfg", "sclip")]
+    legend = shared_legend(expected["cfg"].names, 5, [expected[m].labels for m in ("cfg", "sclip")], 2 * 500 + 8)
+    assert picture.shape == (375 + legend.shape[0], 2 * 500 + 8, 3)
+    assert picture[:375, 500:508].mean() > 245  # the white gap (JPEG rings near the edges)
+    want = [draw_overlay(photo, expected[m].labels, expected[m].names, colors=class_colors(5), legend=False,
+                         banner=RANDOM_WEIGHTS_BANNER, title=m, text_scale=2.0).astype(np.float64)
+            for m in ("cfg", "sclip")]
     got = tiles(picture, [(0, 0, 375, 500), (0, 508, 375, 500)])
     for k in range(2):
         error, other = np.abs(got[k] - want[k]).mean(), np.abs(got[k] - want[1 - k]).mean()
-        assert error < 3.5 and other > 2 * error, (k, error, other)  # measured: 2.4 and 8.7
+        assert error < 3.5 and other > 2 * error, (k, error, other)
+    assert np.abs(picture[375:].astype(np.float64) - legend).mean() < 3.5  # the shared legend
     # The probability picture: the two methods' panels one below the other.
     panels = [probability_panel(expected[m].score_maps, expected[m].names, f"{m}: class probabilities",
                                 banner=RANDOM_WEIGHTS_BANNER)["image"].astype(np.float64) for m in ("cfg", "sclip")]
@@ -339,12 +343,38 @@ def test_run_folders_follow_the_kept_runs(photo):
     assert not os.path.exists(engine.output_dir)
 
 
+def test_shared_legend_reads_at_one_size_for_any_number_of_methods():
+    """The legend is drawn once, under the overlays, with text a fixed fraction of the
+    picture's width: shown at the page's width it has the same size for 1 to 8 methods."""
+    from sparseclip_d2.app.render import DISPLAY_SIDE, LEGEND_TEXT_FRACTION, overlay_picture, shared_legend
+
+    rng = np.random.RandomState(0)
+    display = rng.randint(0, 255, (768, DISPLAY_SIDE, 3)).astype(np.uint8)
+    names = [f"class {i}" for i in range(6)]
+    labels = np.repeat(np.arange(6), 768 * DISPLAY_SIDE // 6).reshape(768, DISPLAY_SIDE)
+    for n in (1, 3, 8):
+        picture, columns = overlay_picture(display, [(f"m{k}", labels) for k in range(n)], names, 6, banner=None)
+        assert columns == min(n, 2) and picture.shape[1] == columns * DISPLAY_SIDE + (columns - 1) * 8
+        legend = shared_legend(names, 6, [labels], picture.shape[1])
+        rows = -(-n // columns)
+        assert picture.shape[0] == rows * 768 + (rows - 1) * 8 + legend.shape[0]
+        # the legend's swatches are text-high squares: their height / the picture's width is fixed
+        dark = np.where((legend[:, :, :] < 60).all(axis=2).any(axis=1))[0]
+        swatch = dark.max() - dark.min()
+        assert swatch >= LEGEND_TEXT_FRACTION * picture.shape[1] - 2, (n, swatch, picture.shape[1])
+    # every predicted class is in the one legend, largest first (the text after the swatches)
+    strip = shared_legend(["sky", "tree"], 2, [np.zeros((4, 4), int), np.ones((4, 4), int)], 400)
+    assert strip.shape[1] == 400 and strip.shape[0] >= 14
+
+
 def test_tiles_by_hand():
     """The overlay and probability pictures are laid out as written here: rows as full as
     possible, cells as wide as their column's widest tile, white between and after."""
     from sparseclip_d2.app.render import grid_columns, tile_images
 
-    assert [grid_columns(n) for n in range(1, 9)] == [1, 2, 3, 2, 3, 3, 3, 3]
+    # at most two overlays a row (issue 43: three a row were ~330 px wide in the page)
+    assert [grid_columns(n) for n in range(1, 9)] == [1, 2, 2, 2, 2, 2, 2, 2]
+    assert [grid_columns(n, 3) for n in range(1, 9)] == [1, 2, 3, 2, 3, 3, 3, 3]
     with pytest.raises(ValueError, match="at least one tile"):
         grid_columns(0)
     a = np.full((2, 3, 3), 10, np.uint8)

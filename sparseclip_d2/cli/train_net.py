@@ -295,6 +295,8 @@ def main(args):
         torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
         model = build_model(cfg)
     random_weights = bool(model.random_weights)  # both META_ARCHs (SparseCLIP, SparseCLIPFGOVD) record it
+    if hasattr(model, "describe"):
+        logger.info("method: %s: %s", cfg.MODEL.SPARSECLIP.CLIP.NAME, model.describe())
     with user_errors("data", INFERENCE_ERRORS):
         results, summaries = do_test(cfg, model, datasets, skip_bad=getattr(args, "skip_bad", False),
                                       resume=not getattr(args, "restart", False), pre_skipped=pre_skipped)
