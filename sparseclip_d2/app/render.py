@@ -20,6 +20,7 @@ PROB_COLUMNS = 4  # probability maps per row of a method's panel
 OVERLAY_COLUMNS = 2  # at most this many overlays in a row: each is then shown at least half the page wide
 LEGEND_TEXT_FRACTION = 0.018  # the shared legend's text height, as a fraction of the overlay picture's width
 LEGEND_MIN_TEXT = 14  # ... and at least this many pixels
+LEGEND_MAX_ENTRIES = 24  # classes listed in the shared legend, largest first
 TILE_GAP = 8  # white pixels between the tiles of the overlay and probability images
 JPEG_QUALITY = 90  # the overlay and probability images are display pictures (lossless: the downloads)
 
@@ -52,12 +53,14 @@ def method_overlay(display: np.ndarray, labels: np.ndarray, names: Sequence[str]
                         banner=banner, title=title, legend=legend, text_scale=text_scale)
 
 
-def shared_legend(names: Sequence[str], num_classes: int, label_maps: Sequence[np.ndarray], width: int) -> np.ndarray:
+def shared_legend(names: Sequence[str], num_classes: int, label_maps: Sequence[np.ndarray], width: int,
+                  max_entries: int = LEGEND_MAX_ENTRIES) -> np.ndarray:
     """One legend for every overlay (the methods share the class colours): a ``width``-wide
     ``(h, width, 3)`` uint8 strip with a swatch and the name of each class that some method
     predicts, largest first (by its largest area over the methods), wrapped into rows. Its
     text is :data:`LEGEND_TEXT_FRACTION` of ``width`` high (at least :data:`LEGEND_MIN_TEXT`
-    px), so that it reads at one size however many overlays the picture holds."""
+    px), so that it reads at one size however many overlays the picture holds. At most
+    ``max_entries`` classes are listed, then ``+k more`` (300 predicted classes would fill a page)."""
     colors = class_colors(num_classes)
     share = np.zeros(num_classes, dtype=np.float64)
     for labels in label_maps:
@@ -68,7 +71,10 @@ def shared_legend(names: Sequence[str], num_classes: int, label_maps: Sequence[n
     font = load_font(size, path=font_path_for(" ".join(str(names[c]) for c in shown)))
     pad, swatch = size // 2, size
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    entries = [(c, f"{names[c]} {100 * share[c]:.0f}%" if share[c] >= 0.005 else f"{names[c]} <1%") for c in shown]
+    entries = [(c, f"{names[c]} {100 * share[c]:.0f}%" if share[c] >= 0.005 else f"{names[c]} <1%")
+               for c in shown[:max_entries]]
+    if len(shown) > max_entries:
+        entries.append((None, f"+{len(shown) - max_entries} more (the downloads hold every class)"))
     rows, row, x = [], [], pad
     for c, text in entries:
         w = swatch + pad // 2 + int(probe.textlength(text, font=font)) + 2 * pad
@@ -85,8 +91,9 @@ def shared_legend(names: Sequence[str], num_classes: int, label_maps: Sequence[n
     for r, items in enumerate(rows):
         y = pad // 2 + r * line
         for c, text, x0 in items:
-            draw.rectangle((x0, y + 2, x0 + swatch, y + 2 + swatch), fill=tuple(int(v) for v in colors[c]),
-                           outline="black")
+            if c is not None:
+                draw.rectangle((x0, y + 2, x0 + swatch, y + 2 + swatch), fill=tuple(int(v) for v in colors[c]),
+                               outline="black")
             draw.text((x0 + swatch + pad // 2, y), _fit(draw, text, font, width - x0 - swatch - pad), font=font,
                       fill="black")
     return np.asarray(canvas)
