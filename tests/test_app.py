@@ -150,21 +150,23 @@ def test_outputs_equal_the_predictor(app, photo):
     # The overlay picture: the two 500x375 overlays side by side, 8 white pixels apart, each
     # the overlay of that method's Predictor labels without a legend, its text twice the size
     # (two columns), and ONE legend under both (JPEG: close, and closer than the other's).
-    from sparseclip_d2.app.render import probability_panel, shared_legend
+    from sparseclip_d2.app.render import banner_strip, probability_panel, shared_legend
     from sparseclip_d2.utils.overlays import RANDOM_WEIGHTS_BANNER, class_colors, draw_overlay
 
     picture = np.asarray(Image.open(overlays).convert("RGB"))
+    band = banner_strip(RANDOM_WEIGHTS_BANNER, 2 * 500 + 8)  # once, across the picture
     legend = shared_legend(expected["cfg"].names, 5, [expected[m].labels for m in ("cfg", "sclip")], 2 * 500 + 8)
-    assert picture.shape == (375 + legend.shape[0], 2 * 500 + 8, 3)
-    assert picture[:375, 500:508].mean() > 245  # the white gap (JPEG rings near the edges)
+    b = band.shape[0]
+    assert picture.shape == (b + 375 + legend.shape[0], 2 * 500 + 8, 3)
+    assert np.abs(picture[:b].astype(np.float64) - band).mean() < 3.5
+    assert picture[b:b + 375, 500:508].mean() > 245  # the white gap (JPEG rings near the edges)
     want = [draw_overlay(photo, expected[m].labels, expected[m].names, colors=class_colors(5), legend=False,
-                         banner=RANDOM_WEIGHTS_BANNER, title=m, text_scale=2.0).astype(np.float64)
-            for m in ("cfg", "sclip")]
-    got = tiles(picture, [(0, 0, 375, 500), (0, 508, 375, 500)])
+                         title=m, text_scale=2.0).astype(np.float64) for m in ("cfg", "sclip")]
+    got = tiles(picture, [(b, 0, 375, 500), (b, 508, 375, 500)])
     for k in range(2):
         error, other = np.abs(got[k] - want[k]).mean(), np.abs(got[k] - want[1 - k]).mean()
         assert error < 3.5 and other > 2 * error, (k, error, other)
-    assert np.abs(picture[375:].astype(np.float64) - legend).mean() < 3.5  # the shared legend
+    assert np.abs(picture[b + 375:].astype(np.float64) - legend).mean() < 3.5  # the shared legend
     # The probability picture: the two methods' panels one below the other.
     panels = [probability_panel(expected[m].score_maps, expected[m].names, f"{m}: class probabilities",
                                 banner=RANDOM_WEIGHTS_BANNER)["image"].astype(np.float64) for m in ("cfg", "sclip")]

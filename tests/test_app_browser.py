@@ -76,7 +76,7 @@ def test_upload_run_click_in_chromium(server, tmp_path):
             page.wait_for_function("() => document.querySelector('#overlays img').naturalWidth > 0")
             width, height = page.evaluate("() => [document.querySelector('#overlays img').naturalWidth,"
                                           " document.querySelector('#overlays img').naturalHeight]")
-            assert width == 1008 and 375 + 14 <= height <= 375 + 200, (width, height)
+            assert width == 1008 and 375 + 14 <= height <= 375 + 250, (width, height)
             open_section(page, "details_section")
             details = page.locator("#details").inner_text()
             assert "cfg = " in details and "clip = " in details and "Mean probabilities" in details, details

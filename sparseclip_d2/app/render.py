@@ -11,7 +11,7 @@ from ..modeling.postprocess import ScoreMaps
 from ..utils.overlays import BANNER_COLOR, class_colors, draw_overlay, font_path_for, load_font
 
 __all__ = ["DISPLAY_SIDE", "downscale_photo", "method_overlay", "grid_columns", "tile_images", "probability_panel",
-           "shared_legend", "overlay_picture", "save_png", "save_jpeg"]
+           "shared_legend", "banner_strip", "overlay_picture", "save_png", "save_jpeg"]
 
 DISPLAY_SIDE = 1024  # long side of the photo, overlays and heat maps shown in the page
 TOP_PROB_CLASSES = 8  # probability maps shown per method
@@ -101,16 +101,32 @@ def shared_legend(names: Sequence[str], num_classes: int, label_maps: Sequence[n
 
 def overlay_picture(display: np.ndarray, results: Sequence[Tuple[str, np.ndarray]], names: Sequence[str],
                     num_classes: int, *, banner: Optional[str]) -> Tuple[np.ndarray, int]:
-    """The app's overlay picture: one overlay per ``(title, labels)`` of ``results`` in a grid
-    of at most :data:`OVERLAY_COLUMNS` columns, their text enlarged by the number of columns
-    (each is shown that much smaller), and one :func:`shared_legend` under them. Returns
-    ``(picture, columns)``."""
+    """The app's overlay picture: ``banner`` once on top (:func:`banner_strip`), one overlay per
+    ``(title, labels)`` of ``results`` in a grid of at most :data:`OVERLAY_COLUMNS` columns,
+    their text enlarged by the number of columns (each is shown that much smaller), and one
+    :func:`shared_legend` under them. Returns ``(picture, columns)``."""
     columns = grid_columns(len(results))
-    tiles = [method_overlay(display, labels, names, num_classes, banner=banner, title=title, legend=False,
+    tiles = [method_overlay(display, labels, names, num_classes, banner=None, title=title, legend=False,
                             text_scale=float(columns)) for title, labels in results]
     grid = tile_images(tiles, columns)
     legend = shared_legend(names, num_classes, [labels for _, labels in results], grid.shape[1])
-    return np.concatenate([grid, legend], axis=0), columns
+    parts = ([banner_strip(banner, grid.shape[1])] if banner else []) + [grid, legend]
+    return np.concatenate(parts, axis=0), columns
+
+
+def banner_strip(text: str, width: int) -> np.ndarray:
+    """``text`` (the random-weights banner) once across the overlay picture, white bold on the
+    banner colour, the legend's text size: drawn on each overlay at twice the size it was cut
+    at the overlay's edge."""
+    size = max(LEGEND_MIN_TEXT, int(round(LEGEND_TEXT_FRACTION * width)))
+    font = load_font(1.2 * size, bold=True, path=font_path_for(text, bold=True))
+    pad = size // 3
+    canvas = Image.new("RGB", (width, int(1.2 * size) + 3 * pad), BANNER_COLOR)
+    draw = ImageDraw.Draw(canvas)
+    text = _fit(draw, text, font, width - 2 * pad)
+    x0, y0, x1, _ = draw.textbbox((0, 0), text, font=font)
+    draw.text(((width - (x1 - x0)) / 2 - x0, pad - y0), text, font=font, fill="white")
+    return np.asarray(canvas)
 
 
 def save_png(array: np.ndarray, path: str) -> str:
