@@ -98,16 +98,23 @@ def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         tn.run(None)
     assert e.value.code == 130
-    assert capsys.readouterr().err == ("train_net.py: interrupted: no image was evaluated yet; run the same command "
-                                       "again to start\n")
+    assert capsys.readouterr().err == ("train_net.py: interrupted: no image was finished yet; run the same command "
+                                       "again to start over\n")
     folder = OutputFolder(str(tmp_path / "out"), "test")
-    (tmp_path / "out" / "inference" / "sparseclip_demo" / "checkpoint").mkdir(parents=True)
+    checkpoint = tmp_path / "out" / "inference" / "sparseclip_demo" / "checkpoint"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "key.json").write_text("{}")
     monkeypatch.setattr(tn, "_OUTPUT_FOLDER", folder)
+    with pytest.raises(SystemExit):
+        tn.run(None)
+    assert "no image was finished yet" in capsys.readouterr().err  # the key alone is no image
+    for i in range(2):  # two images recorded, as evaluation/checkpoint.py names them
+        (checkpoint / f"{i:08d}.pt").write_bytes(b"")
     with pytest.raises(SystemExit):
         tn.run(None)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert f"kept in {tmp_path / 'out' / 'inference' / '*' / 'checkpoint'}" in err
+    assert f"2 evaluated image(s) are kept in {tmp_path / 'out' / 'inference' / '*' / 'checkpoint'}" in err
     assert "run the same command again to resume from there (--restart starts from image 0)" in err
 
 

@@ -313,11 +313,12 @@ def main(args):
 def resume_hint(args) -> str:
     """What Ctrl-C prints: whether images are kept in per-image checkpoints and how to resume."""
     out = _OUTPUT_FOLDER.path if _OUTPUT_FOLDER is not None else None
-    kept = sorted(glob.glob(os.path.join(out, "inference", "*", "checkpoint"))) if out else []
+    # the per-image records of evaluation/checkpoint.py: NNNNNNNN.pt per finished image
+    kept = len(glob.glob(os.path.join(out, "inference", "*", "checkpoint", "[0-9]*.pt"))) if out else 0
     if kept:
-        return (f"the images evaluated so far are kept in {os.path.join(out, 'inference', '*', 'checkpoint')}; "
+        return (f"{kept} evaluated image(s) are kept in {os.path.join(out, 'inference', '*', 'checkpoint')}; "
                 "run the same command again to resume from there (--restart starts from image 0)")
-    return "no image was evaluated yet; run the same command again to start"
+    return "no image was finished yet; run the same command again to start over"
 
 
 def run(args):
