@@ -62,7 +62,7 @@ def check(root, names=None, sample=None):
         matched = [n for n in registered if fnmatch.fnmatchcase(n, pattern)]
         if not matched:  # before any dataset is read: a typo is said at once, in one line
             raise PrepareError(unknown_name("dataset", pattern, registered, ours=registered,
-                                            ours_label="sparseclip_d2's", limit=30,
+                                            ours_label="sparseclip_d2's",
                                             fix="names may be shell patterns such as sparseclip_fgovd_*"))
         selected += [n for n in matched if n not in selected]
     for name in selected:
