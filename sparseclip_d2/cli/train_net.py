@@ -65,7 +65,7 @@ from sparseclip_d2.evaluation.progress import RunProgress
 from sparseclip_d2.evaluation.checkpoint import evaluate_resumable, remove_checkpoint
 from sparseclip_d2.common.outputs import OutputFolder, OutputFolderError
 from sparseclip_d2.data.image_io import BadInputFile
-from sparseclip_d2.modeling import resolve_device
+from sparseclip_d2.modeling import SparseCLIP, resolve_device
 
 logger = logging.getLogger("sparseclip_d2.train_net")
 
@@ -295,7 +295,7 @@ def main(args):
         torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
         model = build_model(cfg)
     random_weights = bool(model.random_weights)  # both META_ARCHs (SparseCLIP, SparseCLIPFGOVD) record it
-    if hasattr(model, "describe"):
+    if isinstance(model, SparseCLIP):  # the segmentation META_ARCH describes its parts (FG-OVD scores boxes)
         logger.info("method: %s: %s", cfg.MODEL.SPARSECLIP.CLIP.NAME, model.describe())
     with user_errors("data", INFERENCE_ERRORS):
         results, summaries = do_test(cfg, model, datasets, skip_bad=getattr(args, "skip_bad", False),
