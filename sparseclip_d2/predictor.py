@@ -7,8 +7,15 @@ images in any common form and size and a vocabulary with synonyms::
     from sparseclip_d2 import Predictor
     predictor = Predictor.from_config("entmax_qq_l14", weights="~/.cache/clip/ViT-L-14.pt")
     pred = predictor("photo.jpg", ["cat", "dog", ["grass", "lawn"], "sky"])
-    pred.labels            # (H, W) class indices at the photo's size
-    pred.probabilities()   # (C, H, W) float32 class probabilities
+    pred.labels            # (H, W) int64 numpy class indices at the photo's size
+    pred.probabilities()   # (C, H, W) float32 numpy class probabilities
+    predictor("photo.jpg", "cat, dog, grass; lawn, sky")  # the demo's --classes text works too
+
+Results are numpy arrays (``labels`` and ``probabilities()`` alike). Images with a side
+below :data:`MIN_IMAGE_SIDE` px are refused (the app uses the same minimum). Mistakes in
+the config (an unknown key, an override without its value), the image or the vocabulary
+raise a ``ValueError`` / ``OSError`` whose message is one line naming the value and the fix
+(:mod:`sparseclip_d2.common.errors`).
 
 The image is resized as the test mapper does (``INPUT.MIN_SIZE_TEST`` / ``MAX_SIZE_TEST`` /
 ``INPUT.RESIZE_MODE``) and the prediction returned at its original size. The CLIP model is
@@ -18,6 +25,7 @@ embeddings (the demo's ``--compare`` and the app are built on it).
 """
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -28,20 +36,31 @@ from . import require_detectron2
 
 require_detectron2("sparseclip_d2.predictor")
 
-from detectron2.config import CfgNode, get_cfg  # noqa: E402
-from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
+from .common.logs import quiet_library_imports  # noqa: E402
+
+with quiet_library_imports():  # torch's FutureWarnings about detectron2's import-time torch.jit.script
+    from detectron2.config import CfgNode, get_cfg  # noqa: E402
+    from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 
 from .clip import AttentionSpec, describe_spec, is_random_weights, parse_attention_specs  # noqa: E402
+from .common.errors import unknown_name  # noqa: E402
 from .common.synonyms import SYNONYM_SEPARATORS, split_class_name  # noqa: E402
-from .config import add_sparseclip_config, check_sparseclip_config, merge_config  # noqa: E402
+from .config import add_sparseclip_config, check_sparseclip_config  # noqa: E402
 from .data import available_class_name_files, display_name, load_class_names  # noqa: E402
-from .data.image_io import read_image_rgb, to_rgb_array  # noqa: E402
+from .data.image_io import parse_vocabulary, read_image_rgb, to_rgb_array  # noqa: E402
 from .data.mapper import output_frame, test_augmentations  # noqa: E402
 from .model_zoo import resolve_config_file  # noqa: E402
 from .modeling import SparseCLIP, resolve_device  # noqa: E402
 from .modeling.postprocess import ScoreMaps  # noqa: E402
+from .user_config import merge_user_config  # noqa: E402
 
-__all__ = ["Predictor", "Prediction", "build_config", "resolve_vocabulary", "to_rgb_image"]
+__all__ = ["Predictor", "Prediction", "build_config", "resolve_vocabulary", "to_rgb_image", "check_image_size",
+           "MIN_IMAGE_SIDE"]
+
+#: The smallest image side the Predictor, the demo and the app accept, in pixels: below it
+#: a ViT sees less than one 16 px patch of real content, so the map would be an upsampled
+#: guess (a 1x1 image gave a 1x1 map of one class).
+MIN_IMAGE_SIDE = 16
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +69,7 @@ VocabularyLike = Union[str, Sequence[Union[str, Sequence[str]]]]
 
 
 def build_config(config: Union[str, os.PathLike, CfgNode, None] = "demo", opts: Sequence = (), *,
-                 weights: Optional[str] = None, device: Optional[str] = None) -> CfgNode:
+                 weights: Optional[str] = None, device: Optional[str] = None, opts_name: str = "opts") -> CfgNode:
     """A frozen, validated sparseclip_d2 config.
 
     Args:
@@ -62,6 +81,10 @@ def build_config(config: Union[str, os.PathLike, CfgNode, None] = "demo", opts: 
             ``~/.cache/clip/ViT-L-14.pt``, ``hf:/dir``, or ``none`` for random weights).
         device: sets ``MODEL.DEVICE`` (default: the config's, falling back to the CPU
             when it asks for CUDA and there is none).
+        opts_name: how ``opts`` were given, in error messages (``--opts`` for the demo and the app).
+    Raises:
+        ConfigError (a ValueError): an unknown key (naming the closest), an override
+            without its value, a value of the wrong type; FileNotFoundError: no such config.
     """
     if isinstance(config, CfgNode):
         cfg = config.clone()
@@ -71,8 +94,8 @@ def build_config(config: Union[str, os.PathLike, CfgNode, None] = "demo", opts: 
     else:
         cfg = get_cfg()
         add_sparseclip_config(cfg)
-        merge_config(cfg, resolve_config_file(config if config is not None else "demo"))
-    merge_config(cfg, None, list(opts))  # integer literals accepted for float keys
+        merge_user_config(cfg, resolve_config_file(config if config is not None else "demo"))
+    merge_user_config(cfg, None, list(opts), opts_name=opts_name)  # integer literals accepted for float keys
     if weights is not None:
         cfg.MODEL.SPARSECLIP.CLIP.PRETRAINED = str(weights)
     if device is not None:
@@ -84,6 +107,15 @@ def build_config(config: Union[str, os.PathLike, CfgNode, None] = "demo", opts: 
 
 
 def to_rgb_image(image: ImageLike, name: str = "<image>") -> np.ndarray:
+    """Any supported image as ``(H, W, 3)`` uint8 RGB (float input 0-1 is rounded to 8 bits);
+    see :func:`_rgb_array` for the forms. Raises ValueError for an image with a side below
+    :data:`MIN_IMAGE_SIDE`."""
+    rgb = _rgb_array(image, name)
+    check_image_size(rgb.shape[1], rgb.shape[0], name)
+    return rgb
+
+
+def _rgb_array(image: ImageLike, name: str = "<image>") -> np.ndarray:
     """Any supported image as ``(H, W, 3)`` uint8 RGB (float input 0-1 is rounded to 8 bits).
 
     Accepts a file path (read with :func:`~sparseclip_d2.data.image_io.read_image_rgb`:
@@ -131,6 +163,33 @@ def to_rgb_image(image: ImageLike, name: str = "<image>") -> np.ndarray:
     raise ValueError(f"{name}: image dtype {arr.dtype}; valid: uint8 (0-255) or float (0-1)")
 
 
+def check_image_size(width: int, height: int, name: str = "<image>") -> None:
+    """Raise ValueError when a side of a ``width`` x ``height`` image is below
+    :data:`MIN_IMAGE_SIDE` (the Predictor, the demo and the app share this minimum)."""
+    if min(int(width), int(height)) < MIN_IMAGE_SIDE:
+        raise ValueError(f"{name} is {width}x{height} px: both sides must be at least {MIN_IMAGE_SIDE} px "
+                         "(smaller than one ViT patch); upsample it or use a larger image")
+
+
+def vocabulary_names() -> Tuple[List[str], List[str]]:
+    """``(every vocabulary name, sparseclip_d2's own)``: the packaged class-name files and the
+    registered segmentation datasets (those with ``stuff_classes``); ours are the files and
+    the ``sparseclip_*`` datasets."""
+    files = list(available_class_name_files())
+    seg = sorted(d for d in DatasetCatalog.list() if MetadataCatalog.get(d).get("stuff_classes", None))
+    return files + seg, files + [d for d in seg if d.startswith("sparseclip_")]
+
+
+def unknown_vocabulary(name: str) -> str:
+    """The message of a vocabulary name that is neither a class-name file nor a registered
+    segmentation dataset (nearest names first, ours before detectron2's)."""
+    names, ours = vocabulary_names()
+    return unknown_name("vocabulary", name, names, ours=ours, ours_label="sparseclip_d2's",
+                        others="detectron2 datasets",
+                        fix="or classes as text, commas between classes and semicolons between synonyms "
+                            "('cat, dog; puppy, sky'), or a list of class names")
+
+
 def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[int, str]] = None
                        ) -> Tuple[List[str], Optional[int]]:
     """``(classes, background_index)`` in the META_ARCH's format: one string per class with
@@ -139,17 +198,23 @@ def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[in
     Args:
         vocabulary: a list whose items are class names (``"cat"``), synonyms separated by
             ``,`` or ``;`` (``"grass, lawn"``, :mod:`sparseclip_d2.common.synonyms`) or lists of
-            synonyms (``["grass", "lawn"]``); or the name of a
+            synonyms (``["grass", "lawn"]``); the demo's ``--classes`` text (``"cat, dog,
+            grass; lawn"``: commas between classes, semicolons between synonyms,
+            :func:`~sparseclip_d2.data.image_io.parse_vocabulary`); or the name of a
             registered segmentation dataset (``sparseclip_voc21_val``) or of a packaged
             class-name file (``voc21``, ``ade150``), which bring their background class.
-        background: with a list: the class (index or any of its names) that
+        background: with classes: the class (index or any of its names) that
             ``MODEL.SPARSECLIP.PROB_THRESHOLD`` gives low-confidence pixels.
     Raises:
-        ValueError: an empty vocabulary or class, an unknown name, a bad background.
+        ValueError: an empty vocabulary or class, an unknown name (naming the closest), a bad
+            background.
     """
+    if isinstance(vocabulary, str) and re.search(r"[,;\n]", vocabulary) and not (
+            vocabulary.strip() in DatasetCatalog.list() or vocabulary.strip() in available_class_name_files()):
+        vocabulary = parse_vocabulary(vocabulary)  # the demo's text: a string with separators is never a name
     if isinstance(vocabulary, str):
         if background is not None:
-            raise ValueError("background goes with a list of classes; a named vocabulary brings its own")
+            raise ValueError("background goes with classes; a named vocabulary brings its own")
         name = vocabulary.strip()
         if name in DatasetCatalog.list():
             meta = MetadataCatalog.get(name)
@@ -160,9 +225,7 @@ def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[in
         if name in available_class_name_files():
             classes = load_class_names(name)
             return classes, (0 if display_name(classes[0]).lower() == "background" else None)
-        seg = sorted(d for d in DatasetCatalog.list() if MetadataCatalog.get(d).get("stuff_classes", None))
-        raise ValueError(f"unknown vocabulary name {name!r}; valid: a list of class names, a registered segmentation "
-                         f"dataset ({', '.join(seg)}) or a class-name file ({', '.join(available_class_name_files())})")
+        raise ValueError(unknown_vocabulary(name))
     classes = []
     for i, item in enumerate(list(vocabulary)):
         if isinstance(item, str):
@@ -198,6 +261,8 @@ def resolve_vocabulary(vocabulary: VocabularyLike, background: Optional[Union[in
 class Prediction:
     """One image's result.
 
+    Every array it gives is a numpy array: ``labels`` and :meth:`probabilities`.
+
     Attributes:
         labels: ``(H, W)`` int64 numpy label map at the input's size (after the background
             rules): value ``i`` is ``classes[i]``.
@@ -220,13 +285,14 @@ class Prediction:
     method: str = "cfg"
     random_weights: bool = False
 
-    def probabilities(self) -> torch.Tensor:
-        """``(C, H, W)`` float32 class probabilities at the input's size: per class the max
-        over its synonyms of the softmax over all synonyms, before the background rules."""
+    def probabilities(self) -> np.ndarray:
+        """``(C, H, W)`` float32 numpy class probabilities at the input's size (a numpy array
+        like :attr:`labels`): per class the max over its synonyms of the softmax over all
+        synonyms, before the background rules."""
         c, h, w = self.score_maps.shape
-        out = torch.empty((c, h, w), dtype=torch.float32)
+        out = np.empty((c, h, w), dtype=np.float32)
         for r0, r1, probs, _ in self.score_maps.bands():
-            out[:, r0:r1] = probs.cpu()
+            out[:, r0:r1] = probs.float().cpu().numpy()
         return out
 
     def rules(self) -> Dict:
@@ -311,6 +377,7 @@ class Predictor:
         = the original size (the crop's with ``INPUT.CENTER_CROP_TEST``); the vocabulary as
         ``classes`` (+ ``background``) or as a registered ``dataset_name``."""
         h, w = image_rgb.shape[:2]
+        check_image_size(w, h, "image")
         image = image_rgb
         for aug in self._augmentations:
             image = aug.get_transform(image).apply_image(image)
@@ -352,8 +419,9 @@ class Predictor:
 
         Args:
             images: see :func:`to_rgb_image`; a ``list``/``tuple`` is a batch.
-            vocabulary, background: see :func:`resolve_vocabulary`; a registered dataset's name
-                gives its classes as ``train_net`` does (``MODEL.SPARSECLIP.CLASS_NAMES`` applied).
+            vocabulary, background: see :func:`resolve_vocabulary` (a list, the demo's text
+                ``"cat, dog; puppy"``, or a name); a registered dataset's name gives its classes
+                as ``train_net`` does (``MODEL.SPARSECLIP.CLASS_NAMES`` applied).
             attention: also return the last block's attention record (None where the method's
                 parts do not record one: :attr:`records_attention`).
             region_mask: the per-image region map of an encoder that needs one (CorrCLIP): an

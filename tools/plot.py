@@ -22,6 +22,7 @@ import os
 import sys
 
 from sparseclip_d2.analysis import plots
+from sparseclip_d2.common.errors import UserError, run_cli
 from sparseclip_d2.analysis.sweep import read_jsonl
 from sparseclip_d2.analysis.tables import flatten_records, select_records
 
@@ -42,8 +43,22 @@ def build_parser():
     return p
 
 
+def check_output(path: str) -> None:
+    """Refuse an ``-o`` whose folder cannot be made or written, before any record is read."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"-o {path!r}: cannot create the folder {folder!r} ({e.strerror or e}); choose a path "
+                        "in a folder you can write to") from None
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"-o {path!r}: the folder {folder!r} is not writable; choose a path in a folder you can "
+                        "write to")
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_output(args.output)
     where = {}
     for item in args.where:
         if "=" not in item:
@@ -92,9 +107,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, KeyError, OSError) as e:  # a typo in --metric / --dataset, a missing file: one line
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"plot.py: error: {' '.join(str(msg).split())}", file=sys.stderr)
-        sys.exit(2)
+    # a typo in --metric / --dataset, a missing file, an unwritable -o: one error line (common/errors.py)
+    sys.exit(run_cli("plot.py", main))

@@ -137,8 +137,11 @@ def attention_figure(image: np.ndarray, results: Sequence[Dict], query_xy: Tuple
             cb.ax.tick_params(labelsize=6)
     if shared_scale:
         cb = fig.colorbar(im, ax=axes[:, :].ravel().tolist()[:n], fraction=0.03, pad=0.02, shrink=0.9)
-        cb.set_label(f"attention weight (head mean), one scale for all panels: 0 to {vmax:.3g}", fontsize=8)
+        # the bar's own label stays shorter than the bar (a one-row figure's bar is ~2.5 inches:
+        # a longer label was cut at both ends); the scale is said once under the panels
+        cb.set_label("attention (head mean)", fontsize=8)
         cb.ax.tick_params(labelsize=7)
+        fig.supxlabel(f"one colour scale for all panels: 0 to {vmax:.3g}", fontsize=8)
     head = title or "Attention of the query patch (x) in the last block"
     if random_weights:
         head += "\nRANDOM WEIGHTS (smoke test: maps and numbers are meaningless)"

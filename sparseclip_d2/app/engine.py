@@ -32,10 +32,10 @@ from ..clip.spec import PRESETS, parse_attention_spec  # noqa: E402
 from ..data.image_io import parse_vocabulary, read_image_rgb  # noqa: E402
 from ..model_zoo import get_config_file, list_configs, resolve_config_file  # noqa: E402
 from ..modeling.postprocess import ScoreMaps  # noqa: E402
-from ..predictor import Predictor, build_config, resolve_vocabulary  # noqa: E402
+from ..predictor import MIN_IMAGE_SIDE, Predictor, build_config, resolve_vocabulary  # noqa: E402
 from ..utils.overlays import RANDOM_WEIGHTS_BANNER, save_label_map  # noqa: E402
 from .render import (  # noqa: E402
-    downscale_photo, grid_columns, method_overlay, probability_panel, save_jpeg, save_png, tile_images)
+    downscale_photo, overlay_picture, probability_panel, save_jpeg, save_png, tile_images)
 
 __all__ = ["AppEngine", "AppError", "MethodResult", "RunResult", "config_methods", "method_choices", "sample_photo",
            "SAMPLE_PHOTOS", "SPEC_METHODS", "CONFIG_PREFIX", "STATS_HEADERS"]
@@ -53,7 +53,7 @@ SPEC_METHODS = ("cfg",) + tuple(PRESETS) + ("softmax", "entmax:1.2", "qq:softmax
 #: The prefix of a method that is a packaged config (its own CLIP model, built with the
 #: launch ``--opts`` on top).
 CONFIG_PREFIX = "config:"
-MIN_SIDE = 16  # a photo side below this is refused
+MIN_SIDE = MIN_IMAGE_SIDE  # a photo side below this is refused (the Predictor's minimum)
 MAX_METHODS = 8
 #: Columns of the attention table, one row per method (:meth:`AppEngine.attention`).
 STATS_HEADERS = ["method", "token", "support size", "perplexity", "same-class mass", "predicted class"]
@@ -133,14 +133,13 @@ class AppEngine:
     def __init__(self, config_file: str = DEFAULT_CONFIG, opts: Sequence[str] = (), *, device: Optional[str] = None,
                  max_models: int = 2, max_runs: int = 8, max_image_pixels: int = 40_000_000,
                  output_dir: Optional[str] = None):
-        if len(opts) % 2:
-            raise ValueError(f"--opts needs KEY VALUE pairs, got {len(opts)} items: {list(opts)}")
         if max_image_pixels < MIN_SIDE * MIN_SIDE:
             raise ValueError(f"max_image_pixels must be at least {MIN_SIDE * MIN_SIDE}, got {max_image_pixels}")
         self.config_file = resolve_config_file(config_file)
         self.opts = [str(v) for v in opts]
         self.device = device
-        self.cfg = build_config(self.config_file, self.opts, device=device)  # validates the launch config now
+        self.cfg = build_config(self.config_file, self.opts, device=device,  # validates the launch config now
+                                opts_name="--opts")
         self.max_image_pixels = int(max_image_pixels)
         self._models: LRUCache = LRUCache(max_models)
         self._runs: LRUCache = LRUCache(max_runs)
@@ -158,7 +157,8 @@ class AppEngine:
         def make():
             logger.info("building %s with %s", config_file, " ".join(self.opts) or "no overrides")
             cfg = self.cfg if config_file == self.config_file else build_config(config_file, self.opts,
-                                                                                   device=self.device)
+                                                                                   device=self.device,
+                                                                                   opts_name="--opts")
             return {"base": Predictor(cfg), "variants": LRUCache(16)}
 
         return self._models.get_or_create(key, make)
@@ -291,10 +291,19 @@ class AppEngine:
         overlays, panels, details = [], [], []
         result = None
         random_weights = False
-        for k, method in enumerate(methods):
+        steps = 3 * len(methods)  # per method: the model, the class names, the prediction
+
+        def say(step: int, text: str) -> None:
             if progress is not None:
-                progress((k, len(methods)), desc=f"{method}: building the model (once) and predicting")
+                progress((step, steps), desc=text)
+
+        for k, method in enumerate(methods):
+            say(3 * k, f"{method} ({k + 1}/{len(methods)}): building the model (once)")
             predictor = self.predictor(method)
+            say(3 * k + 1, f"{method} ({k + 1}/{len(methods)}): encoding the class names (once per vocabulary; "
+                           "about a minute for 500 classes on a CPU)")
+            self._encode_vocabulary(predictor, vocabulary, background)
+            say(3 * k + 2, f"{method} ({k + 1}/{len(methods)}): predicting ({self._windows(predictor, image)})")
             t0 = time.perf_counter()
             pred = predictor(image, vocabulary, background=background, attention=True)
             out["seconds"][method] = time.perf_counter() - t0
@@ -308,8 +317,7 @@ class AppEngine:
             result.methods.append(MethodResult(method, title, pred.labels, pred.attention, pred.random_weights,
                                                classes=list(pred.classes), score_maps=pred.score_maps, slug=slug))
             banner = RANDOM_WEIGHTS_BANNER if pred.random_weights else None
-            overlays.append(method_overlay(display, pred.labels, pred.names, len(pred.classes), banner=banner,
-                                           title=method))
+            overlays.append((method, pred.labels))
             panel = probability_panel(pred.score_maps, pred.names, f"{method}: class probabilities", banner=banner)
             panels.append(panel["image"])
             out["shown"][method] = panel["shown"]
@@ -317,16 +325,35 @@ class AppEngine:
                            + ", ".join(f"{pred.names[c]} {m:.3f}" for c, m in panel["shown"]))
         self._runs.get_or_create(run_id, lambda: result)
         folder = self._folder(run_id)
-        out["overlay_columns"] = grid_columns(len(overlays))
-        out["overlays"] = save_jpeg(tile_images(overlays, out["overlay_columns"]), os.path.join(folder, "overlays.jpg"))
+        say(steps, "drawing the pictures")
+        picture, out["overlay_columns"] = overlay_picture(
+            display, overlays, result.names, len(result.methods[0].classes),
+            banner=RANDOM_WEIGHTS_BANNER if random_weights else None)
+        out["overlays"] = save_jpeg(picture, os.path.join(folder, "overlays.jpg"))
         out["probabilities"] = save_jpeg(tile_images(panels, 1), os.path.join(folder, "probabilities.jpg"))
         out["details"] = "\n".join(details)
         out["display_file"] = save_png(display, os.path.join(folder, "photo.png"))
         out["result"] = result
         out["random_weights"] = random_weights
-        if progress is not None:
-            progress((len(methods), len(methods)), desc="done")
+        say(steps, "done")
         return out
+
+    @staticmethod
+    def _encode_vocabulary(predictor: Predictor, vocabulary, background) -> None:
+        """The class-name embeddings of a typed vocabulary or class set, computed (and cached
+        in the model) as a step of its own, so that the page can say that it is the slow part
+        of a large vocabulary. A registered dataset's name is left to the Predictor (its
+        classes get ``MODEL.SPARSECLIP.CLASS_NAMES``)."""
+        if isinstance(vocabulary, str) and vocabulary.strip() in detectron2.data.DatasetCatalog.list():
+            return
+        classes, bg = resolve_vocabulary(vocabulary, background)
+        predictor.model.text_classifier_for(classes, background_index=bg)
+
+    @staticmethod
+    def _windows(predictor: Predictor, image: np.ndarray) -> str:
+        """How the photo is covered: ``sliding windows of S px, stride T`` or ``whole image``."""
+        sw = predictor.cfg.TEST.SLIDING_WINDOW
+        return f"sliding windows of {sw.CROP_SIZE} px, stride {sw.STRIDE}" if sw.ENABLED else "whole image"
 
     def downloads(self, run_id: str) -> List[str]:
         """The downloads of a run, written on the first call (later calls return the same

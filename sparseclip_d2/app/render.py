@@ -11,13 +11,16 @@ from ..modeling.postprocess import ScoreMaps
 from ..utils.overlays import BANNER_COLOR, class_colors, draw_overlay, font_path_for, load_font
 
 __all__ = ["DISPLAY_SIDE", "downscale_photo", "method_overlay", "grid_columns", "tile_images", "probability_panel",
-           "save_png", "save_jpeg"]
+           "shared_legend", "banner_strip", "overlay_picture", "save_png", "save_jpeg"]
 
 DISPLAY_SIDE = 1024  # long side of the photo, overlays and heat maps shown in the page
 TOP_PROB_CLASSES = 8  # probability maps shown per method
 PROB_THUMB_SIDE = 256  # long side of each probability map in the page
 PROB_COLUMNS = 4  # probability maps per row of a method's panel
-OVERLAY_COLUMNS = 3  # at most this many overlays in a row of the overlay image
+OVERLAY_COLUMNS = 2  # at most this many overlays in a row: each is then shown at least half the page wide
+LEGEND_TEXT_FRACTION = 0.018  # the shared legend's text height, as a fraction of the overlay picture's width
+LEGEND_MIN_TEXT = 14  # ... and at least this many pixels
+LEGEND_MAX_ENTRIES = 24  # classes listed in the shared legend, largest first
 TILE_GAP = 8  # white pixels between the tiles of the overlay and probability images
 JPEG_QUALITY = 90  # the overlay and probability images are display pictures (lossless: the downloads)
 
@@ -40,12 +43,90 @@ def _nearest(labels: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
 
 
 def method_overlay(display: np.ndarray, labels: np.ndarray, names: Sequence[str], num_classes: int, *,
-                   banner: Optional[str], title: str) -> np.ndarray:
+                   banner: Optional[str], title: str, legend: bool = True, text_scale: float = 1.0) -> np.ndarray:
     """One method's overlay on the shown photo ``display``: its label map (at the photo's size)
     sampled to the shown size, coloured by class (:func:`~sparseclip_d2.utils.overlays.class_colors`
-    of ``num_classes``), with a legend, ``title`` and ``banner``."""
+    of ``num_classes``), with ``title`` and ``banner``, and its own legend unless ``legend`` is
+    False (the app draws one :func:`shared_legend` under all overlays). ``text_scale``
+    enlarges the text (the app: by the number of columns, so it is shown at one size)."""
     return draw_overlay(display, _nearest(labels, display.shape[:2]), names, colors=class_colors(num_classes),
-                        banner=banner, title=title)
+                        banner=banner, title=title, legend=legend, text_scale=text_scale)
+
+
+def shared_legend(names: Sequence[str], num_classes: int, label_maps: Sequence[np.ndarray], width: int,
+                  max_entries: int = LEGEND_MAX_ENTRIES) -> np.ndarray:
+    """One legend for every overlay (the methods share the class colours): a ``width``-wide
+    ``(h, width, 3)`` uint8 strip with a swatch and the name of each class that some method
+    predicts, largest first (by its largest area over the methods), wrapped into rows. Its
+    text is :data:`LEGEND_TEXT_FRACTION` of ``width`` high (at least :data:`LEGEND_MIN_TEXT`
+    px), so that it reads at one size however many overlays the picture holds. At most
+    ``max_entries`` classes are listed, then ``+k more`` (300 predicted classes would fill a page)."""
+    colors = class_colors(num_classes)
+    share = np.zeros(num_classes, dtype=np.float64)
+    for labels in label_maps:
+        counts = np.bincount(np.asarray(labels).ravel().astype(np.int64), minlength=num_classes)[:num_classes]
+        share = np.maximum(share, counts / max(int(np.asarray(labels).size), 1))
+    shown = [int(c) for c in np.argsort(-share, kind="stable") if share[c] > 0]
+    size = max(LEGEND_MIN_TEXT, int(round(LEGEND_TEXT_FRACTION * width)))
+    font = load_font(size, path=font_path_for(" ".join(str(names[c]) for c in shown)))
+    pad, swatch = size // 2, size
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    entries = [(c, f"{names[c]} {100 * share[c]:.0f}%" if share[c] >= 0.005 else f"{names[c]} <1%")
+               for c in shown[:max_entries]]
+    if len(shown) > max_entries:
+        entries.append((None, f"+{len(shown) - max_entries} more (the downloads hold every class)"))
+    rows, row, x = [], [], pad
+    for c, text in entries:
+        w = swatch + pad // 2 + int(probe.textlength(text, font=font)) + 2 * pad
+        if row and x + w > width:
+            rows.append(row)
+            row, x = [], pad
+        row.append((c, text, x))
+        x += w
+    if row:
+        rows.append(row)
+    line = size + pad
+    canvas = Image.new("RGB", (width, pad + max(1, len(rows)) * line), "white")
+    draw = ImageDraw.Draw(canvas)
+    for r, items in enumerate(rows):
+        y = pad // 2 + r * line
+        for c, text, x0 in items:
+            if c is not None:
+                draw.rectangle((x0, y + 2, x0 + swatch, y + 2 + swatch), fill=tuple(int(v) for v in colors[c]),
+                               outline="black")
+            draw.text((x0 + swatch + pad // 2, y), _fit(draw, text, font, width - x0 - swatch - pad), font=font,
+                      fill="black")
+    return np.asarray(canvas)
+
+
+def overlay_picture(display: np.ndarray, results: Sequence[Tuple[str, np.ndarray]], names: Sequence[str],
+                    num_classes: int, *, banner: Optional[str]) -> Tuple[np.ndarray, int]:
+    """The app's overlay picture: ``banner`` once on top (:func:`banner_strip`), one overlay per
+    ``(title, labels)`` of ``results`` in a grid of at most :data:`OVERLAY_COLUMNS` columns,
+    their text enlarged by the number of columns (each is shown that much smaller), and one
+    :func:`shared_legend` under them. Returns ``(picture, columns)``."""
+    columns = grid_columns(len(results))
+    tiles = [method_overlay(display, labels, names, num_classes, banner=None, title=title, legend=False,
+                            text_scale=float(columns)) for title, labels in results]
+    grid = tile_images(tiles, columns)
+    legend = shared_legend(names, num_classes, [labels for _, labels in results], grid.shape[1])
+    parts = ([banner_strip(banner, grid.shape[1])] if banner else []) + [grid, legend]
+    return np.concatenate(parts, axis=0), columns
+
+
+def banner_strip(text: str, width: int) -> np.ndarray:
+    """``text`` (the random-weights banner) once across the overlay picture, white bold on the
+    banner colour, the legend's text size: drawn on each overlay at twice the size it was cut
+    at the overlay's edge."""
+    size = max(LEGEND_MIN_TEXT, int(round(LEGEND_TEXT_FRACTION * width)))
+    font = load_font(1.2 * size, bold=True, path=font_path_for(text, bold=True))
+    pad = size // 3
+    canvas = Image.new("RGB", (width, int(1.2 * size) + 3 * pad), BANNER_COLOR)
+    draw = ImageDraw.Draw(canvas)
+    text = _fit(draw, text, font, width - 2 * pad)
+    x0, y0, x1, _ = draw.textbbox((0, 0), text, font=font)
+    draw.text(((width - (x1 - x0)) / 2 - x0, pad - y0), text, font=font, fill="white")
+    return np.asarray(canvas)
 
 
 def save_png(array: np.ndarray, path: str) -> str:

@@ -96,7 +96,7 @@ def _input_column(gr) -> Dict:
     c["methods"] = gr.Dropdown(choices=method_choices(), value=["cfg", "clip"], multiselect=True,
                                allow_custom_value=True, elem_id="methods",
                                label="methods (or type a spec such as kk:entmax:1.5 and press Enter)")
-    with gr.Accordion("custom spec (source / normaliser / alpha / layers)", open=True):
+    with gr.Accordion("custom spec (source / normaliser / alpha / layers)", open=False):
         with gr.Row():
             c["source"] = gr.Dropdown(choices=list(SOURCES), value="qq", label="source", allow_custom_value=True)
             c["normalizer"] = gr.Dropdown(choices=_normalizer_names(), value="entmax", label="normaliser")
@@ -116,30 +116,35 @@ def _output_column(gr) -> Dict:
     c["status"] = gr.Markdown("Choose a photo, type classes, pick methods and press **Run**.", elem_id="status")
     c["photo"] = gr.Image(label="photo: click a patch to see its attention", type="filepath",
                           interactive=False, elem_id="photo")
-    gr.Markdown("**Overlays**, one per method, side by side (the corner button enlarges them)")
+    gr.Markdown("**Overlays**, one per method (two a row), one legend under them (the corner button enlarges them)")
     c["overlays"] = gr.Image(label="overlays (one per method, side by side)", type="filepath", show_label=False,
                              interactive=False, buttons=["fullscreen", "download"], elem_id="overlays")
-    c["details"] = gr.Markdown("", elem_id="details")
-    with gr.Row():
-        c["qx"] = gr.Number(label="x (photo pixels)", value=None, elem_id="qx")
-        c["qy"] = gr.Number(label="y (photo pixels)", value=None, elem_id="qy")
-        c["att_button"] = gr.Button("Show attention", elem_id="show_attention")
-    c["att_status"] = gr.Markdown("", elem_id="att_status")
-    c["att_image"] = gr.Image(label="attention row of the selected patch (one colour scale)",
-                              type="filepath", interactive=False, show_label=False, elem_id="attention")
-    c["att_table"] = gr.Dataframe(headers=STATS_HEADERS, label="statistics of the row (means over heads)",
-                                  interactive=False, elem_id="att_table")
-    c["att_file"] = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
-                                  "window_K)", elem_id="att_file")
-    gr.Markdown("**Class probability maps**, 0 to 1, the top classes; one panel per method")
-    c["probs"] = gr.Image(label="class probability maps (0 to 1, top classes; one panel per method)",
-                          type="filepath", show_label=False, interactive=False,
-                          buttons=["fullscreen", "download"], elem_id="probs")
-    with gr.Row():
-        c["dl_button"] = gr.Button("Prepare downloads", elem_id="prepare_downloads", scale=0)
-        c["dl_status"] = gr.Markdown("", elem_id="dl_status")
-    c["files"] = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method",
-                         file_count="multiple", elem_id="files")
+    # The page is the photo, the overlays and the attention; the rest folds away (issue 43).
+    with gr.Accordion("method details and mean probabilities", open=False, elem_id="details_section"):
+        c["details"] = gr.Markdown("", elem_id="details")
+    with gr.Accordion("attention of a clicked patch", open=True, elem_id="attention_section"):
+        with gr.Row():
+            c["qx"] = gr.Number(label="x (photo pixels)", value=None, elem_id="qx")
+            c["qy"] = gr.Number(label="y (photo pixels)", value=None, elem_id="qy")
+            c["att_button"] = gr.Button("Show attention", elem_id="show_attention")
+        c["att_status"] = gr.Markdown("", elem_id="att_status")
+        c["att_image"] = gr.Image(label="attention row of the selected patch (one colour scale)",
+                                  type="filepath", interactive=False, show_label=False, elem_id="attention")
+        c["att_table"] = gr.Dataframe(headers=STATS_HEADERS, label="statistics of the row (means over heads)",
+                                      interactive=False, elem_id="att_table")
+        c["att_file"] = gr.File(label="attention rows (.npz: row_K (heads, tokens) per method K, token_K, "
+                                      "window_K)", elem_id="att_file")
+    with gr.Accordion("class probability maps (0 to 1, the top classes; one panel per method)", open=False,
+                      elem_id="probs_section"):
+        c["probs"] = gr.Image(label="class probability maps (0 to 1, top classes; one panel per method)",
+                              type="filepath", show_label=False, interactive=False,
+                              buttons=["fullscreen", "download"], elem_id="probs")
+    with gr.Accordion("downloads: label PNG, probabilities .npy per method", open=False, elem_id="downloads_section"):
+        with gr.Row():
+            c["dl_button"] = gr.Button("Prepare downloads", elem_id="prepare_downloads", scale=0)
+            c["dl_status"] = gr.Markdown("", elem_id="dl_status")
+        c["files"] = gr.File(label="downloads: label PNG, probabilities .npy (+ .json) per method",
+                             file_count="multiple", elem_id="files")
     c["run_id"] = gr.Textbox(visible=False, elem_id="run_id")
     return c
 

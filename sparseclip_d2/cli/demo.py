@@ -55,6 +55,12 @@ The CLIP weights come from MODEL.SPARSECLIP.CLIP.PRETRAINED (an open_clip tag su
 openai, a local checkpoint, or none). With none the weights are RANDOM: the tool still runs,
 but says so in its log and on every image ("RANDOM WEIGHTS - not meaningful").
 Runs on the GPU when there is one (MODEL.DEVICE cuda), else on the CPU.
+
+The log shows what the run was given (config keys that differ from the defaults, weights,
+vocabulary, method) and one line per image; --verbose adds the arguments. Mistakes (an
+unknown config key, an --opts key without its value, an unwritable --output, an unknown
+--vocabulary, a bad image) end the run with one "demo.py: error: ..." line and exit status 2;
+Ctrl-C with one line (SPARSECLIP_TRACEBACK=1 shows the tracebacks).
 """
 import argparse
 import glob
@@ -62,7 +68,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -71,8 +76,9 @@ import torch
 import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from ..common.errors import run_cli
 from ..common.io import atomic_write_json
-from ..common.logs import quiet_library_imports
+from ..common.logs import console_level, quiet_library_imports
 from ..common.outputs import OutputFolder, SkipBad
 
 with quiet_library_imports():
@@ -83,7 +89,8 @@ from detectron2.utils.logger import setup_logger
 from ..clip import AttentionSpec, parse_attention_specs
 from ..data import display_name
 from ..data.image_io import ImageReadError, read_image_rgb, parse_vocabulary
-from ..predictor import Predictor, build_config, resolve_vocabulary as resolve_vocabulary_value
+from ..predictor import Predictor, build_config, check_image_size, resolve_vocabulary as resolve_vocabulary_value
+from ..user_config import changed_keys
 from ..utils.overlays import (
     RANDOM_WEIGHTS_BANNER,
     class_colors,
@@ -131,6 +138,7 @@ def get_parser() -> argparse.ArgumentParser:
                         help="skip images that cannot be read (listed in OUTPUT/results.json and the log); "
                              "without it the first one stops the run, naming the file")
     parser.add_argument("--opacity", type=float, default=0.55, help="mask opacity of the overlays (default 0.55)")
+    parser.add_argument("--verbose", action="store_true", help="also log the arguments and every library notice")
     parser.add_argument("--opts", default=[], nargs=argparse.REMAINDER, metavar="KEY VALUE",
                         help="config overrides as KEY VALUE pairs, e.g. MODEL.DEVICE cpu INPUT.MIN_SIZE_TEST 336")
     return parser
@@ -138,7 +146,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def setup_cfg(args):
     """Defaults + ``add_sparseclip_config`` + ``--config-file`` + ``--opts``, validated, device resolved."""
-    return build_config(args.config_file, list(args.opts))
+    return build_config(args.config_file, list(args.opts), opts_name="--opts")
 
 
 def collect_inputs(items: Sequence[str]) -> List[str]:
@@ -210,7 +218,7 @@ def resolve_vocabulary(args) -> Tuple[List[str], Optional[int], str]:
     try:
         classes, background = resolve_vocabulary_value(args.vocabulary)
     except ValueError as e:
-        raise ValueError(str(e).replace("unknown vocabulary name", "unknown --vocabulary", 1)) from None
+        raise ValueError(str(e).replace("unknown vocabulary ", "unknown --vocabulary ", 1)) from None
     return classes, background, f"vocabulary {args.vocabulary}"
 
 
@@ -347,6 +355,7 @@ def process_image(path: str, stem: str, args, cfg, specs, predictors, vocabulary
     clip = cfg.MODEL.SPARSECLIP.CLIP
     t0 = time.perf_counter()
     image = read_image_rgb(path)
+    check_image_size(image.shape[1], image.shape[0], path)
     inputs = predictors[0].prepare(image, vocabulary, background)
     inputs["file_name"] = path  # a side input (a region mask) is read by the image's file name
     image = predictors[0].output_frame(image)  # the label maps are of the centre crop, if any: so are the figures
@@ -398,9 +407,13 @@ def run(args) -> Dict[str, List[str]]:
         specs = [("cfg", spec)]
     paths = collect_inputs(args.input)
     check_output_folder(args.output, args.input, paths)
-    folder = OutputFolder(args.output, "demo.py", stale_patterns=DEMO_OUTPUTS).acquire()  # one run at a time
+    folder = OutputFolder(args.output, "demo.py", stale_patterns=DEMO_OUTPUTS,  # one run at a time
+                          option="--output").acquire()
     if not 0.0 <= args.opacity <= 1.0:
         raise ValueError(f"--opacity must be in [0, 1], got {args.opacity}")
+    changed = changed_keys(cfg)
+    logger.info("config %s; keys that differ from the defaults (%d): %s", args.config_file, len(changed),
+                ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in changed))
     logger.info("vocabulary (%s): %d classes: %s%s", vocab_source, len(vocabulary), ", ".join(names),
                 f"; background class {names[background]!r}" if background is not None else "")
     start = time.perf_counter()
@@ -447,18 +460,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, List[str]]:
     args = get_parser().parse_args(argv)
     setup_logger(name="fvcore")
     setup_logger(name="sparseclip_d2")
-    logger.info("Arguments: %s", args)
+    console_level(("fvcore", "sparseclip_d2"), logging.DEBUG if args.verbose else logging.INFO)
+    logger.debug("Arguments: %s", args)
     return run(args)
 
 
 def cli_main() -> None:
     """The console entry point: bad input, vocabulary, spec or config give one error line and
-    exit status 2, as train_net's user mistakes and argparse's usage errors do."""
-    try:
-        main()
-    except (ValueError, OSError) as e:
-        print(f"demo.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    exit status 2, as train_net's user mistakes and argparse's usage errors do; Ctrl-C one
+    line (``sparseclip_d2.common.errors.run_cli``)."""
+    run_cli("demo.py", main, interrupted="the images finished so far are in --output (results.json is written "
+                                         "at the end); run the same command again to redo them all")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,19 @@ checked before the model is built. The method has nothing
 to train: without ``--eval-only`` the script exits with a message. ``--num-gpus N`` runs N
 processes through detectron2's ``launch``. ``--max-images N`` = ``TEST.MAX_IMAGES N``.
 
+The terminal shows what the run was given (the keys that differ from the defaults, the
+weights, the datasets, the method), progress and results; the environment and the full
+config go to ``OUTPUT_DIR/config.yaml`` and to ``OUTPUT_DIR/log.txt`` (debug level).
+``--verbose`` prints them on the terminal too.
+
 Mistakes in the config, the data or the weights end the run with one ``error: ...`` line
-and exit status 2; anything else (a bug) keeps its traceback. ``SPARSECLIP_TRACEBACK=1``
+and exit status 2 (``sparseclip_d2.common.errors``); Ctrl-C ends it with one line saying
+how to resume; anything else (a bug) keeps its traceback. ``SPARSECLIP_TRACEBACK=1``
 shows the traceback of the former too. Either way a failing run leaves
 ``OUTPUT_DIR/error.json`` (the original exception) and no ``results.json``.
 """
 import contextlib
+import glob
 import logging
 import os
 import sys
@@ -30,7 +37,8 @@ from collections import OrderedDict
 
 import torch
 
-from sparseclip_d2.common.logs import dropping_log_records, quiet_library_imports
+from sparseclip_d2.common.errors import STAGE_ATTRIBUTE, explain, run_cli, unknown_name
+from sparseclip_d2.common.logs import console_level, dropping_log_records, quiet_library_imports
 
 with quiet_library_imports():
     from detectron2.config import get_cfg
@@ -45,7 +53,7 @@ with quiet_library_imports():
     from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
-from sparseclip_d2.config import merge_config
+from sparseclip_d2.user_config import merge_user_config, run_summary
 from sparseclip_d2.data import build_test_loader, check_meta_architecture
 from sparseclip_d2.data.datasets import DatasetNotFoundError
 from sparseclip_d2.data.datasets.fgovd import FGOVDFormatError
@@ -57,7 +65,7 @@ from sparseclip_d2.evaluation.progress import RunProgress
 from sparseclip_d2.evaluation.checkpoint import evaluate_resumable, remove_checkpoint
 from sparseclip_d2.common.outputs import OutputFolder, OutputFolderError
 from sparseclip_d2.data.image_io import BadInputFile
-from sparseclip_d2.modeling import resolve_device
+from sparseclip_d2.modeling import SparseCLIP, resolve_device
 
 logger = logging.getLogger("sparseclip_d2.train_net")
 
@@ -75,7 +83,7 @@ INFERENCE_ERRORS = (DatasetNotFoundError, FGOVDFormatError, BadInputFile)
 _OUTPUT_FOLDER = None
 
 
-_STAGE = "_sparseclip_user_mistake"  # attribute naming the stage of a user mistake
+_STAGE = STAGE_ATTRIBUTE  # attribute naming the stage of a user mistake (common/errors.py reads it)
 
 
 @contextlib.contextmanager
@@ -92,12 +100,8 @@ def user_errors(what: str, types):
 
 def user_mistake(e: BaseException):
     """``"<stage>: <message on one line>"`` for an exception marked by :func:`user_errors`,
-    else None (a bug)."""
-    stage = getattr(e, _STAGE, None)
-    if stage is None:
-        return None
-    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-    return f"{stage}: {' '.join(str(msg).split())}"
+    else None (a bug): :func:`sparseclip_d2.common.errors.explain` in its strict form."""
+    return explain(e, strict=True)
 
 
 def setup(args):
@@ -106,7 +110,8 @@ def setup(args):
     with user_errors("config", CONFIG_ERRORS):
         cfg = get_cfg()
         add_sparseclip_config(cfg)
-        merge_config(cfg, args.config_file, args.opts)  # ints accepted for float keys; config names too
+        # ints accepted for float keys; config names too; unknown keys name the closest ones
+        merge_user_config(cfg, args.config_file, args.opts, opts_name="the command-line overrides")
         if getattr(args, "max_images", None) is not None:
             if args.max_images < 0:
                 raise ValueError(f"--max-images must be >= 0 (0 = all images), got {args.max_images}")
@@ -115,6 +120,7 @@ def setup(args):
     with user_errors("config", CONFIG_ERRORS):
         # the package's logger first, so that resolve_device's notice reaches log.txt
         setup_logger(output=cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="sparseclip_d2")
+        quiet_terminal(args)
         cfg.MODEL.DEVICE = resolve_device(cfg.MODEL.DEVICE)
         cfg.freeze()
     setup_run(cfg, args)
@@ -133,7 +139,7 @@ def lock_output_dir(cfg):
             _OUTPUT_FOLDER.release()
             _OUTPUT_FOLDER = None
         with user_errors("output", (OutputFolderError,)):
-            _OUTPUT_FOLDER = OutputFolder(cfg.OUTPUT_DIR, "train_net.py").acquire()
+            _OUTPUT_FOLDER = OutputFolder(cfg.OUTPUT_DIR, "train_net.py", option="OUTPUT_DIR").acquire()
 
 
 def setup_run(cfg, args):
@@ -150,21 +156,42 @@ def setup_run(cfg, args):
         PathManager.mkdirs(cfg.OUTPUT_DIR)
     setup_logger(cfg.OUTPUT_DIR, distributed_rank=rank, name="fvcore")
     d2_logger = setup_logger(cfg.OUTPUT_DIR, distributed_rank=rank)
-    d2_logger.info("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
+    quiet_terminal(args)
+    d2_logger.debug("Rank of current process: %d. World size: %d", rank, comm.get_world_size())
     # collect_env_info imports torch.utils.cpp_extension, which logs "No CUDA runtime is
     # found" on machines without CUDA: the environment table below says so already.
     with dropping_log_records("torch.utils.cpp_extension", "No CUDA runtime is found"):
         env_info = collect_env_info()
-    d2_logger.info("Environment info:\n%s", env_info)
-    d2_logger.info("Command line arguments: %s", args)
+    d2_logger.debug("Environment info:\n%s", env_info)
+    d2_logger.debug("Command line arguments: %s", args)
+    for line in run_summary(cfg, args.config_file):
+        logger.info("%s", line)
     if comm.is_main_process() and cfg.OUTPUT_DIR:
         path = os.path.join(cfg.OUTPUT_DIR, "config.yaml")
-        d2_logger.info("Running with full config:\n%s", cfg.dump())
+        d2_logger.debug("Running with full config:\n%s", cfg.dump())
         with PathManager.open(path, "w") as f:
             f.write(cfg.dump())
-        d2_logger.info("Full config saved to %s", path)
+        logger.info("full config: %s%s", path, "" if getattr(args, "verbose", False) else
+                    " (and the environment: log.txt, or --verbose)")
     if cfg.SEED >= 0:
         seed_all_rng(cfg.SEED + rank)
+
+
+def quiet_terminal(args) -> None:
+    """The terminal shows INFO and above of the run's loggers, ``--verbose`` DEBUG too (the
+    environment, the arguments, the full config); ``log.txt`` always gets DEBUG."""
+    console_level(("detectron2", "fvcore", "sparseclip_d2"),
+                  logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
+
+
+def unknown_dataset(name: str) -> str:
+    """The message of a ``DATASETS.TEST`` name that is not registered: the closest names,
+    this package's datasets first, then how many detectron2 builtins there are."""
+    registered = sorted(DatasetCatalog.list())
+    ours = [d for d in registered if d.startswith("sparseclip_")]
+    return unknown_name("dataset", name, registered, ours=ours, ours_label="sparseclip_d2's",
+                        where=" in DATASETS.TEST", others="detectron2 builtins",
+                        fix="docs/datasets.md lists them and where their files go")
 
 
 def check_datasets(cfg, skip_bad=False):
@@ -178,9 +205,7 @@ def check_datasets(cfg, skip_bad=False):
         out, skipped = OrderedDict(), {}
         for name in cfg.DATASETS.TEST:
             if name not in DatasetCatalog.list():
-                raise KeyError(
-                    f"dataset {name!r} is not registered; registered: {', '.join(sorted(DatasetCatalog.list()))}"
-                )
+                raise KeyError(unknown_dataset(name))
             dicts = DatasetCatalog.get(name)
             if cfg.TEST.MAX_IMAGES > 0:
                 dicts = dicts[: cfg.TEST.MAX_IMAGES]
@@ -270,6 +295,8 @@ def main(args):
         torch.manual_seed(cfg.SEED if cfg.SEED >= 0 else 0)
         model = build_model(cfg)
     random_weights = bool(model.random_weights)  # both META_ARCHs (SparseCLIP, SparseCLIPFGOVD) record it
+    if isinstance(model, SparseCLIP):  # the segmentation META_ARCH describes its parts (FG-OVD scores boxes)
+        logger.info("method: %s: %s", cfg.MODEL.SPARSECLIP.CLIP.NAME, model.describe())
     with user_errors("data", INFERENCE_ERRORS):
         results, summaries = do_test(cfg, model, datasets, skip_bad=getattr(args, "skip_bad", False),
                                       resume=not getattr(args, "restart", False), pre_skipped=pre_skipped)
@@ -283,17 +310,22 @@ def main(args):
     return results
 
 
+def resume_hint(args) -> str:
+    """What Ctrl-C prints: whether images are kept in per-image checkpoints and how to resume."""
+    out = _OUTPUT_FOLDER.path if _OUTPUT_FOLDER is not None else None
+    # the per-image records of evaluation/checkpoint.py: NNNNNNNN.pt per finished image
+    kept = len(glob.glob(os.path.join(out, "inference", "*", "checkpoint", "[0-9]*.pt"))) if out else 0
+    if kept:
+        return (f"{kept} evaluated image(s) are kept in {os.path.join(out, 'inference', '*', 'checkpoint')}; "
+                "run the same command again to resume from there (--restart starts from image 0)")
+    return "no image was finished yet; run the same command again to start over"
+
+
 def run(args):
-    """:func:`main` with failures recorded in ``error.json`` (``RecordFailures``) and user
-    mistakes turned into one ``error:`` line and exit status 2."""
-    try:
-        return RecordFailures(main)(args)
-    except Exception as e:
-        line = user_mistake(e)
-        if line is None or os.environ.get("SPARSECLIP_TRACEBACK", "") not in ("", "0"):
-            raise
-        print(f"train_net.py: error: {line}", file=sys.stderr)
-        sys.exit(2)
+    """:func:`main` with failures recorded in ``error.json`` (``RecordFailures``), user
+    mistakes turned into one ``error:`` line and exit status 2, and Ctrl-C into one line
+    saying how to resume (``sparseclip_d2.common.errors.run_cli``)."""
+    return run_cli("train_net.py", RecordFailures(main), args, strict=True, interrupted=lambda: resume_hint(args))
 
 
 def build_parser():
@@ -304,6 +336,9 @@ def build_parser():
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip images (or ground-truth files) that cannot be read, listing them in results.json "
                              "(\"skipped\") and the log; without it the first one stops the run, naming the file")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print the environment, the arguments and the full config (always in "
+                             "OUTPUT_DIR/log.txt and OUTPUT_DIR/config.yaml)")
     parser.add_argument("--restart", action="store_true",
                         help="ignore the per-image checkpoint of an interrupted run in OUTPUT_DIR and start from "
                              "image 0 (by default a rerun with the same config, data and code resumes)")

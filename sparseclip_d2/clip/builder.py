@@ -15,7 +15,7 @@ import open_clip
 from ..common.logs import dropping_log_records
 from .model_configs import LOCAL_MODEL_CONFIGS, get_local_model_config
 from .weights import (check_transformers_activation, convert_transformers_state_dict, describe_openai_state_dict,
-                      is_torchscript_archive, load_torchscript_state_dict, parse_hf_pretrained,
+                      directory_as_pretrained, explain_checkpoint_failure, is_torchscript_archive, load_torchscript_state_dict, parse_hf_pretrained,
                       read_transformers_config, transformers_activation)
 
 __all__ = ["build_clip", "check_model_name", "is_random_weights", "get_tokenizer", "PRECISIONS",
@@ -142,6 +142,8 @@ def _weights_to_load(name: str, pretrained: Optional[str], hf_dir: Optional[str]
     """``(weights file or hf: directory to load into the built model, or None; the pretrained tag
     left for open_clip, or None; force_quick_gelu)`` of :func:`build_clip`'s arguments."""
     weights_file = None
+    if hf_dir is None and pretrained is not None and os.path.isdir(pretrained):
+        raise ValueError(directory_as_pretrained(pretrained, name))  # not "does not exist": say what it is
     if hf_dir is not None:
         hf_cfg = read_transformers_config(hf_dir)
         weights_file = hf_dir
@@ -399,8 +401,10 @@ def _load_weights(model: torch.nn.Module, name: str, source: str) -> None:
         logger.info("loaded CLIP %s from the OpenAI TorchScript file %s", name, source)
         return
     logger.info("loading CLIP %s weights from the local file %s", name, source)
-    with _reading_checkpoint(source, name):
+    try:
         open_clip.load_checkpoint(model, source)
+    except Exception as e:  # unpickling, zip, safetensors, key/shape mismatches: one line naming both sides
+        raise ValueError(explain_checkpoint_failure(source, name, model, e)) from e
 
 
 def vision_tower_variant(model: torch.nn.Module, name: str, *, act: str = "", ln_eps: float = 0.0) -> torch.nn.Module:

@@ -15,6 +15,8 @@
 import json
 import logging
 import os
+import pickle
+import struct
 import warnings
 import zipfile
 from typing import Callable, Dict, List, Optional
@@ -33,6 +35,10 @@ __all__ = [
     "SUPPORTED_TRANSFORMERS_TYPES",
     "transformers_activation",
     "check_transformers_activation",
+    "checkpoint_format",
+    "guess_open_clip_names",
+    "directory_as_pretrained",
+    "explain_checkpoint_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,7 +76,8 @@ def load_torchscript_state_dict(path: str) -> Dict[str, torch.Tensor]:
 
 
 def _openai_layers(sd: Dict[str, torch.Tensor], prefix: str) -> int:
-    return len({k.split(".")[3] for k in sd if k.startswith(prefix) and k.endswith(".attn.in_proj_weight")})
+    index = prefix.rstrip(".").count(".") + 1  # the block number follows the prefix
+    return len({k.split(".")[index] for k in sd if k.startswith(prefix) and k.endswith(".attn.in_proj_weight")})
 
 
 def describe_openai_state_dict(sd: Dict[str, torch.Tensor]) -> str:
@@ -319,3 +326,134 @@ def check_transformers_activation(cfg: dict, model: torch.nn.Module, model_name:
         raise ValueError(f"{msg}; use the open_clip name with{'' if want == 'quick_gelu' else 'out'} '-quickgelu'")
     logger.warning("%s: features differ slightly from transformers' own forward (open_clip's own port of these "
                    "weights runs %s too)", msg, have)
+
+
+# ------------------------------------------------------------------------------ messages
+#: The key a weights message names.
+PRETRAINED_KEY = "MODEL.SPARSECLIP.CLIP.PRETRAINED"
+
+
+def checkpoint_format(path: str) -> str:
+    """What the first bytes of ``path`` say it is: ``"zip"`` (``torch.save`` since torch 1.6,
+    TorchScript), ``"pickle"`` (legacy ``torch.save``), ``"safetensors"`` (an 8-byte header
+    length then JSON), ``"numpy"`` (``.npz`` / ``.npy``, big_vision), or ``"unknown"``."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head.startswith(b"PK\x03\x04"):
+        return "numpy" if path.lower().endswith(".npz") else "zip"
+    if head.startswith(b"\x93NUMPY"):
+        return "numpy"
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return "pickle"
+    if len(head) >= 9:
+        (size,) = struct.unpack("<Q", head[:8])
+        if 0 < size < 100_000_000 and head[8:9] == b"{":
+            return "safetensors"
+    return "unknown"
+
+
+def _open_clip_vision(name: str) -> Optional[tuple]:
+    import open_clip
+
+    cfg = open_clip.get_model_config(name) or {}
+    v = cfg.get("vision_cfg", {})
+    if "timm_model_name" in v or not v.get("width"):
+        return None
+    return (v.get("width"), v.get("layers"), v.get("patch_size"), v.get("image_size"))
+
+
+def guess_open_clip_names(sd: Dict[str, torch.Tensor], limit: int = 3) -> List[str]:
+    """open_clip model names whose vision tower has the width, depth, patch and size of the
+    OpenAI-layout state dict ``sd`` (shortest names first; empty when none or not a ViT)."""
+    import open_clip
+
+    try:
+        conv = sd["visual.conv1.weight"]
+        grid = int(round((sd["visual.positional_embedding"].shape[0] - 1) ** 0.5))
+    except KeyError:
+        return []
+    want = (int(conv.shape[0]), _openai_layers(sd, "visual.transformer.resblocks."), int(conv.shape[-1]),
+            grid * int(conv.shape[-1]))
+    embed = int(sd["text_projection"].shape[-1]) if "text_projection" in sd else None
+    names = [n for n in open_clip.list_models() if _open_clip_vision(n) == want
+             and (embed is None or (open_clip.get_model_config(n) or {}).get("embed_dim") == embed)]
+    # plain CLIP ViTs (ViT-B-32) before CoCa and the multilingual variants of the same tower
+    return sorted(names, key=lambda n: (not n.startswith("ViT-"), len(n), n))[:limit]
+
+
+def directory_as_pretrained(path: str, name: str) -> str:
+    """The message for a directory given as ``PRETRAINED`` (a file or ``hf:DIR`` is expected):
+    what the directory holds and the value to write instead."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        try:
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+                model_type = json.load(f).get("model_type")
+        except (OSError, ValueError):
+            model_type = None
+        if model_type in SUPPORTED_TRANSFORMERS_TYPES:
+            return (f"{PRETRAINED_KEY} {path!r} is a transformers {model_type} checkpoint directory, not a file: "
+                    f"write {PRETRAINED_KEY} hf:{path}")
+    if os.path.isfile(os.path.join(path, "open_clip_config.json")):
+        return (f"{PRETRAINED_KEY} {path!r} is an open_clip model directory (open_clip_config.json): name it as the "
+                f"model instead, MODEL.SPARSECLIP.CLIP.NAME local-dir:{path} (its weights come with it)")
+    files = sorted(f for f in os.listdir(path) if f.lower().endswith((".pt", ".pth", ".bin", ".safetensors")))
+    inside = f" (it holds {', '.join(files[:3])}{' ...' if len(files) > 3 else ''})" if files else ""
+    return (f"{PRETRAINED_KEY} {path!r} is a directory, not a checkpoint file{inside}; give the checkpoint file, "
+            f"hf:DIR for a transformers directory, or none for random weights")
+
+
+def _state_dict_of(path: str) -> Optional[Dict[str, torch.Tensor]]:
+    """The tensors of a checkpoint file as open_clip would read them (``state_dict`` entry,
+    ``module.`` prefix dropped), read safely; ``None`` when that is not possible."""
+    try:
+        if checkpoint_format(path) == "safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(path, device="cpu")
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=checkpoint_format(path) == "zip")
+    except Exception:  # noqa: BLE001 - only used to explain another failure
+        return None
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict):
+        return None
+    return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in sd.items()
+            if isinstance(v, torch.Tensor)}
+
+
+def explain_checkpoint_failure(path: str, name: str, model: torch.nn.Module, error: BaseException) -> str:
+    """One line saying why the checkpoint file ``path`` could not be loaded into ``model``
+    (built as ``name``), naming both sides and the fix: a file that is no checkpoint at all,
+    one that holds Python objects a safe load refuses, one of another architecture (which
+    model it holds, and the open_clip names of that model), else the loader's own error."""
+    kind = checkpoint_format(path)
+    if kind == "unknown":
+        with open(path, "rb") as f:
+            head = f.read(12)
+        return (f"{PRETRAINED_KEY} {path!r} is not a checkpoint: it is neither a zip (torch.save, TorchScript), a "
+                f"pickle (an old torch.save) nor a .safetensors file (it starts with {head!r}); give an OpenAI CLIP "
+                f".pt file or an open_clip state dict of {name!r}")
+    if isinstance(error, pickle.UnpicklingError) or "weights_only" in str(error):
+        return (f"{PRETRAINED_KEY} {path!r} holds Python objects besides tensors (a training checkpoint or a "
+                f"pickled model), which the safe loader refuses; save only the weights of {name!r} from it "
+                "(torch.save(model.state_dict(), FILE) in the code that made it) and give that file")
+    sd = _state_dict_of(path)
+    if sd:
+        target = model.state_dict()
+        # a position table of another size alone is resized by open_clip: name a real difference first
+        bad = sorted((k for k in target if k in sd and tuple(sd[k].shape) != tuple(target[k].shape)),
+                     key=lambda k: "positional_embedding" in k)
+        missing = [k for k in target if k not in sd and not k.endswith("attn_mask")]
+        if (sd.keys() & target.keys()) and (bad or missing):
+            first = bad[0] if bad else missing[0]
+            where = (f" {tuple(sd[first].shape)} in the file vs {tuple(target[first].shape)}" if bad else
+                     " missing from the file")
+            guess = guess_open_clip_names(sd)
+            return (f"{PRETRAINED_KEY} {path!r} holds a {describe_openai_state_dict(sd)}, which does not fit "
+                    f"MODEL.SPARSECLIP.CLIP.NAME {name!r} ({describe_openai_state_dict(target)}; first difference: "
+                    f"{first}{where}); set MODEL.SPARSECLIP.CLIP.NAME to the file's model"
+                    + (f" ({' or '.join(guess)})" if guess else ""))
+    return (f"could not read the CLIP checkpoint file {path!r} for model {name!r} ({type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}); expected an OpenAI CLIP .pt file or an open_clip state dict "
+            "(.bin / .pt / .safetensors) of this model")

@@ -5,10 +5,11 @@ duration of a ``with`` block; nothing outlives the block and no library class is
 """
 import contextlib
 import logging
+import sys
 import warnings
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-__all__ = ["dropping_log_records", "quiet_library_imports"]
+__all__ = ["console_level", "dropping_log_records", "quiet_library_imports"]
 
 
 class _DropContaining(logging.Filter):
@@ -57,3 +58,15 @@ def quiet_library_imports() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
         yield
+
+
+def console_level(logger_names: Iterable[str], level: int) -> None:
+    """Set ``level`` on the handlers of the named loggers that write to the terminal
+    (``sys.stdout`` / ``sys.stderr``); handlers writing to files (detectron2's ``log.txt``)
+    keep theirs. detectron2's ``setup_logger`` gives both DEBUG: with ``logging.INFO`` here
+    the terminal shows a run's summary while the file still gets every record."""
+    for name in logger_names:
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) in (
+                    sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                handler.setLevel(level)

@@ -54,9 +54,10 @@ class OutputFolder:
             but no manifest is refused by :meth:`begin`.
     """
 
-    def __init__(self, path: str, tool: str, stale_patterns: Sequence[str] = ()):
+    def __init__(self, path: str, tool: str, stale_patterns: Sequence[str] = (), option: str = "the output folder"):
         self.path = os.path.abspath(path)
         self.tool = tool
+        self.option = option  # how the user gave the path (OUTPUT_DIR, --output), in messages
         self.stale_patterns = tuple(stale_patterns)
         self._lock_file = None
         self._files: List[str] = []
@@ -75,10 +76,17 @@ class OutputFolder:
         if self._lock_file is not None:
             return self
         if os.path.exists(self.path) and not os.path.isdir(self.path):
-            raise OutputFolderError(f"output folder {self.path!r} is a file, not a folder: choose another path")
-        os.makedirs(self.path, exist_ok=True)
+            raise OutputFolderError(f"output folder {self.path!r} ({self.option}) is a file, not a folder: choose "
+                                    "another path")
         lock_path = os.path.join(self.path, LOCK_FILE)
-        f = open(lock_path, "a+", encoding="utf-8")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            f = open(lock_path, "a+", encoding="utf-8")
+        except OSError as e:
+            raise OutputFolderError(
+                f"cannot write the output folder {self.path!r} ({self.option}): {e.strerror or e}"
+                f"{f' ({e.filename!r})' if e.filename and os.path.abspath(e.filename) != self.path else ''}; "
+                f"choose a folder you can write to with {self.option} DIR") from None
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -29,6 +29,7 @@ import yaml
 from fvcore.common.registry import Registry
 
 from ..common.io import atomic_write_json
+from ..common.errors import explain
 
 __all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "SUMMARY_HOOK_REGISTRY", "dataset_summary", "finalize_summaries",
            "build_results", "write_results", "begin_results", "write_error", "RecordFailures"]
@@ -157,7 +158,11 @@ class RecordFailures:
             if _ACTIVE_OUTPUT_DIR is not None and _is_main_process():
                 try:
                     path = write_error(_ACTIVE_OUTPUT_DIR, e)
-                    logger.error("run failed: %s: %s (details in %s)", type(e).__name__, e, path)
+                    # a user mistake or Ctrl-C is said in one line by the entry point
+                    # (common/errors.py); a bug's traceback follows this line
+                    mistake = isinstance(e, KeyboardInterrupt) or explain(e, strict=True) is not None
+                    (logger.debug if mistake else logger.error)(
+                        "run failed: %s: %s (details in %s)", type(e).__name__, e, path)
                 except OSError as write_failure:  # never hide the run's own exception
                     logger.error("could not write %s: %s", ERROR_FILE, write_failure)
             raise

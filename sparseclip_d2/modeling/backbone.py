@@ -79,13 +79,15 @@ def build_clip_from_config(cfg) -> Tuple[nn.Module, bool]:
             cache_dir=c.CACHE_DIR or None,
         )
     except (RuntimeError, OSError) as e:
+        # a download that failed (RuntimeError) gets the offline advice; a missing file's message
+        # already says what to pass
+        offline = ("\nOffline? Download the checkpoint on a connected machine (e.g. open_clip's "
+                   "'openai' weights) and pass the local file: MODEL.SPARSECLIP.CLIP.PRETRAINED "
+                   "/path/to/checkpoint.pt. For a smoke run with random weights (meaningless "
+                   "numbers) pass MODEL.SPARSECLIP.CLIP.PRETRAINED none.") if isinstance(e, RuntimeError) else ""
         raise RuntimeError(
             f"could not load CLIP weights MODEL.SPARSECLIP.CLIP.PRETRAINED={c.PRETRAINED!r} for "
-            f"MODEL.SPARSECLIP.CLIP.NAME={c.NAME!r}: {e}\n"
-            "Offline? Download the checkpoint on a connected machine (e.g. open_clip's "
-            "'openai' weights) and pass the local file: MODEL.SPARSECLIP.CLIP.PRETRAINED "
-            "/path/to/checkpoint.pt. For a smoke run with random weights (meaningless "
-            "numbers) pass MODEL.SPARSECLIP.CLIP.PRETRAINED none."
+            f"MODEL.SPARSECLIP.CLIP.NAME={c.NAME!r}: {e}{offline}"
         ) from e
     # build_clip itself logs the RANDOM WEIGHTS warning; callers record random_weights
     return model, random_weights

@@ -5,6 +5,9 @@ checked as ``train_net.py`` checks it before inference.
 import os
 import sys
 
+from ..common.errors import unknown_name
+from .convert import PrepareError
+
 def check_masks(name, dicts, sample=None):
     """Check the masks of a segmentation dataset as train_net.py does before inference
     (``sparseclip_d2.data.ground_truth``): each must be a single-channel label PNG, the size
@@ -36,7 +39,8 @@ def check(root, names=None, sample=None):
     files and, for FG-OVD, that every image exists; check every segmentation mask (or
     ``sample`` evenly spaced ones).
     Prints one line per dataset (and per problem); exits 1 when a requested dataset is not
-    ready or a name matches nothing."""
+    ready. A name that matches nothing raises :class:`~.convert.PrepareError` (naming the
+    closest) before any dataset is read."""
     import fnmatch
 
     already = "sparseclip_d2.data" in sys.modules
@@ -48,7 +52,7 @@ def check(root, names=None, sample=None):
 
     registered_root = os.path.dirname(MetadataCatalog.get("sparseclip_ade20k_val").dataset_root)
     if already and os.path.abspath(registered_root) != os.path.abspath(root):
-        sys.exit(f"check: the datasets were registered under {registered_root!r} before --root {root!r} was "
+        raise PrepareError(f"check: the datasets were registered under {registered_root!r} before --root {root!r} was "
                  "given; run the check in a fresh process")
 
     registered = sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_"))
@@ -56,9 +60,10 @@ def check(root, names=None, sample=None):
     selected = []
     for pattern in names or ["sparseclip_*"]:
         matched = [n for n in registered if fnmatch.fnmatchcase(n, pattern)]
-        if not matched:
-            ok = False
-            print(f"{pattern}: no such dataset; registered: {', '.join(registered)}")
+        if not matched:  # before any dataset is read: a typo is said at once, in one line
+            raise PrepareError(unknown_name("dataset", pattern, registered, ours=registered,
+                                            ours_label="sparseclip_d2's",
+                                            fix="names may be shell patterns such as sparseclip_fgovd_*"))
         selected += [n for n in matched if n not in selected]
     for name in selected:
         try:

@@ -35,12 +35,22 @@ range over the histogram), as train_net.py does before inference.
 
 import argparse
 
+from ..common.errors import run_cli
+
 from .check import check
 from .context import context
 from .convert import ade20k, cityscapes, coco_object, coco_stuff, context59, voc20
 
 
 def main(argv=None):
+    """The command line; a missing or bad input ends it with one ``prepare_datasets.py: error:``
+    line and exit status 2 (``sparseclip_d2.common.errors.run_cli``), Ctrl-C with one line."""
+    return run_cli("prepare_datasets.py", _main, argv,
+                   interrupted="conversions write each mask atomically and skip up-to-date ones: run the same "
+                               "command again to go on")
+
+
+def _main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=["check", "voc20", "ade20k", "context", "context59", "coco_stuff", "coco_object",
                                     "cityscapes"])

@@ -4,12 +4,11 @@
 pycocotools instead of the Detail API, then the 59-class masks (:func:`.convert.context59`).
 """
 import os
-import sys
 
 import numpy as np
 from PIL import Image
 
-from .convert import context59
+from .convert import PrepareError, context59
 
 # PASCAL-Context: PASCAL in Detail category ids (1-based, alphabetical over its 459 classes) of
 # the 59 evaluated classes. Sorted, they are train ids 1..59 in the order of
@@ -32,7 +31,7 @@ def _context_json(root, json_path=None):
     for c in candidates:
         if os.path.isfile(c):
             return c
-    sys.exit(f"missing trainval_merged.json (PASCAL in Detail annotations) - looked at {candidates}; "
+    raise PrepareError(f"missing trainval_merged.json (PASCAL in Detail annotations) - looked at {candidates}; "
              "pass --json PATH")
 
 
@@ -119,7 +118,7 @@ def context(root, json_path=None):
             Image.fromarray(mask).save(tmp, format="PNG")
         ids.append(image_id)
     if not ids:
-        sys.exit(f"no images with phase 'val' in {src}")
+        raise PrepareError(f"no images with phase 'val' in {src}")
     ids.sort()
     atomic_write_text(os.path.join(split_dir, "val.txt"), "".join(i + "\n" for i in ids))
     if unmapped:  # MMSeg's converter asserts these never occur; here they become background

@@ -10,10 +10,16 @@ registers the datasets under the datasets root, which ``check`` sets first).
 """
 import glob
 import os
-import sys
 
 import numpy as np
 from PIL import Image
+
+from ..common.errors import UserError
+
+
+class PrepareError(UserError):
+    """A missing or unusable download (names the file and what to put there):
+    ``tools/prepare_datasets.py`` prints it as one error line."""
 
 # COCO-Stuff raw map values (category id - 1) of the 80 thing and 91 stuff classes, in
 # order: the 171 train ids. Thing category ids skip 12, 26, 29, 30, 45, 66, 68, 69, 71, 83.
@@ -53,7 +59,7 @@ def _convert_files(pairs, *, num_classes, reduce_zero_label=False, lut=None):
         try:
             convert_sem_seg_gt(src, dst, num_classes=num_classes, reduce_zero_label=reduce_zero_label, lut=lut)
         except (OSError, ValueError) as e:
-            sys.exit(f"cannot convert {src}: {e}")
+            raise PrepareError(f"cannot convert {src}: {e}")
         written += 1
     return written, fresh
 
@@ -71,7 +77,7 @@ def _raw_coco_maps(root):
     ann = os.path.join(root, "coco_stuff164k", "annotations", "val2017")
     files = [f for f in sorted(glob.glob(os.path.join(ann, "*.png"))) if not f.endswith("Ids.png")]
     if not files:
-        sys.exit(f"no raw COCO-Stuff maps (*.png from stuffthingmaps_trainval2017.zip) in {ann}")
+        raise PrepareError(f"no raw COCO-Stuff maps (*.png from stuffthingmaps_trainval2017.zip) in {ann}")
     return files
 
 
@@ -98,7 +104,7 @@ def coco_object(root, from_instances=False):
     base = os.path.join(root, "coco_stuff164k")
     js = os.path.join(base, "annotations", "instances_val2017.json")
     if not os.path.isfile(js):
-        sys.exit(f"missing {js} (from annotations_trainval2017.zip)")
+        raise PrepareError(f"missing {js} (from annotations_trainval2017.zip)")
     coco = COCO(js)
     train_id = {c: i + 1 for i, c in enumerate(THING_IDS)}
     out_dir = os.path.join(base, "annotations", "val2017")
@@ -116,11 +122,12 @@ def coco_object(root, from_instances=False):
 
 def _split_ids(split_file):
     if not os.path.isfile(split_file):
-        sys.exit(f"missing split file {split_file}")
+        raise PrepareError(f"missing split file {split_file}: is --root (default $DETECTRON2_DATASETS) the folder "
+                           "that holds the extracted downloads? (docs/datasets.md)")
     with open(split_file) as f:
         ids = [line.strip() for line in f if line.strip()]
     if not ids:
-        sys.exit(f"split file {split_file} lists no images")
+        raise PrepareError(f"split file {split_file} lists no images")
     return ids
 
 
@@ -134,7 +141,7 @@ def _reduce_split(base, source_dir, split_file, out_dir, class_names_file):
     ids = _split_ids(os.path.join(base, split_file))
     missing = [i for i in ids if not os.path.isfile(os.path.join(src_dir, i + ".png"))]
     if missing:
-        sys.exit(f"{len(missing)} of {len(ids)} masks listed in {split_file} are missing from {src_dir}, "
+        raise PrepareError(f"{len(missing)} of {len(ids)} masks listed in {split_file} are missing from {src_dir}, "
                  f"e.g. {missing[0]}.png")
     pairs = [(os.path.join(src_dir, i + ".png"), os.path.join(dst_dir, i + ".png")) for i in ids]
     written, fresh = _convert_files(pairs, num_classes=_num_classes(class_names_file), reduce_zero_label=True)
@@ -162,7 +169,7 @@ def ade20k(root):
     src_dir = os.path.join(base, "annotations", "validation")
     files = sorted(glob.glob(os.path.join(src_dir, "*.png")))
     if not files:
-        sys.exit(f"no ADE20K masks (*.png from ADEChallengeData2016.zip) in {src_dir}")
+        raise PrepareError(f"no ADE20K masks (*.png from ADEChallengeData2016.zip) in {src_dir}")
     dst_dir = os.path.join(base, CONVERTED_GT, "validation")
     pairs = [(f, os.path.join(dst_dir, os.path.basename(f))) for f in files]
     written, fresh = _convert_files(pairs, num_classes=_num_classes("ade150"), reduce_zero_label=True)
@@ -172,7 +179,7 @@ def ade20k(root):
 def cityscapes(root):
     files = sorted(glob.glob(os.path.join(root, "cityscapes", "gtFine", "val", "*", "*_gtFine_labelIds.png")))
     if not files:
-        sys.exit(f"no *_gtFine_labelIds.png under {os.path.join(root, 'cityscapes', 'gtFine', 'val')}")
+        raise PrepareError(f"no *_gtFine_labelIds.png under {os.path.join(root, 'cityscapes', 'gtFine', 'val')}")
     written = _convert(files, _lut(CITYSCAPES_TRAIN_IDS), "_labelIds.png", "_labelTrainIds.png",
                        _num_classes("cityscapes19"))
     _report(*written, "*_gtFine_labelTrainIds.png", os.path.join(root, "cityscapes", "gtFine", "val"))

@@ -19,8 +19,15 @@ def test_attention_panels_share_one_colour_scale_by_default():
     overlays = [ax.images[1] for ax in fig.axes if len(ax.images) == 2]
     assert len(overlays) == 2
     assert all(im.get_clim() == (0.0, 0.25) for im in overlays)
-    labels = [ax.get_ylabel() for ax in fig.axes if len(ax.images) <= 1 and ax.get_ylabel().startswith("attention")]
-    assert labels == ["attention weight (head mean), one scale for all panels: 0 to 0.25"]
+    bars = [ax for ax in fig.axes if len(ax.images) <= 1 and ax.get_ylabel().startswith("attention")]
+    assert [ax.get_ylabel() for ax in bars] == ["attention (head mean)"]
+    assert fig.get_supxlabel() == "one colour scale for all panels: 0 to 0.25"
+    # the label is whole: no longer than its bar, and inside the figure (issue 43: "0 to 0.0" was cut)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    label, bar = bars[0].yaxis.label.get_window_extent(renderer), bars[0].get_window_extent(renderer)
+    assert label.height <= bar.height and label.y0 >= bar.y0 - 1 and label.y1 <= bar.y1 + 1
+    assert fig.bbox.contains(label.x0, label.y0) and fig.bbox.contains(label.x1, label.y1)
 
     fig = attention_figure(image, _results(), (25, 20), shared_scale=False)
     overlays = [ax.images[1] for ax in fig.axes if len(ax.images) == 2]

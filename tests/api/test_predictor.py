@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from sparseclip_d2 import Predictor
-from sparseclip_d2.predictor import build_config, resolve_vocabulary
+from sparseclip_d2.predictor import MIN_IMAGE_SIDE, build_config, resolve_vocabulary
+from sparseclip_d2.user_config import ConfigError
 
 TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
         "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "INPUT.MIN_SIZE_TEST", "96"]
@@ -65,8 +66,10 @@ def test_labels_equal_the_detectron2_path_for_every_image_form(predictor, photo,
 def test_probabilities_and_labels_agree(predictor, photo):
     pred = predictor(photo, VOCAB)
     probs = pred.probabilities()
-    assert probs.shape == (5, 375, 500) and probs.dtype == torch.float32
-    assert np.array_equal(probs.argmax(0).numpy(), pred.labels)  # no background rule: plain argmax
+    # one array type for every result: numpy, like the labels
+    assert isinstance(probs, np.ndarray) and isinstance(pred.labels, np.ndarray)
+    assert probs.shape == (5, 375, 500) and probs.dtype == np.float32
+    assert np.array_equal(probs.argmax(0), pred.labels)  # no background rule: plain argmax
     assert bool((probs >= 0).all() and (probs <= 1).all())
 
 
@@ -125,6 +128,50 @@ def test_background_and_named_vocabularies():
 def test_bad_vocabulary(vocabulary, match):
     with pytest.raises(ValueError, match=match):
         resolve_vocabulary(vocabulary)
+
+
+def test_images_below_the_shared_minimum_are_refused(predictor):
+    from sparseclip_d2.app.engine import MIN_SIDE
+
+    assert MIN_SIDE == MIN_IMAGE_SIDE == 16  # the app and the Predictor share one minimum
+    with pytest.raises(ValueError, match=r"image 0 is 40x15 px: both sides must be at least 16 px"):
+        predictor(np.zeros((15, 40, 3), np.uint8), ["a", "b"])
+    with pytest.raises(ValueError, match=r"1x1 px"):
+        predictor(np.zeros((1, 1, 3), np.uint8), ["a", "b"])
+    assert predictor(np.zeros((16, 16, 3), np.uint8), ["a", "b"]).labels.shape == (16, 16)
+
+
+def test_vocabulary_text_as_the_demo_writes_it(predictor, photo):
+    text = predictor(photo, "person, chair, dining table; table, bottle, wall")
+    listed = predictor(photo, VOCAB)
+    assert text.classes == listed.classes and np.array_equal(text.labels, listed.labels)
+    assert resolve_vocabulary("cat, dog; puppy", background="dog") == (["cat", "dog, puppy"], 1)
+    assert resolve_vocabulary("voc21")[0][0].startswith("background")  # a name stays a name
+
+
+def test_unknown_vocabulary_names_the_closest_and_ours_first():
+    with pytest.raises(ValueError) as e:
+        resolve_vocabulary("voc99")
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("unknown vocabulary 'voc99'; closest: ")
+    ours = line.index("sparseclip_d2's: ")
+    assert "voc21" in line[:ours].split("closest: ")[1]
+    assert line[ours:].startswith("sparseclip_d2's: ade150, ") and line.index("detectron2 datasets") > ours
+    assert "ade20k_sem_seg_val" not in line  # detectron2's own are counted, not listed
+    assert "commas between classes" in line  # the other way to give classes
+
+
+@pytest.mark.parametrize("opts, match", [
+    (["MODEL.SPARSECLIP.ATTENTION.ALPAH", "1.3"],
+     r"^unknown config key 'MODEL.SPARSECLIP.ATTENTION.ALPAH' \(from opts\); closest: MODEL.SPARSECLIP.ATTENTION.ALPHA$"),
+    (["MODEL.SPARSECLIP.ATTENTION.ALPHA"], r"^opts: KEY VALUE pairs expected, got 1 item: "
+                                            r"'MODEL.SPARSECLIP.ATTENTION.ALPHA' has no value \(it is last\)$"),
+    (["MODEL.SPARSECLIP.ATTENTION.ALPHA", "high"], r"^MODEL.SPARSECLIP.ATTENTION.ALPHA = high \(from opts\) is not "
+                                                    r"a number \(float\); give a number \(float\) like the default"),
+])
+def test_config_mistakes_are_one_line_errors(opts, match):
+    with pytest.raises(ConfigError, match=match):
+        Predictor.from_config("demo", opts=opts)
 
 
 def test_bad_images(predictor):

@@ -66,3 +66,96 @@ def test_fgovd_num_negatives_zero_is_refused_before_the_model():
     with pytest.raises(ValueError, match=r"FGOVD.NUM_NEGATIVES = 0 is invalid; valid: an integer >= 1, or -1"):
         check_sparseclip_config(tiny_cfg(**{"MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES": "0"}))
     check_sparseclip_config(tiny_cfg(**{"MODEL.SPARSECLIP.FGOVD.NUM_NEGATIVES": "5"}))
+
+
+# ----------------------------------------------------------------------------- issue 43: every entry point
+DEMO = ["--input", os.path.join(ROOT, "README.md"), "--classes", "cat, dog"]  # the config fails before any image
+
+
+@pytest.mark.parametrize("extra, text", [
+    (["--output", "OUT", "--opts", "MODEL.SPARSECLIP.ATTENTION.ALPAH", "1.3"],
+     "demo.py: error: unknown config key 'MODEL.SPARSECLIP.ATTENTION.ALPAH' (from --opts); "
+     "closest: MODEL.SPARSECLIP.ATTENTION.ALPHA"),
+    (["--output", "OUT", "--opts", "MODEL.SPARSECLIP.ATTENTION.ALPHA"],
+     "demo.py: error: --opts: KEY VALUE pairs expected, got 1 item: 'MODEL.SPARSECLIP.ATTENTION.ALPHA' has no value"),
+    (["--output", "/proc/sparseclip_no_such_dir", "--opts", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none"],
+     "demo.py: error: cannot write the output folder '/proc/sparseclip_no_such_dir' (--output): No such file or "
+     "directory; choose a folder you can write to with --output DIR"),
+])
+def test_demo_config_and_output_mistakes_one_line(tmp_path, extra, text):
+    extra = [str(tmp_path / "out") if e == "OUT" else e for e in extra]
+    line = one_error_line(tool("demo.py", *DEMO, *extra), "demo.py")
+    assert line == text or line.startswith(text), line
+
+
+def test_demo_unknown_vocabulary_names_the_closest_ours_first(tmp_path, small_image):
+    line = one_error_line(tool("demo.py", "--input", small_image, "--vocabulary", "voc99", "--output",
+                               str(tmp_path / "out"), "--opts", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none"), "demo.py")
+    assert line.startswith("demo.py: error: unknown --vocabulary 'voc99'; closest: ")
+    closest, rest = line.split("; sparseclip_d2's: ", 1)
+    assert "voc21" in closest and "ade20k_sem_seg_val" not in line and "detectron2 datasets" in rest
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_app_opts_mistakes_one_line():
+    line = one_error_line(tool("app.py", "--port", str(_free_port()), "--opts", "MODEL.SPARSECLIP.ATTENTION.ALPAH",
+                               "1.3"), "sparseclip-app")
+    assert "unknown config key 'MODEL.SPARSECLIP.ATTENTION.ALPAH' (from --opts); closest: " \
+           "MODEL.SPARSECLIP.ATTENTION.ALPHA" in line
+
+
+def test_app_port_in_use_names_the_option():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_error_line(tool("app.py", "--port", str(port), "--opts", "MODEL.SPARSECLIP.CLIP.PRETRAINED",
+                                   "none"), "sparseclip-app")
+    assert line == (f"sparseclip-app: error: --port {port}: 127.0.0.1:{port} is in use (another app, or another "
+                    f"program); stop it or choose another port, e.g. --port {port + 1}")
+
+
+def test_plot_unwritable_output_names_the_option(tmp_path):
+    line = one_error_line(tool("plot.py", "gain", str(tmp_path / "r.jsonl"), "-o", "/proc/sparseclip_x/fig"), "plot.py")
+    assert line == ("plot.py: error: -o '/proc/sparseclip_x/fig': cannot create the folder '/proc/sparseclip_x' (No "
+                    "such file or directory); choose a path in a folder you can write to")
+
+
+def test_prepare_datasets_unknown_name_and_missing_download(tmp_path):
+    line = one_error_line(tool("prepare_datasets.py", "check", "sparseclip_voc21_vall", "--root", str(tmp_path)),
+                          "prepare_datasets.py")
+    assert line.startswith("prepare_datasets.py: error: unknown dataset 'sparseclip_voc21_vall'; closest: "
+                           "sparseclip_voc21_val")
+    line = one_error_line(tool("prepare_datasets.py", "voc20", "--root", str(tmp_path)), "prepare_datasets.py")
+    assert f"missing split file {tmp_path}/VOCdevkit/VOC2012/ImageSets/Segmentation/val.txt" in line
+    assert "is --root (default $DETECTRON2_DATASETS) the folder that holds the extracted downloads?" in line
+
+
+def test_run_cli_sorts_mistakes_bugs_and_ctrl_c(capsys):
+    from sparseclip_d2.common.errors import UserError, run_cli
+
+    def fails(exc):
+        raise exc
+
+    with pytest.raises(SystemExit) as e:
+        run_cli("prog", fails, ValueError("bad value 'x'\nsecond line"))
+    assert e.value.code == 2 and capsys.readouterr().err == "prog: error: bad value 'x' second line\n"
+    with pytest.raises(SystemExit) as e:
+        run_cli("prog", fails, KeyboardInterrupt(), interrupted=lambda: "run it again to resume")
+    assert e.value.code == 130 and capsys.readouterr().err == "prog: interrupted: run it again to resume\n"
+    with pytest.raises(TypeError):  # a bug keeps its traceback
+        run_cli("prog", fails, TypeError("unsupported operand"))
+    with pytest.raises(ValueError):  # strict (train_net): only marked mistakes are one line
+        run_cli("prog", fails, ValueError("inside a bug"), strict=True)
+    with pytest.raises(SystemExit):
+        run_cli("prog", fails, UserError("a mistake"), strict=True)
+    assert capsys.readouterr().err == "prog: error: a mistake\n"

@@ -47,10 +47,21 @@ def _one_error_line(proc, prefix):
 
 
 @pytest.mark.parametrize("args, prefix, text", [
-    (["--config-file", "configs/demo.yaml", "MODEL.SPARSECLIP.NOT_A_KEY", "1"], "config:", "NOT_A_KEY"),
+    (["--config-file", "configs/demo.yaml", "MODEL.SPARSECLIP.NOT_A_KEY", "1"], "config:",
+     "unknown config key 'MODEL.SPARSECLIP.NOT_A_KEY' (from the command-line overrides); keys under MODEL.SPARSECLIP: "),
+    (["--config-file", "demo", "MODEL.SPARSECLIP.ATTENTION.ALPAH", "1.3"], "config:",
+     "unknown config key 'MODEL.SPARSECLIP.ATTENTION.ALPAH' (from the command-line overrides); "
+     "closest: MODEL.SPARSECLIP.ATTENTION.ALPHA"),
+    (["--config-file", "demo", "MODEL.SPARSECLIP.ATTENTION.ALPHA"], "config:",  # OUTPUT_DIR out follows: 3 items
+     "the command-line overrides: KEY VALUE pairs expected, got 3 items: 'MODEL.SPARSECLIP.ATTENTION.ALPHA' has no "
+     "value (it is followed by the key 'OUTPUT_DIR')"),
     (["--config-file", "configs/no_such.yaml"], "config:", "no_such.yaml"),
-    (["--config-file", "configs/demo.yaml", "MODEL.SPARSECLIP.LOGIT_SCALE", "abc"], "config:", "LOGIT_SCALE"),
-    (["--config-file", "configs/demo.yaml", "DATASETS.TEST", "('nope_val',)"], "data:", "'nope_val' is not registered"),
+    (["--config-file", "configs/demo.yaml", "MODEL.SPARSECLIP.LOGIT_SCALE", "abc"], "config:",
+     "MODEL.SPARSECLIP.LOGIT_SCALE = abc (from the command-line overrides) is not a number (float)"),
+    (["--config-file", "configs/demo.yaml", "DATASETS.TEST", "('nope_val',)"], "data:",
+     "unknown dataset 'nope_val' in DATASETS.TEST; "),
+    (["--config-file", "configs/demo.yaml", "DATASETS.TEST", "('sparseclip_voc21_vall',)"], "data:",
+     "unknown dataset 'sparseclip_voc21_vall' in DATASETS.TEST; closest: sparseclip_voc21_val, "),
     (["--config-file", "configs/demo.yaml", *TINY, "MODEL.SPARSECLIP.CLIP.PRETRAINED", "/no/such/weights.pt"],
      "model:", "/no/such/weights.pt"),
 ])
@@ -58,6 +69,53 @@ def test_user_mistakes_one_line(tmp_path, args, prefix, text):
     line = _one_error_line(_run(args, tmp_path), prefix)
     assert text in line
     assert not (tmp_path / "out" / "results.json").exists()
+    if "unknown dataset" in line:  # ours listed, detectron2's counted
+        assert "sparseclip_d2's: sparseclip_ade20k_val" in line and "detectron2 builtins" in line
+        assert "coco_2017_train" not in line
+
+
+def test_unwritable_output_dir_names_the_key(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--eval-only",
+                           "--config-file", "demo", "OUTPUT_DIR", "/proc/sparseclip_no_such_dir"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    line = _one_error_line(proc, "output:")
+    assert "cannot write the output folder '/proc/sparseclip_no_such_dir' (OUTPUT_DIR)" in line
+    assert line.endswith("choose a folder you can write to with OUTPUT_DIR DIR")
+
+
+def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (a KeyboardInterrupt out of the run) prints one line and exits 130; with a
+    per-image checkpoint on disk the line says that a rerun resumes from it."""
+    from sparseclip_d2.common.outputs import OutputFolder
+
+    tn = _train_net()
+    monkeypatch.setattr(tn, "_OUTPUT_FOLDER", None)
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tn, "main", interrupted)
+    with pytest.raises(SystemExit) as e:
+        tn.run(None)
+    assert e.value.code == 130
+    assert capsys.readouterr().err == ("train_net.py: interrupted: no image was finished yet; run the same command "
+                                       "again to start over\n")
+    folder = OutputFolder(str(tmp_path / "out"), "test")
+    checkpoint = tmp_path / "out" / "inference" / "sparseclip_demo" / "checkpoint"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "key.json").write_text("{}")
+    monkeypatch.setattr(tn, "_OUTPUT_FOLDER", folder)
+    with pytest.raises(SystemExit):
+        tn.run(None)
+    assert "no image was finished yet" in capsys.readouterr().err  # the key alone is no image
+    for i in range(2):  # two images recorded, as evaluation/checkpoint.py names them
+        (checkpoint / f"{i:08d}.pt").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        tn.run(None)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"2 evaluated image(s) are kept in {tmp_path / 'out' / 'inference' / '*' / 'checkpoint'}" in err
+    assert "run the same command again to resume from there (--restart starts from image 0)" in err
 
 
 def test_traceback_on_request(tmp_path):

@@ -275,3 +275,64 @@ def test_quick_gelu_mismatch_is_an_error(tmp_path):
     transformers.CLIPModel(cfg).save_pretrained(str(folder))
     with pytest.raises(ValueError, match="quick_gelu"):
         build_clip("sparseclip-tiny-vit", f"hf:{folder}")
+
+
+# ------------------------------------------------------------------------------ messages
+def test_transformers_directory_without_hf_prefix_says_to_write_hf(tmp_path):
+    folder, _ = _hf_clip_dir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-vit", folder)
+    assert str(e.value) == (f"MODEL.SPARSECLIP.CLIP.PRETRAINED {folder!r} is a transformers clip checkpoint "
+                            f"directory, not a file: write MODEL.SPARSECLIP.CLIP.PRETRAINED hf:{folder}")
+    other = tmp_path / "weights_here"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"is a directory, not a checkpoint file \(it holds model.safetensors\); give "
+                                         r"the checkpoint file, hf:DIR"):
+        build_clip("sparseclip-tiny-vit", str(other))
+
+
+def test_state_dict_of_another_architecture_names_both_and_the_fix(tmp_path):
+    path = str(tmp_path / "openai_tiny_state_dict.pt")
+    torch.save(_random_model(OPENAI_TINY, 0).state_dict(), path)
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-vit", path)
+    msg = str(e.value)
+    assert "\n" not in msg and "size mismatch" not in msg  # no raw load_state_dict dump
+    assert msg.startswith(f"MODEL.SPARSECLIP.CLIP.PRETRAINED {path!r} holds a ViT with width 128, 2 layers, patch 16, "
+                          "64 px; text width 128, 2 layers")
+    assert "does not fit MODEL.SPARSECLIP.CLIP.NAME 'sparseclip-tiny-vit' (ViT with width 64" in msg
+    assert msg.endswith("set MODEL.SPARSECLIP.CLIP.NAME to the file's model")
+
+
+def test_open_clip_names_of_a_state_dict():
+    from sparseclip_d2.clip.weights import guess_open_clip_names
+
+    # only the shapes matter: the tensors of a ViT-B/32 (768 wide, 12 blocks, patch 32, 224 px, 512 joint)
+    sd = {"visual.conv1.weight": torch.empty(768, 3, 32, 32), "visual.positional_embedding": torch.empty(50, 768),
+          "text_projection": torch.empty(512, 512)}
+    sd.update({f"visual.transformer.resblocks.{i}.attn.in_proj_weight": torch.empty(0) for i in range(12)})
+    assert guess_open_clip_names(sd)[:2] == ["ViT-B-32", "ViT-B-32-quickgelu"]
+    sd["visual.conv1.weight"] = torch.empty(768, 3, 16, 16)
+    sd["visual.positional_embedding"] = torch.empty(197, 768)
+    assert guess_open_clip_names(sd)[0] == "ViT-B-16"
+
+
+def test_file_that_is_no_checkpoint_says_so(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("hello, this is not a checkpoint\n")
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-vit", str(path))
+    msg = str(e.value)
+    assert msg.startswith(f"MODEL.SPARSECLIP.CLIP.PRETRAINED {str(path)!r} is not a checkpoint: it is neither a zip")
+    assert "it starts with b'hello, this '" in msg and "weights_only" not in msg
+
+
+def test_training_checkpoint_with_python_objects_names_the_fix(tmp_path):
+    path = str(tmp_path / "training.pt")
+    torch.save({"model": torch.nn.Linear(2, 2), "epoch": 3}, path)
+    with pytest.raises(ValueError) as e:
+        build_clip("sparseclip-tiny-vit", path)
+    msg = str(e.value)
+    assert "holds Python objects besides tensors" in msg and "torch.save(model.state_dict(), FILE)" in msg
+    assert "weights_only=False" not in msg and "file an issue" not in msg.lower()

@@ -217,7 +217,7 @@ def test_conversion_rewrites_only_missing_or_stale_masks(tmp_path, capsys):
     assert np.array(Image.open(out / "ADE_val_00000000.png")).tolist() == [[255, 0, 149]]
     assert np.array(Image.open(out / "ADE_val_00000001.png")).tolist() == [[2, 2, 2]]
     _png(str(src / "ADE_val_00000002.png"), [[151, 0, 0]])  # not an ADE label
-    with pytest.raises(SystemExit, match=r"ADE_val_00000002.png.*\[150\]"):
+    with pytest.raises(prep.PrepareError, match=r"ADE_val_00000002.png.*\[150\]"):
         prep.ade20k(str(tmp_path))
     assert not (out / "ADE_val_00000002.png").exists() and not [f for f in os.listdir(out) if f.startswith(".")]
 

@@ -113,5 +113,5 @@ def test_context_name_mismatch_warns_and_missing_json_exits(prep, tmp_path, caps
     assert sorted(masks) == ["2008_000000", "2008_000001"]
     prep._check_context_names(data["categories"])
     assert "WARNING: Detail category 2 is 'accordion'" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="trainval_merged.json"):
+    with pytest.raises(ValueError, match="trainval_merged.json.*--json PATH"):  # PrepareError: one error line
         prep.context(str(tmp_path))

@@ -277,4 +277,6 @@ def test_unloadable_weights_say_how_to_fix():
     with pytest.raises(RuntimeError) as e:
         build_model(cfg)
     msg = str(e.value)
-    assert "/path/to/checkpoint.pt" in msg and "PRETRAINED none" in msg and "/nonexistent/ckpt.pt" in msg
+    # a missing file: the fix is to pass an existing one or none (no offline advice: nothing was downloaded)
+    assert "'/nonexistent/ckpt.pt'" in msg and "does not exist; pass an existing local checkpoint file" in msg
+    assert "or `none`" in msg and "Offline?" not in msg

@@ -32,6 +32,7 @@ LAYERS = {
     "dense": 2,       # dense-prediction ops on windows, logits and label maps; no detectron2
     "methods": 3,     # the pipeline's registered parts (heads, stages, side inputs) over the layers below
     "config": 4,      # detectron2 from here on; validates the parts' keys through methods
+    "user_config": 4,  # config merging with one-line errors, the keys that differ from the defaults
     "data": 4,
     "modeling": 5,    # the META_ARCHs run the parts
     "evaluation": 6,
