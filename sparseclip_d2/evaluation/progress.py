@@ -3,7 +3,7 @@ evaluation.
 
 Layout (every write replaces the file atomically)::
 
-    {"state": "running" | "evaluated" | "ok" | "failed",
+    {"state": "running" | "evaluated" | "stopped" | "ok" | "failed" | "interrupted",
      "images_done": 120, "images_total": 1449,   # over all datasets of the run
      "dataset": "sparseclip_voc21_val", "datasets_done": 0, "datasets_total": 1,
      "elapsed_s": 61.2,                           # since the first image was processed
@@ -16,7 +16,11 @@ Layout (every write replaces the file atomically)::
 adds the exit state (``ok`` / ``failed`` with ``returncode``) when the process has ended
 (:func:`finish_progress`). With several processes (``--num-gpus``) the main process writes,
 counting its own shard times the world size (capped at the dataset's size).
+A train_net that exits before its last dataset is done (an exception, Ctrl-C) writes
+``stopped`` on its way out (``atexit``), so the file never says ``running`` after the process
+has gone; the runner's exit state (``ok`` / ``failed`` / ``interrupted``) replaces it.
 """
+import atexit
 import json
 import os
 import time
@@ -71,7 +75,14 @@ class RunProgress:
         self.datasets_done = 0
         self.started: Optional[float] = None
         self._last_write = 0.0
+        self.state: Optional[str] = None
         self.write("running")
+        if self.path is not None and self.is_main:
+            atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self.state == "running":  # the process ends before its last dataset is done
+            self.write("stopped")
 
     @property
     def images_total(self) -> int:
@@ -95,6 +106,7 @@ class RunProgress:
             "elapsed_s": round(elapsed, 3), "eta_s": None if eta is None else round(eta, 3),
             "updated": now, "pid": os.getpid()})
         self._last_write = now
+        self.state = state
 
     def count(self, n: int) -> None:
         """``n`` more inputs processed by this process; writes when the interval has passed."""
