@@ -38,7 +38,7 @@ import yaml
 
 from sparseclip_d2.sweeps import (LaunchSettings, LocalLauncher, SubmititLauncher, SweepValidationError,
                                   default_hash_cache, load_sweep, read_jsonl, run_sweep, sweep_name)
-from sparseclip_d2.sweeps.launchers import SUBMITIT_EXECUTORS
+from sparseclip_d2.sweeps.launchers import SUBMITIT_EXECUTORS, SubmissionError
 from sparseclip_d2.sweeps.lock import OutputLockedError
 from sparseclip_d2.analysis.tables import write_tables
 
@@ -231,7 +231,7 @@ def main(argv=None):
             print("nothing was run; fix the sweep file (python tools/sweep.py --dry-run lists every run)",
                   file=sys.stderr)
             return 2
-        except OutputLockedError as e:
+        except (OutputLockedError, SubmissionError) as e:
             return fail(e)
     paths = tables()
     stale = paths.pop("stale")

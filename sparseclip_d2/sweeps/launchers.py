@@ -30,7 +30,7 @@ from .runner import INTERRUPTED, RunTask, allow_runs, clear_attempt, execute_run
 from .store import RESULTS_FILE, append_jsonl
 
 __all__ = ["LaunchSettings", "LocalLauncher", "SubmititLauncher", "SubmittedRun", "SUBMITIT_EXECUTORS",
-           "submitit_parameters", "parse_minutes", "slurm_states", "SLURM_ACTIVE_STATES", "JOBS_FILE"]
+           "submitit_parameters", "parse_minutes", "slurm_states", "SLURM_ACTIVE_STATES", "JOBS_FILE", "SubmissionError"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +137,16 @@ def submitit_parameters(settings: LaunchSettings, executor: str, name: str) -> D
     elif executor == "local":
         params.pop("mem_gb")  # not a local-executor setting
         params.pop("cpus_per_task")
+    if not settings.gpus_per_run:
+        params.pop("gpus_per_node")  # a CPU run asks for no GPU (no --gpus-per-node, which sbatch may refuse)
     return {k: v for k, v in params.items() if v is not None}
 
 
 OnDone = Callable[[Dict[str, Any]], None]
+
+
+class SubmissionError(RuntimeError):
+    """The scheduler refused a submission (sbatch's message; nothing of it runs)."""
 
 
 class LocalLauncher:
@@ -338,11 +344,17 @@ class SubmititLauncher:
         for t in tasks:
             clear_attempt(run_dir(t.out_dir, t.run))  # no progress or result of an earlier attempt is read
         fn = SubmittedRun()
-        if self.executor == "slurm" and len(tasks) > 1:
-            with ex.batch():  # one job array
+        try:
+            if self.executor == "slurm" and len(tasks) > 1:
+                with ex.batch():  # one job array
+                    jobs = [ex.submit(fn, t) for t in tasks]
+            else:
                 jobs = [ex.submit(fn, t) for t in tasks]
-        else:
-            jobs = [ex.submit(fn, t) for t in tasks]
+        except Exception as e:  # sbatch's refusal (submitit's FailedJobError holds its stderr)
+            text = " ".join(str(e).split()) or type(e).__name__
+            hint = " (a cluster without GPUs: --gpus-per-run 0)" if "gres" in text.lower() else ""
+            raise SubmissionError(f"{self.name} refused the job(s) of {', '.join(t.run.name for t in tasks)}: "
+                                  f"{text}{hint}") from None
         self.job_ids += [str(j.job_id) for j in jobs]
         if self.executor == "slurm":
             self._remember(tasks, jobs)

@@ -98,6 +98,7 @@ def _terminate(procs, grace: float) -> None:
         if p.poll() is None:
             try:
                 p.terminate()
+                p.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
             except OSError:
                 pass
     deadline = time.time() + grace
@@ -219,6 +220,7 @@ def _on_stop_signal(signum, frame):
         if p.poll() is None:
             try:
                 p.send_signal(signal.SIGTERM)
+                p.send_signal(signal.SIGCONT)
             except OSError:
                 pass
 
