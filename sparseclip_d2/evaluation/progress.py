@@ -21,7 +21,6 @@ A train_net that exits before its last dataset is done (an exception, Ctrl-C) wr
 has gone; the runner's exit state (``ok`` / ``failed`` / ``interrupted``) replaces it.
 """
 import atexit
-import json
 import os
 import time
 from typing import Any, Dict, Mapping, Optional
@@ -29,29 +28,11 @@ from typing import Any, Dict, Mapping, Optional
 from detectron2.evaluation import DatasetEvaluator
 
 from ..common.io import atomic_write_json
+from ..common.progress_file import PROGRESS_FILE, finish_progress, read_progress
 
 __all__ = ["PROGRESS_FILE", "WRITE_INTERVAL_S", "RunProgress", "read_progress", "finish_progress"]
 
-PROGRESS_FILE = "progress.json"
 WRITE_INTERVAL_S = 2.0
-
-
-def read_progress(output_dir: str) -> Optional[Dict[str, Any]]:
-    """The run's progress dict, or None when it has none (yet) or it cannot be read."""
-    try:
-        with open(os.path.join(output_dir, PROGRESS_FILE)) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def finish_progress(output_dir: str, state: str, **fields: Any) -> None:
-    """Set the exit ``state`` (and e.g. ``returncode``) of a run's progress file, keeping its
-    counts (an empty one when the run never got to its images)."""
-    data = read_progress(output_dir) or {"images_done": 0, "images_total": None}
-    data.update(fields, state=state, updated=time.time())
-    atomic_write_json(os.path.join(output_dir, PROGRESS_FILE), data)
 
 
 class RunProgress:

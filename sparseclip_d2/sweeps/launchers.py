@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..evaluation.progress import finish_progress, read_progress
+from ..common.progress_file import finish_progress, read_progress
 from .progress import FINAL_STATES, ProgressBoard
 from .records import base_record
 from .runner import INTERRUPTED, RunTask, allow_runs, clear_attempt, execute_run, run_dir, stop_all_runs

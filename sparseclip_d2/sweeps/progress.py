@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..evaluation.progress import read_progress
+from ..common.progress_file import read_progress
 
 __all__ = ["hms", "progress_line", "sweep_eta", "ProgressBoard", "PROGRESS_INTERVAL_S", "FINAL_STATES"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..common.io import atomic_write_text
-from ..evaluation.progress import PROGRESS_FILE, finish_progress
+from ..common.progress_file import PROGRESS_FILE, finish_progress
 from .records import base_record, error_summary, ok_record, run_error
 from .sweep_file import SweepRun, cli_value
 from .store import RESULTS_FILE, append_jsonl
