@@ -388,8 +388,8 @@ class SubmititLauncher:
         """None while the job runs; else "" when it left a result, or the state it ended in."""
         if job.paths.result_pickle.exists():
             return ""
-        if self.executor != "slurm":
-            return (job.state or "?") if job.done() else None
+        if self.executor != "slurm":  # job.result() gives the record, or raises why there is none
+            return "" if job.done() else None
         state = self._slurm_ended(job)
         if state is None:
             return None
@@ -478,7 +478,7 @@ def _job_record(task: RunTask, job, ended: str) -> Dict[str, Any]:
             record = job.result()
             if record is not None:
                 return record
-        except Exception as e:  # submitit's FailedJobError: the job function raised
+        except Exception as e:  # submitit's FailedJobError / UncompletedJobError: no record from the job
             error = e
     folder = run_dir(task.out_dir, task.run)
     record = base_record(task.run, task.sweep_name, task.base, folder)
