@@ -338,3 +338,46 @@ def test_no_wait_then_the_same_command_adopts_the_job_and_a_second_sweep_is_refu
     assert tables.returncode == 0, tables.stdout[-3000:] + tables.stderr[-3000:]
     assert f"| {record['run_name']} |" in (out / "results.md").read_text()
     assert len(_records(out)) == 1
+
+
+# ------------------------------------------------------------------ a time limit shorter than the run
+def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(cluster, tmp_path):
+    """``--time 1`` (Slurm's shortest limit, a minute) for a run held after image 0 of 3: Slurm
+    sends the job submitit's time-limit signal (USR2, 90 s before the limit, so at once), which
+    train_net ignores and submitit's handler in the job answers with a checkpoint and a requeue.
+    Each requeued attempt resumes from the per-image checkpoint. The run ends with exactly one
+    record: ok (images resumed), or failed with the reason (submitit's "timed-out too many
+    times", or Slurm's TIMEOUT), never killed by the signal itself and never two records."""
+    datasets = _voc_tree(tmp_path / "data")
+    f = tmp_path / "voc.yaml"
+    f.write_text(VOC_RUN)
+    out = tmp_path / "out"
+    cmd = [a if a != "10" else "1" for a in _sweep_cmd(f, out)]  # --time 1
+    log = open(tmp_path / "sweep.log", "w")
+    driver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                              env=_sweep_env(cluster, DETECTRON2_DATASETS=datasets, SPARSECLIP_FAULT_STOP_AT="0"))
+    requeued = 0
+    try:
+        pid, folder = _stopped_train_net(out)
+        (job_id,) = [v["job_id"] for v in _jobs(out).values()]
+        deadline = time.time() + 1800
+        while driver.poll() is None and time.time() < deadline:
+            if any(i == job_id and s == "PENDING" and r == "BeginTime" for i, s, r in cluster.queue()):
+                cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # skip Slurm's 120 s hold
+                requeued += 1
+            time.sleep(0.5)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        driver.wait()
+        log.close()
+    text = (tmp_path / "sweep.log").read_text()
+    assert requeued >= 1, text[-4000:]  # the first attempt, held at image 0, was requeued by the time limit
+    (record,) = _records(out)
+    if record["status"] == "ok":
+        assert driver.returncode == 0 and record["datasets"]["sparseclip_voc21_val"]["resumed_images"] >= 1, record
+    else:
+        reason = record["error"]["message"] + " " + record["error"]["exit"]
+        assert "timed-out too many times" in reason or "TIMEOUT" in reason, record["error"]
+    assert "SIGUSR2" not in json.dumps(record)
+    assert json.loads((folder / "progress.json").read_text())["state"] in ("ok", "failed")

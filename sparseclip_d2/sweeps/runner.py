@@ -59,9 +59,16 @@ STOP_SIGNAL_WAIT_S = 1.0
 
 # Runs the command in argv[2:] with PR_SET_PDEATHSIG = SIGKILL (prctl option 1, <linux/prctl.h>):
 # the kernel kills it when the thread that started it ends. argv[1] is that parent's pid; if the
-# parent is already gone, the wrapper exits instead of running orphaned.
+# parent is already gone, the wrapper exits instead of running orphaned. It also ignores
+# submitit's pre-emption / time-limit signal ($SUBMITIT_PREEMPT_SIGNAL, default USR2): Slurm's
+# --signal reaches every process of the job step, and train_net, killed by USR2's default
+# action, would end the run as a failure before submitit's handler in the job could requeue it.
 _PDEATHSIG_EXEC = (
     "import ctypes, os, signal, sys\n"
+    "name = os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')\n"
+    "sig = getattr(signal, name if name.startswith('SIG') else 'SIG' + name, None)\n"
+    "if sig is not None:\n"
+    "    signal.signal(sig, signal.SIG_IGN)\n"
     "try:\n"
     "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
     "except (OSError, AttributeError):\n"
