@@ -342,9 +342,10 @@ def test_no_wait_then_the_same_command_adopts_the_job_and_a_second_sweep_is_refu
 
 # ------------------------------------------------------------------ a time limit shorter than the run
 def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(cluster, tmp_path):
-    """``--time 1`` (Slurm's shortest limit, a minute) for a run held after image 0 of 3: Slurm
-    sends the job submitit's time-limit signal (USR2, 90 s before the limit, so at once), which
-    train_net ignores and submitit's handler in the job answers with a checkpoint and a requeue.
+    """``--time 1`` (Slurm's shortest limit, a minute) for a run that holds after image 0 of 3:
+    Slurm sends the job submitit's time-limit signal (USR2, 90 s before the limit, so at its first
+    time-limit check), which train_net ignores and submitit's handler in the job answers with a
+    checkpoint and a requeue (the test releases Slurm's 120 s hold of each requeued job).
     Each requeued attempt resumes from the per-image checkpoint. The run ends with exactly one
     record: ok (images resumed), or failed with the reason (submitit's "timed-out too many
     times", or Slurm's TIMEOUT), never killed by the signal itself and never two records."""
@@ -358,7 +359,7 @@ def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(clu
                               env=_sweep_env(cluster, DETECTRON2_DATASETS=datasets, SPARSECLIP_FAULT_STOP_AT="0"))
     requeued = 0
     try:
-        pid, folder = _stopped_train_net(out)
+        _wait_for(lambda: (out / "jobs.json").is_file(), "the job to be submitted")
         (job_id,) = [v["job_id"] for v in _jobs(out).values()]
         deadline = time.time() + 1800
         while driver.poll() is None and time.time() < deadline:
@@ -380,4 +381,5 @@ def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(clu
         reason = record["error"]["message"] + " " + record["error"]["exit"]
         assert "timed-out too many times" in reason or "TIMEOUT" in reason, record["error"]
     assert "SIGUSR2" not in json.dumps(record)
+    (folder,) = (out / "runs").iterdir()
     assert json.loads((folder / "progress.json").read_text())["state"] in ("ok", "failed")
