@@ -71,6 +71,13 @@ def _stopped_train_net(out):
     return _wait_for(find, "train_net to stop itself after image 0")
 
 
+def _default_sigint():
+    """preexec_fn: SIGINT's default action in the child, as under a terminal. A test run in the
+    background (``cmd &`` in a non-interactive shell, nohup, some CI runners) ignores SIGINT, and
+    so would its children: a Python started that way never sees a KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sweep_cmd(f, out, *extra):
     return [PY, os.path.join(REPO, "tools", "sweep.py"), str(f), "--output", str(out), "--progress-interval", "0.2",
             *extra]
@@ -96,7 +103,8 @@ def test_ctrl_c_stops_the_runs_and_the_rerun_records_each_key_once(tmp_path, lau
     out = tmp_path / "out"
     log = open(tmp_path / "sweep.log", "w")
     driver = subprocess.Popen(_sweep_cmd(f, out, *LAUNCHERS[launcher]), stdout=log, stderr=subprocess.STDOUT,
-                              env=_env(SPARSECLIP_FAULT_STOP_AT="0"), cwd=REPO, start_new_session=True)
+                              env=_env(SPARSECLIP_FAULT_STOP_AT="0"), cwd=REPO, start_new_session=True,
+                              preexec_fn=_default_sigint)
     try:
         pid, folder = _stopped_train_net(out)
         chain = [pid]
@@ -295,7 +303,8 @@ def test_train_net_interrupted_by_hand_leaves_a_final_progress_state(tmp_path):
     proc = subprocess.Popen([PY, os.path.join(REPO, "tools", "train_net.py"), "--eval-only", "--config-file", DEMO,
                              "MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED",
                              "none", "INPUT.MIN_SIZE_TEST", "64", "OUTPUT_DIR", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(SPARSECLIP_FAULT_STOP_AT="0"))
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(SPARSECLIP_FAULT_STOP_AT="0"),
+                            preexec_fn=_default_sigint)
     try:
         _wait_for(lambda: _state(proc.pid) == "T", "train_net to stop itself after image 0")
         assert read_progress(str(out))["state"] == "running"

@@ -93,6 +93,9 @@ def build_parser():
                    help="runs at a time (Slurm: the job array's %%N; local executor: jobs at a time, default 1)")
     g.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra #SBATCH option, e.g. --slurm-option account=myproj --slurm-option qos=high")
+    g.add_argument("--signal-delay", type=int, default=None, metavar="S",
+                   help="Slurm: seconds before the time limit at which the job is told to checkpoint and requeue "
+                        "(submitit's default 90)")
     g.add_argument("--no-wait", action="store_true",
                    help="Slurm: submit and exit; the jobs write their records, a later call resumes")
     return p
@@ -103,7 +106,7 @@ def launch_settings(sweep, args):
     settings = LaunchSettings.from_mapping(sweep.launcher, f"sweep file {sweep.path!r} launcher")
     flags = {"partition": args.partition, "time": args.time, "gpus_per_run": args.gpus_per_run,
              "nodes": args.nodes, "cpus_per_run": args.cpus_per_run, "mem_gb": args.mem_gb,
-             "array_parallelism": args.array_parallelism}
+             "array_parallelism": args.array_parallelism, "signal_delay_s": args.signal_delay}
     for key, value in flags.items():
         settings.set(key, value, f"--{key.replace('_', '-')}")
     if args.slurm_option:

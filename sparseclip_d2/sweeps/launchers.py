@@ -68,7 +68,9 @@ class LaunchSettings:
     per node of a run (detectron2 ``launch`` inside the job when > 1); ``nodes`` machines
     per run; ``cpus_per_run``, ``mem_gb`` per node; ``array_parallelism`` runs at a time;
     ``slurm_options`` extra ``#SBATCH`` options (``{account: x, qos: y}``); ``setup`` shell
-    lines run in the job before Python (``module load cuda``)."""
+    lines run in the job before Python (``module load cuda``); ``signal_delay_s`` seconds
+    before the time limit at which Slurm signals the job to checkpoint and requeue (submitit's
+    ``--signal=USR2@<s>``, default 90)."""
 
     partition: Optional[str] = None
     time: Optional[int] = None
@@ -79,6 +81,7 @@ class LaunchSettings:
     array_parallelism: Optional[int] = None
     slurm_options: Dict[str, Any] = field(default_factory=dict)
     setup: List[str] = field(default_factory=list)
+    signal_delay_s: Optional[int] = None
 
     @classmethod
     def from_mapping(cls, mapping: Dict[str, Any], where: str) -> "LaunchSettings":
@@ -100,7 +103,7 @@ class LaunchSettings:
         name = where if where.startswith("--") else f"{where} {key}"
         if key == "time":
             value = parse_minutes(value, name)
-        elif key in ("gpus_per_run", "cpus_per_run", "nodes", "array_parallelism"):
+        elif key in ("gpus_per_run", "cpus_per_run", "nodes", "array_parallelism", "signal_delay_s"):
             low = 0 if key == "gpus_per_run" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
@@ -133,7 +136,7 @@ def submitit_parameters(settings: LaunchSettings, executor: str, name: str) -> D
     if executor == "slurm":
         params.update(slurm_partition=settings.partition, slurm_array_parallelism=settings.array_parallelism,
                       slurm_additional_parameters=dict(settings.slurm_options) or None,
-                      slurm_setup=list(settings.setup) or None)
+                      slurm_setup=list(settings.setup) or None, slurm_signal_delay_s=settings.signal_delay_s)
     elif executor == "local":
         params.pop("mem_gb")  # not a local-executor setting
         params.pop("cpus_per_task")
@@ -469,6 +472,18 @@ class SubmititLauncher:
                        self.executor, ", ".join(str(j.job_id) for j in jobs))
 
 
+def _last_line(path) -> str:
+    """The last non-empty line of a job's log (``srun: error: node1: task 0: Killed``), or ""."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
 def _job_record(task: RunTask, job, ended: str) -> Dict[str, Any]:
     """The record a finished job returned, or, when the job ended without one (killed,
     cancelled, pre-empted, out of time or memory), a failure record written here."""
@@ -484,8 +499,10 @@ def _job_record(task: RunTask, job, ended: str) -> Dict[str, Any]:
     record = base_record(task.run, task.sweep_name, task.base, folder)
     state = ended or getattr(job, "state", "?")
     text = str(error).strip() if error is not None else ""
+    last = _last_line(job.paths.stderr)
     message = text.splitlines()[0] if text else (type(error).__name__ if error is not None else
-                                                  f"no result from the job (state {state})")
+                                                  f"no result from the job (state {state})"
+                                                  + (f"; its log ends: {last}" if last else ""))
     record.update(launcher=task.launcher, job_id=str(job.job_id), seconds=0.0, returncode=None, status="failed",
                   error={"type": type(error).__name__ if error is not None else None, "message": message,
                          "traceback": None,
