@@ -343,8 +343,7 @@ def test_no_wait_then_the_same_command_adopts_the_job_and_a_second_sweep_is_refu
 # ------------------------------------------------------------------ a time limit shorter than the run
 def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(cluster, tmp_path):
     """``--time 1`` (Slurm's shortest limit, a minute) for a run that holds after image 0 of 3:
-    Slurm sends the job submitit's time-limit signal (USR2, ``--signal-delay 30`` s before the
-    limit), which train_net ignores and submitit's handler in the job answers with a checkpoint
+    Slurm sends the job submitit's time-limit signal (USR2, ``--signal-delay 10``), which train_net ignores and submitit's handler in the job answers with a checkpoint
     and a requeue (the test releases Slurm's 120 s hold of each requeued job).
     Each requeued attempt resumes from the per-image checkpoint. The run ends with exactly one
     record: ok (images resumed), or failed with the reason (submitit's "timed-out too many
@@ -353,9 +352,11 @@ def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(clu
     f = tmp_path / "voc.yaml"
     f.write_text(VOC_RUN)
     out = tmp_path / "out"
-    # --time 1 with the signal 30 s before the limit: Slurm's time-limit check runs every 30 s, so the
-    # signal comes 30-60 s after the start, after submitit's handler is in place, and before the limit
-    cmd = [a if a != "10" else "1" for a in _sweep_cmd(f, out, "--signal-delay", "30")]
+    # --time 1 with --signal-delay 10: slurmctld checks time limits every 30 s and signals a job at
+    # the first check within (delay + 30) s of its limit, so 20-50 s after the start (measured here:
+    # 21 and 48 s; with 30 s, 24 and 27 s; with the default 90 s, at once): after submitit's handler
+    # is in place (the job's first second), and before the limit
+    cmd = [a if a != "10" else "1" for a in _sweep_cmd(f, out)] + ["--signal-delay", "10"]
     log = open(tmp_path / "sweep.log", "w")
     driver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                               env=_sweep_env(cluster, DETECTRON2_DATASETS=datasets, SPARSECLIP_FAULT_STOP_AT="0"))
