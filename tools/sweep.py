@@ -25,7 +25,9 @@ those files. ``--rerun`` runs finished combinations again. TensorBoard:
 
 Launchers: ``--launcher local`` (default; ``--num-gpus N`` runs N at a time) or
 ``--launcher submitit --submitit-executor {slurm,local,debug}`` (default slurm), with the
-cluster settings from the sweep file's ``launcher:`` mapping or the flags below. The sweep
+cluster settings from the sweep file's ``launcher:`` mapping or the flags below. One sweep at a
+time per output folder (a second one exits 2, naming the first); on Slurm a later call waits
+for the runs' jobs that are still queued or running instead of submitting them again. The sweep
 file format is documented in ``sparseclip_d2/sweeps/sweep_file.py``, running on a cluster in
 ``docs/sweeps.md``.
 """
