@@ -25,7 +25,9 @@ those files. ``--rerun`` runs finished combinations again. TensorBoard:
 
 Launchers: ``--launcher local`` (default; ``--num-gpus N`` runs N at a time) or
 ``--launcher submitit --submitit-executor {slurm,local,debug}`` (default slurm), with the
-cluster settings from the sweep file's ``launcher:`` mapping or the flags below. The sweep
+cluster settings from the sweep file's ``launcher:`` mapping or the flags below. One sweep at a
+time per output folder (a second one exits 2, naming the first); on Slurm a later call waits
+for the runs' jobs that are still queued or running instead of submitting them again. The sweep
 file format is documented in ``sparseclip_d2/sweeps/sweep_file.py``, running on a cluster in
 ``docs/sweeps.md``.
 """
@@ -38,7 +40,8 @@ import yaml
 
 from sparseclip_d2.sweeps import (LaunchSettings, LocalLauncher, SubmititLauncher, SweepValidationError,
                                   default_hash_cache, load_sweep, read_jsonl, run_sweep, sweep_name)
-from sparseclip_d2.sweeps.launchers import SUBMITIT_EXECUTORS
+from sparseclip_d2.sweeps.launchers import SUBMITIT_EXECUTORS, SubmissionError
+from sparseclip_d2.sweeps.lock import OutputLockedError
 from sparseclip_d2.analysis.tables import write_tables
 
 logger = logging.getLogger("sparseclip_d2.sweep")
@@ -92,6 +95,9 @@ def build_parser():
                    help="runs at a time (Slurm: the job array's %%N; local executor: jobs at a time, default 1)")
     g.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra #SBATCH option, e.g. --slurm-option account=myproj --slurm-option qos=high")
+    g.add_argument("--signal-delay", type=int, default=None, metavar="S",
+                   help="Slurm: seconds before the time limit at which the job is told to checkpoint and requeue "
+                        "(submitit's default 90)")
     g.add_argument("--no-wait", action="store_true",
                    help="Slurm: submit and exit; the jobs write their records, a later call resumes")
     return p
@@ -102,7 +108,7 @@ def launch_settings(sweep, args):
     settings = LaunchSettings.from_mapping(sweep.launcher, f"sweep file {sweep.path!r} launcher")
     flags = {"partition": args.partition, "time": args.time, "gpus_per_run": args.gpus_per_run,
              "nodes": args.nodes, "cpus_per_run": args.cpus_per_run, "mem_gb": args.mem_gb,
-             "array_parallelism": args.array_parallelism}
+             "array_parallelism": args.array_parallelism, "signal_delay_s": args.signal_delay}
     for key, value in flags.items():
         settings.set(key, value, f"--{key.replace('_', '-')}")
     if args.slurm_option:
@@ -110,11 +116,26 @@ def launch_settings(sweep, args):
     return settings
 
 
+def check_num_gpus(num_gpus):
+    """``--num-gpus`` checked as ``train_net`` checks it: N > 1 needs N GPUs here."""
+    if num_gpus < 0:
+        raise ValueError(f"--num-gpus {num_gpus}: expected 0 or more (0/1 = one run at a time)")
+    if num_gpus > 1:
+        import torch
+
+        have = torch.cuda.device_count()
+        if num_gpus > have:
+            raise ValueError(f"--num-gpus {num_gpus} needs {num_gpus} GPUs on this machine; it has {have}"
+                             f"{' (CUDA is not available)' if not torch.cuda.is_available() else ''}: use --num-gpus "
+                             "0 (one run at a time, on the CPU when there is no GPU)")
+
+
 def build_launcher(sweep, args, out):
     settings = launch_settings(sweep, args)
     if args.launcher == "local":
         if args.no_wait:
             raise ValueError("--no-wait needs --launcher submitit (Slurm)")
+        check_num_gpus(args.num_gpus)
         return LocalLauncher(args.num_gpus, settings.gpus_per_run)
     if args.num_gpus:
         raise ValueError("--num-gpus is for --launcher local; with submitit, --gpus-per-run sets the GPUs of a run "
@@ -143,17 +164,58 @@ def print_dry_run(sweep, jsonl, launcher):
     return 2 if invalid else 0
 
 
+def fail(message):
+    """One ``sweep.py: error:`` line on stderr; exit status 2."""
+    print(f"sweep.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def check_sweep_file(path):
+    """The sweep file exists, is readable YAML and not empty (else a one-line error)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"sweep file {path!r} not found" + (" (it is a folder)" if os.path.isdir(path) else ""))
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"sweep file {path!r} cannot be read: {e}") from None
+    if not text.strip():
+        raise ValueError(f"sweep file {path!r} is empty; it needs at least 'base: <config file>' (see configs/sweeps/)")
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"sweep file {path!r} is not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def check_output(out):
+    """The output folder can be created and written (else a one-line error naming it)."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, f".write_test.{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("")
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"--output {out!r} cannot be written: {e.strerror or e}") from None
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
-    out = args.output or os.path.join("output", "sweeps", sweep_name(args.sweep_file))
-    sweep = load_sweep(args.sweep_file, extra=parse_set(args.set), hash_cache=default_hash_cache(out))
+    try:
+        if args.launcher == "local":
+            check_num_gpus(args.num_gpus)
+        check_sweep_file(args.sweep_file)
+        out = args.output or os.path.join("output", "sweeps", sweep_name(args.sweep_file))
+        check_output(out)
+        sweep = load_sweep(args.sweep_file, extra=parse_set(args.set), hash_cache=default_hash_cache(out))
+    except (ValueError, OSError) as e:  # the sweep file's mistakes (base missing, unknown keys, ...)
+        return fail(e)
     jsonl = os.path.join(out, "results.jsonl")
     try:
         launcher = build_launcher(sweep, args, out)
     except ValueError as e:
-        print(f"sweep.py: error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
 
     run_keys = [r.key for r in sweep.runs]
 
@@ -174,6 +236,8 @@ def main(argv=None):
             print("nothing was run; fix the sweep file (python tools/sweep.py --dry-run lists every run)",
                   file=sys.stderr)
             return 2
+        except (OutputLockedError, SubmissionError) as e:
+            return fail(e)
     paths = tables()
     stale = paths.pop("stale")
     for k, v in paths.items():
@@ -183,9 +247,12 @@ def main(argv=None):
         print(f"stale: {stale} record(s) of {jsonl} are not runs of the current sweep file (other settings, "
               "data, code or versions); left out of the tables")
     if counts is not None and "submitted" in counts:
+        adopted = f", {counts['adopted']} still queued or running from an earlier call (jobs " \
+                  f"{', '.join(launcher.adopted)})" if counts.get("adopted") else ""
         print(f"runs: {counts['total']} total, {counts['skipped']} already finished, {counts['submitted']} submitted "
-              f"({launcher.name} jobs {', '.join(launcher.job_ids)}); when they have finished, --tables-only writes "
-              "the tables (the same command again would resubmit every run without an ok record)")
+              f"({launcher.name} jobs {', '.join(launcher.job_ids) or 'none'}){adopted}; when they have finished, "
+              "--tables-only writes the tables (the same command again waits for these jobs instead of submitting "
+              "their runs again)")
         return 0
     if counts is not None:
         print(f"runs: {counts['total']} total, {counts['skipped']} already finished, {counts['ok']} ok, "

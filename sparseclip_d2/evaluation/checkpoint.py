@@ -24,7 +24,9 @@ caller removes the folder once results.json is written (:func:`remove_checkpoint
 Single process only: with several processes the folder is not used (logged).
 
 ``SPARSECLIP_FAULT_KILL_AFTER=N`` (fault injection for the tests) ends the process with
-SIGKILL right after its N-th record is written.
+SIGKILL right after its N-th record is written; ``SPARSECLIP_FAULT_STOP_AT=I`` stops it
+(SIGSTOP) right after the record of dataset index I, so that a test can interrupt a run at a
+known image (a resumed attempt starts after I and does not stop again).
 """
 import hashlib
 import json
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 KEY_FILE = "key.json"
 _FAULT_ENV = "SPARSECLIP_FAULT_KILL_AFTER"
+_FAULT_STOP_ENV = "SPARSECLIP_FAULT_STOP_AT"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _code_digest: Optional[str] = None
 
@@ -193,6 +196,8 @@ class ResumableEvaluator(DatasetEvaluator):
         limit = os.environ.get(_FAULT_ENV)
         if limit and self._written >= int(limit):
             os.kill(os.getpid(), signal.SIGKILL)
+        if os.environ.get(_FAULT_STOP_ENV) == str(index):
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen until SIGCONT (a scheduler's kill sends it first)
 
     def record_skipped(self, index: int, message: str) -> None:
         entry = {"file": str(self.dicts[index].get("file_name")), "error": " ".join(str(message).split())}

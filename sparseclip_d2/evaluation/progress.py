@@ -3,7 +3,7 @@ evaluation.
 
 Layout (every write replaces the file atomically)::
 
-    {"state": "running" | "evaluated" | "ok" | "failed",
+    {"state": "running" | "evaluated" | "stopped" | "ok" | "failed" | "interrupted",
      "images_done": 120, "images_total": 1449,   # over all datasets of the run
      "dataset": "sparseclip_voc21_val", "datasets_done": 0, "datasets_total": 1,
      "elapsed_s": 61.2,                           # since the first image was processed
@@ -16,8 +16,11 @@ Layout (every write replaces the file atomically)::
 adds the exit state (``ok`` / ``failed`` with ``returncode``) when the process has ended
 (:func:`finish_progress`). With several processes (``--num-gpus``) the main process writes,
 counting its own shard times the world size (capped at the dataset's size).
+A train_net that exits before its last dataset is done (an exception, Ctrl-C) writes
+``stopped`` on its way out (``atexit``), so the file never says ``running`` after the process
+has gone; the runner's exit state (``ok`` / ``failed`` / ``interrupted``) replaces it.
 """
-import json
+import atexit
 import os
 import time
 from typing import Any, Dict, Mapping, Optional
@@ -25,29 +28,11 @@ from typing import Any, Dict, Mapping, Optional
 from detectron2.evaluation import DatasetEvaluator
 
 from ..common.io import atomic_write_json
+from ..common.progress_file import PROGRESS_FILE, finish_progress, read_progress
 
 __all__ = ["PROGRESS_FILE", "WRITE_INTERVAL_S", "RunProgress", "read_progress", "finish_progress"]
 
-PROGRESS_FILE = "progress.json"
 WRITE_INTERVAL_S = 2.0
-
-
-def read_progress(output_dir: str) -> Optional[Dict[str, Any]]:
-    """The run's progress dict, or None when it has none (yet) or it cannot be read."""
-    try:
-        with open(os.path.join(output_dir, PROGRESS_FILE)) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def finish_progress(output_dir: str, state: str, **fields: Any) -> None:
-    """Set the exit ``state`` (and e.g. ``returncode``) of a run's progress file, keeping its
-    counts (an empty one when the run never got to its images)."""
-    data = read_progress(output_dir) or {"images_done": 0, "images_total": None}
-    data.update(fields, state=state, updated=time.time())
-    atomic_write_json(os.path.join(output_dir, PROGRESS_FILE), data)
 
 
 class RunProgress:
@@ -71,7 +56,14 @@ class RunProgress:
         self.datasets_done = 0
         self.started: Optional[float] = None
         self._last_write = 0.0
+        self.state: Optional[str] = None
         self.write("running")
+        if self.path is not None and self.is_main:
+            atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self.state == "running":  # the process ends before its last dataset is done
+            self.write("stopped")
 
     @property
     def images_total(self) -> int:
@@ -95,6 +87,7 @@ class RunProgress:
             "elapsed_s": round(elapsed, 3), "eta_s": None if eta is None else round(eta, 3),
             "updated": now, "pid": os.getpid()})
         self._last_write = now
+        self.state = state
 
     def count(self, n: int) -> None:
         """``n`` more inputs processed by this process; writes when the interval has passed."""

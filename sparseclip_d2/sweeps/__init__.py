@@ -7,7 +7,9 @@ One module per job, in the order a sweep goes through them:
 - :mod:`.load`: reading a sweep file into runs (``load_sweep``);
 - :mod:`.validate`: checking each run as the run would, before anything runs;
 - :mod:`.identity`: run keys (config, data contents, code, versions, weights);
-- :mod:`.launchers`: local runs, or submitit (Slurm / local / debug executors);
+- :mod:`.lock`: one sweep per output folder (``<out>/sweep.lock``);
+- :mod:`.launchers`: local runs, or submitit (Slurm / local / debug executors), Slurm job
+  states from squeue, adoption of a run's live job by a later call;
 - :mod:`.runner`: one run (train_net subprocess, its record, TensorBoard scalars);
 - :mod:`.records`: what a record holds (metrics, config summary, errors);
 - :mod:`.store`: ``results.jsonl``, appended atomically by concurrent writers;

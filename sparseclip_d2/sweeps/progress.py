@@ -12,14 +12,19 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..evaluation.progress import read_progress
+from ..common.progress_file import read_progress
 
-__all__ = ["hms", "progress_line", "sweep_eta", "ProgressBoard", "PROGRESS_INTERVAL_S"]
+__all__ = ["hms", "progress_line", "sweep_eta", "ProgressBoard", "PROGRESS_INTERVAL_S", "FINAL_STATES"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two progress reports of the sweep.
 PROGRESS_INTERVAL_S = 30.0
+#: ``progress.json`` states in which an attempt has ended: ``ok`` / ``failed`` (with the exit
+#: code, written by the runner or, for a job that died, by the sweep), ``interrupted`` (stopped
+#: from outside; no record) and ``stopped`` (train_net exited before its last image and no runner
+#: said more, e.g. train_net run by hand and interrupted).
+FINAL_STATES = ("ok", "failed", "interrupted", "stopped")
 
 
 def hms(seconds: float) -> str:
@@ -41,6 +46,8 @@ def progress_line(progress: Optional[Dict[str, Any]]) -> Optional[str]:
         return f"{text}, {state}"
     if state == "failed":
         return f"{text}, failed (exit code {progress.get('returncode')})"
+    if state in ("interrupted", "stopped"):
+        return f"{text}, {state}"
     eta = progress.get("eta_s")
     return text + (f", ETA {hms(eta)}" if eta is not None else ", starting")
 

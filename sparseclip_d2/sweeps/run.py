@@ -6,6 +6,7 @@ import threading
 from typing import Any, Dict, Optional
 
 from .launchers import LocalLauncher
+from .lock import OutputLock
 from .progress import PROGRESS_INTERVAL_S, ProgressBoard
 from .records import error_summary
 from .runner import RunTask
@@ -48,10 +49,19 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
 
     Raises:
         SweepValidationError: some runs are invalid (nothing is run).
+        OutputLockedError: another sweep is running into ``out_dir`` (nothing is run).
     """
     if sweep.invalid_runs:
         raise SweepValidationError(sweep.invalid_runs)
     launcher = launcher or LocalLauncher(num_gpus)
+    with OutputLock(out_dir):  # one sweep per output folder; the records are read under it
+        return _run_locked(sweep, out_dir, launcher, train_net=train_net, retry_failed=retry_failed,
+                           timeout=timeout, on_record=on_record, rerun=rerun, progress_interval=progress_interval,
+                           tensorboard=tensorboard)
+
+
+def _run_locked(sweep: Sweep, out_dir: str, launcher, *, train_net, retry_failed, timeout, on_record, rerun,
+                progress_interval, tensorboard) -> Dict[str, int]:
     jsonl = os.path.join(out_dir, RESULTS_FILE)
     todo = _todo(sweep, read_jsonl(jsonl), retry_failed, rerun)
     counts = {"total": len(sweep.runs), "skipped": len(sweep.runs) - len(todo), "ok": 0, "failed": 0}
@@ -75,5 +85,6 @@ def run_sweep(sweep: Sweep, out_dir: str, *, num_gpus: int = 0, train_net: Optio
 
     launcher.run(tasks, on_done, board)
     if not getattr(launcher, "wait", True):
-        counts["submitted"] = len(tasks)
+        counts["submitted"] = len(tasks) - len(getattr(launcher, "adopted", []))
+        counts["adopted"] = len(getattr(launcher, "adopted", []))
     return counts

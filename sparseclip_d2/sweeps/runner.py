@@ -11,29 +11,110 @@ A run with ``gpus > 1`` uses detectron2's ``launch`` inside train_net (``--num-g
 Slurm allocation of several nodes, :func:`distributed_args` adds ``--num-machines``,
 ``--machine-rank`` and ``--dist-url`` from the Slurm environment, and only machine rank 0
 writes the record.
+
+Interruptions. train_net never outlives the process that runs it: it is started through a
+small exec wrapper that asks the kernel to SIGKILL it when its parent thread ends
+(``PR_SET_PDEATHSIG``), so a runner killed with SIGKILL (by Slurm after ``KillWait``, by
+submitit's local controller) takes its train_net with it. A runner that is told to stop
+(Ctrl-C, SIGTERM from ``scancel`` or a requeue, submitit's time-limit signal, or
+:func:`stop_all_runs` from the local launcher) stops train_net, marks ``progress.json``
+``interrupted`` and writes **no record**: an interrupted attempt is neither a result nor a
+failure of the run, and the next attempt (a requeue, the sweep's next call) runs it again.
+Only a run that ends on its own (exit code, crash, ``--timeout``) gets a record, so a key
+has one record per attempt that ran to its end.
 """
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..common.io import atomic_write_text
-from ..evaluation.progress import PROGRESS_FILE, finish_progress
+from ..common.progress_file import PROGRESS_FILE, finish_progress
 from .records import base_record, error_summary, ok_record, run_error
 from .sweep_file import SweepRun, cli_value
 from .store import RESULTS_FILE, append_jsonl
 
 __all__ = ["RunTask", "execute_run", "run_dir", "default_train_net", "distributed_args", "first_slurm_host",
-           "wait_with_timeout"]
+           "wait_with_timeout", "allow_runs", "stop_all_runs", "clear_attempt", "INTERRUPTED"]
 
 logger = logging.getLogger(__name__)
 
 # Slurm's first port for the rendezvous of a multi-node run; the job id picks one of 10000.
 DIST_PORT_BASE = 29500
+#: progress.json state of an attempt stopped from outside (no record is written for it).
+INTERRUPTED = "interrupted"
+# Seconds between SIGTERM and SIGKILL when a runner stops its train_net.
+STOP_GRACE_S = 5.0
+# train_net's exit codes when SIGINT / SIGTERM ended it (killed by the signal, or Python's exit
+# status after KeyboardInterrupt / a shell's 128 + signal), and how long the runner waits for
+# the same stop to reach it before it records the exit as the run's failure.
+_STOP_EXITS = (-signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+STOP_SIGNAL_WAIT_S = 1.0
+
+# Runs the command in argv[2:] with PR_SET_PDEATHSIG = SIGKILL (prctl option 1, <linux/prctl.h>):
+# the kernel kills it when the thread that started it ends. argv[1] is that parent's pid; if the
+# parent is already gone, the wrapper exits instead of running orphaned. It also ignores
+# submitit's pre-emption / time-limit signal ($SUBMITIT_PREEMPT_SIGNAL, default USR2): Slurm's
+# --signal reaches every process of the job step, and train_net, killed by USR2's default
+# action, would end the run as a failure before submitit's handler in the job could requeue it.
+_PDEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "name = os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')\n"
+    "sig = getattr(signal, name if name.startswith('SIG') else 'SIG' + name, None)\n"
+    "if sig is not None:\n"
+    "    signal.signal(sig, signal.SIG_IGN)\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+# The train_net processes of this process's runners, and whether they are being stopped.
+_LIVE: Dict[int, "subprocess.Popen"] = {}
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def allow_runs() -> None:
+    """Let :func:`execute_run` run again after :func:`stop_all_runs` (the launchers call it when
+    they start, so one process can run several sweeps)."""
+    _STOPPING.clear()
+
+
+def stop_all_runs(grace: float = STOP_GRACE_S) -> None:
+    """Stop every train_net started by :func:`execute_run` in this process (SIGTERM, SIGKILL
+    after ``grace`` s); their runners mark them ``interrupted`` and write no record. Used by
+    the local launcher when the sweep is interrupted."""
+    _STOPPING.set()
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+    _terminate(procs, grace)
+
+
+def _terminate(procs, grace: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.terminate()
+                p.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+            except OSError:
+                pass
+    deadline = time.time() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def default_train_net() -> str:
@@ -122,24 +203,69 @@ def _command(task: RunTask, folder: str, environ: Mapping[str, str]) -> List[str
     return cmd + ["OUTPUT_DIR", folder]
 
 
-def _start_clean(folder: str) -> None:
+def clear_attempt(folder: str) -> None:
+    """Remove the run folder's ``results.json``, ``error.json`` and ``progress.json`` of an
+    earlier attempt (the per-image checkpoint stays: the next attempt resumes from it). The
+    launchers call it before they start or submit a run, so no progress line or result of an
+    earlier attempt is ever read as this one's."""
     os.makedirs(folder, exist_ok=True)
     for stale in ("results.json", "error.json", PROGRESS_FILE):
         path = os.path.join(folder, stale)
         if os.path.exists(path):
-            os.remove(path)  # never read a result (or a progress) of an earlier attempt
+            os.remove(path)
+
+
+class _Interrupted(Exception):
+    """The runner was told to stop (a signal, or :func:`stop_all_runs`)."""
+
+
+def _on_stop_signal(signum, frame):
+    _STOPPING.set()
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.send_signal(signal.SIGCONT)
+            except OSError:
+                pass
 
 
 def _run_process(task: RunTask, folder: str, env: Optional[Dict[str, str]], rank: int) -> Dict[str, Any]:
+    """Run train_net to its end. Raises :class:`_Interrupted` when the runner was told to stop,
+    and re-raises what interrupted the wait (KeyboardInterrupt, submitit's SystemExit or
+    UncompletedJobError) after stopping train_net."""
     environ = env if env is not None else os.environ
     cmd = _command(task, folder, environ)
     suffix = "" if rank == 0 else f".rank{rank}"
     atomic_write_text(os.path.join(folder, f"command{suffix}.txt"), " ".join(cmd) + "\n")
     start = time.time()
+    wrapped = [sys.executable, "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
     with open(os.path.join(folder, f"stdout{suffix}.txt"), "w") as out, \
             open(os.path.join(folder, f"stderr{suffix}.txt"), "w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        rc = wait_with_timeout(proc, task.timeout)
+        proc = subprocess.Popen(wrapped, stdout=out, stderr=err, env=env)
+        with _LIVE_LOCK:
+            _LIVE[proc.pid] = proc
+        try:
+            if _STOPPING.is_set():
+                _terminate([proc], STOP_GRACE_S)
+            rc = wait_with_timeout(proc, task.timeout)
+            if rc in _STOP_EXITS:
+                # Slurm (scancel, requeue) signals every process of the job, a terminal's Ctrl-C
+                # every process of its foreground group: the signal that ended train_net may
+                # reach this process a moment later. Wait for it before calling this a failure.
+                deadline = time.time() + STOP_SIGNAL_WAIT_S
+                while not _STOPPING.is_set() and time.time() < deadline:
+                    time.sleep(0.02)
+        except BaseException:
+            _terminate([proc], STOP_GRACE_S)
+            raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.pop(proc.pid, None)
+    if _STOPPING.is_set() and (rc is None or rc != 0):
+        raise _Interrupted()
     return {"seconds": round(time.time() - start, 3), "returncode": rc}
 
 
@@ -162,20 +288,57 @@ def _finish(task: RunTask, folder: str, record: Dict[str, Any]) -> Dict[str, Any
     return record
 
 
-def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+def _interrupted(folder: str, rank: int, why: str) -> None:
+    if rank == 0:
+        finish_progress(folder, INTERRUPTED, reason=why)
+    logger.warning("run in %s interrupted (%s): no record written; the next attempt runs it again", folder, why)
+
+
+def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
     """Run ``task`` as a train_net subprocess (environment ``env``, default this process's)
     and return its record; machine rank 0 also appends it to ``results.jsonl`` and writes
     its TensorBoard scalars. A failed run's record has ``status: failed`` and ``error:
-    {type, message, traceback, exit}``."""
+    {type, message, traceback, exit}``.
+
+    An interrupted attempt (see the module docstring) writes no record: in a thread (the
+    local launcher's :func:`stop_all_runs`) it returns None; in a process's main thread (a
+    submitit job) SIGTERM makes it stop train_net and raise ``SystemExit(143)``, and what
+    interrupted it otherwise (Ctrl-C, submitit's requeue ``SystemExit``) is re-raised, so
+    that submitit writes no result for it. submitit's "timed out and cannot be requeued"
+    error becomes the run's failure record."""
     folder = run_dir(task.out_dir, task.run)
     rank = machine_rank(env if env is not None else os.environ)
     if rank == 0:
-        _start_clean(folder)
+        clear_attempt(folder)
     else:
         os.makedirs(folder, exist_ok=True)
     record = base_record(task.run, task.sweep_name, task.base, folder)
     record["launcher"] = task.launcher
-    record.update(_run_process(task, folder, env, rank))
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_stop_signal) if main else None
+    start = time.time()
+    try:
+        record.update(_run_process(task, folder, env, rank))
+    except _Interrupted:
+        _interrupted(folder, rank, "stopped by a signal or by the sweep")
+        if main:
+            raise SystemExit(143)
+        return None
+    except Exception as e:  # submitit's UncompletedJobError (time limit, not requeued) raised in our wait
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        record.update(seconds=round(time.time() - start, 3), returncode=None, status="failed",
+                      error={"type": type(e).__name__, "message": message, "traceback": None,
+                             "exit": f"stopped by the job: {message}"})
+        if rank == 0:
+            finish_progress(folder, "failed", returncode=None)
+            append_jsonl(os.path.join(task.out_dir, RESULTS_FILE), record)
+        return record
+    except BaseException as e:  # Ctrl-C, submitit's SystemExit after a requeue
+        _interrupted(folder, rank, type(e).__name__)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     if rank != 0:
         return record  # the record of a multi-node run is machine rank 0's
     record = _finish(task, folder, record)

@@ -161,7 +161,7 @@ def test_slurm_job_script_of_a_sweep_file(tmp_path):
     assert len(pickles) == 4
     with open(pickles[0], "rb") as fh:
         delayed = pickle.load(fh)
-    assert delayed.function.__name__ == "execute_run"
+    assert type(delayed.function).__name__ == "SubmittedRun" and hasattr(delayed.function, "checkpoint")
     task = delayed.args[0]
     assert task.gpus == 2 and task.launcher == "submitit:slurm" and task.out_dir == str(out)
     assert not (out / "results.jsonl").exists()  # nothing ran
@@ -199,6 +199,14 @@ def _wait_for_train_net(run_glob, deadline_s=900):
     raise AssertionError("the run never started evaluating")
 
 
+def _proc_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def _check_tensorboard(record):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -223,10 +231,15 @@ def test_submitit_executor_runs_kills_resumes_and_records_failures(tmp_path, exe
     driver = subprocess.Popen(_sweep_cmd(f, out, "--submitit-executor", executor), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=_env(), cwd=REPO)
     pid, folder = _wait_for_train_net(lambda: (out / "runs").glob("good*"))
-    if executor == "local":  # the job process is the parent of train_net: kill it first, as Slurm would
+    if executor == "local":  # the job process is the parent of train_net: kill it alone, as Slurm would
         job_pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
         os.kill(job_pid, signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 60  # train_net goes with its job (PR_SET_PDEATHSIG), never orphaned
+        while _proc_state(pid) not in (None, "Z") and time.time() < deadline:
+            time.sleep(0.05)
+        assert _proc_state(pid) in (None, "Z")
+    else:
+        os.kill(pid, signal.SIGKILL)
     stdout, _ = driver.communicate(timeout=1800)
     assert driver.returncode == 1, stdout[-4000:]
     assert "runs: 2 total, 0 already finished, 0 ok, 2 failed" in stdout, stdout[-4000:]
@@ -241,6 +254,7 @@ def test_submitit_executor_runs_kills_resumes_and_records_failures(tmp_path, exe
         assert good["error"]["exit"] == "killed by signal SIGKILL"
     assert bad["status"] == "failed" and bad["error"]["type"] == "ValueError" and "fp8" in bad["error"]["message"]
     assert not os.path.exists(os.path.join(good["output_dir"], "results.json"))
+    assert json.loads((folder / "progress.json").read_text())["state"] == "failed"  # a final state, not running
     # resumed: both re-run (neither has an ok record); the good one finishes
     proc = subprocess.run(_sweep_cmd(f, out, "--submitit-executor", executor), capture_output=True, text=True,
                           env=_env(), cwd=REPO, timeout=1800)

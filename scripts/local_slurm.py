@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""A single-node Slurm cluster in one folder, for trying the cluster path of sweeps and for the
+tests (Debian's ``slurm-wlm`` and ``munge``, installed by ``scripts/setup.sh``; run as root).
+
+    python scripts/local_slurm.py start /tmp/cluster      # prints: export SLURM_CONF=/tmp/cluster/slurm.conf
+    export SLURM_CONF=/tmp/cluster/slurm.conf
+    sinfo; python tools/sweep.py configs/sweeps/smoke.yaml --launcher submitit --time 10
+    python scripts/local_slurm.py stop /tmp/cluster
+
+``start`` writes into the folder a munge key, a ``slurm.conf`` (its own ``ClusterName``, two
+free TCP ports, its own state, spool, pid and log files; ``ProctrackType=proctrack/linuxproc``,
+``TaskPlugin=task/none``, ``SelectType=select/cons_tres``, no accounting), starts ``munged``
+(its own socket), ``slurmctld`` and ``slurmd``, and waits until ``sinfo`` shows the node idle.
+Every command of this cluster (``sbatch``, ``squeue``, ``scancel``, submitit) finds it through
+``SLURM_CONF``. Nothing outside the folder is read or written, so two checkouts can each run
+one.
+
+``stop`` cancels this cluster's jobs and waits for them, then stops each daemon by the pid in
+its pid file (SIGTERM, then SIGKILL after a grace period), and finally kills, by pid, any
+process still left of this cluster: a job step daemon (``slurmstepd``, started by this
+``slurmd``: ``SPARSECLIP_SLURM_DIR=<folder>`` in its environment) or a job process
+(``SLURM_CONF=<folder>/slurm.conf`` and a ``SLURM_JOB_ID`` in its environment). It then checks
+that no such process remains and that the two ports are free, and exits 1 naming what is left
+otherwise. ``status`` prints the daemons' pids and ``sinfo``.
+
+The module is also imported by the tests (``start``, ``stop``, ``cluster_env``).
+"""
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from typing import Dict, List, Optional
+
+__all__ = ["start", "stop", "status", "cluster_env", "leftover_processes", "DAEMONS", "REQUIRED_PROGRAMS"]
+
+#: name -> (pid file, log file) inside the cluster folder, in start order.
+DAEMONS = {"munged": ("munged.pid", "munged.log"), "slurmctld": ("slurmctld.pid", "slurmctld.log"),
+           "slurmd": ("slurmd.pid", "slurmd.log")}
+REQUIRED_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
+NODE = "localnode"
+PARTITION = "local"
+MARKER = "SPARSECLIP_SLURM_DIR"
+
+SLURM_CONF = """\
+# Written by scripts/local_slurm.py: a single-node cluster living in {folder}
+ClusterName={cluster}
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={folder}/munge.socket
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool/%n
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+# seconds between a job's SIGTERM and its SIGKILL on cancel, requeue or time limit (default 30)
+KillWait=5
+# a finished job stays visible to squeue for this many seconds (the sweep reads its end state there)
+MinJobAge=600
+# CPUs as declared below, even when the machine has fewer (a test asks for more tasks than cores)
+SlurmdParameters=config_overrides
+NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
+PartitionName={partition} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+"""
+
+
+def _free_ports(n: int) -> List[int]:
+    """``n`` TCP ports that are free now (the kernel's choice, held together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _port_bound(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def _mem_mb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return max(1024, int(line.split()[1]) // 1024 - 512)
+    return 4096
+
+
+def _conf_path(folder: str) -> str:
+    return os.path.join(folder, "slurm.conf")
+
+
+def cluster_env(folder: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """``base`` (default ``os.environ``) with ``SLURM_CONF`` pointing at the cluster in ``folder``."""
+    return dict(os.environ if base is None else base, SLURM_CONF=_conf_path(os.path.abspath(folder)))
+
+
+def _read_pid(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def _environ(pid: int) -> Dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode(errors="replace")] = v.decode(errors="replace")
+    return out
+
+
+def _ports(folder: str) -> List[int]:
+    ports = []
+    try:
+        with open(_conf_path(folder)) as f:
+            for line in f:
+                if line.startswith(("SlurmctldPort=", "SlurmdPort=")):
+                    ports.append(int(line.split("=", 1)[1]))
+    except OSError:
+        pass
+    return ports
+
+
+def leftover_processes(folder: str) -> List[int]:
+    """Pids of the processes of the cluster in ``folder``: its daemons (pid files), the job
+    step daemons its slurmd started (``SPARSECLIP_SLURM_DIR=<folder>`` in their environment) and
+    its jobs' processes (``SLURM_CONF=<folder>/slurm.conf`` and ``SLURM_JOB_ID``)."""
+    folder = os.path.abspath(folder)
+    pids = {p for p in (_read_pid(os.path.join(folder, pf)) for pf, _ in DAEMONS.values()) if p and _alive(p)}
+    conf = _conf_path(folder)
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        env = _environ(int(entry))
+        if env.get(MARKER) == folder or (env.get("SLURM_CONF") == conf and "SLURM_JOB_ID" in env):
+            if _alive(int(entry)):
+                pids.add(int(entry))
+    return sorted(pids)
+
+
+def _run(cmd: List[str], folder: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, env=cluster_env(folder), timeout=timeout)
+
+
+def _wait(predicate, timeout: float, step: float = 0.2) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def _log_tail(folder: str, name: str) -> str:
+    try:
+        with open(os.path.join(folder, DAEMONS[name][1]), errors="replace") as f:
+            return "".join(f.readlines()[-15:])
+    except OSError:
+        return "(no log)"
+
+
+def start(folder: str, cpus: Optional[int] = None, timeout: float = 60.0) -> Dict[str, str]:
+    """Start a cluster in ``folder`` (created; it must not hold a running cluster) and return
+    the environment to reach it (:func:`cluster_env`). ``cpus``: CPUs the node declares
+    (default: at least 4, so that a test can run several one-CPU jobs at once on a 2-core
+    machine). On failure every daemon started is stopped and ``RuntimeError`` names the
+    daemon and the tail of its log."""
+    missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
+    if missing:
+        raise RuntimeError(f"local Slurm cluster: {', '.join(missing)} not found; install Debian's slurm-wlm and "
+                           "munge (scripts/setup.sh does, as root)")
+    folder = os.path.abspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    if leftover_processes(folder):
+        raise RuntimeError(f"local Slurm cluster: {folder} already has a running cluster; stop it first "
+                           f"(python scripts/local_slurm.py stop {folder})")
+    os.chmod(folder, 0o700)  # munged refuses a socket folder that others can write to
+    for sub in ("state", "spool"):
+        os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    key = os.path.join(folder, "munge.key")
+    if not os.path.isfile(key):
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+    os.chmod(key, 0o400)
+    ctld_port, slurmd_port = _free_ports(2)
+    host = socket.gethostname().split(".")[0]
+    with open(_conf_path(folder), "w") as f:
+        f.write(SLURM_CONF.format(folder=folder, cluster="sc%08x" % zlib.crc32(folder.encode()),
+                                  host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, node=NODE,
+                                  partition=PARTITION, cpus=cpus or max(4, os.cpu_count() or 1),
+                                  mem_mb=_mem_mb()))
+    env = dict(cluster_env(folder), **{MARKER: folder})
+    commands = {
+        "munged": ["munged", "--force", f"--key-file={key}", f"--socket={folder}/munge.socket",
+                   f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
+                   f"--seed-file={folder}/munged.seed"],
+        "slurmctld": ["slurmctld", "-f", _conf_path(folder), "-i"],
+        "slurmd": ["slurmd", "-f", _conf_path(folder), "-N", NODE],
+    }
+    try:
+        for name, cmd in commands.items():
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=folder, timeout=timeout)
+            pid_file = os.path.join(folder, DAEMONS[name][0])
+            if proc.returncode != 0 or not _wait(lambda: (_read_pid(pid_file) or 0) > 0
+                                                 and _alive(_read_pid(pid_file)), timeout):
+                raise RuntimeError(f"local Slurm cluster: {name} did not start (exit {proc.returncode}): "
+                                   f"{(proc.stderr or proc.stdout).strip()}\n{_log_tail(folder, name)}")
+        if not _wait(lambda: _run(["sinfo", "-h", "-N", "-o", "%T"], folder).stdout.strip() == "idle", timeout, 0.5):
+            raise RuntimeError(f"local Slurm cluster: node {NODE} not idle after {timeout:g} s (sinfo: "
+                               f"{_run(['sinfo', '-h', '-N', '-o', '%T'], folder).stdout.strip()!r})\n"
+                               f"{_log_tail(folder, 'slurmctld')}{_log_tail(folder, 'slurmd')}")
+    except BaseException:
+        stop(folder, check=False)
+        raise
+    return cluster_env(folder)
+
+
+def _terminate(pids: List[int], grace: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if _wait(lambda: not any(_alive(p) for p in pids), grace if sig == signal.SIGTERM else 10.0, 0.1):
+            return
+
+
+def stop(folder: str, check: bool = True, grace: float = 10.0) -> List[str]:
+    """Stop the cluster in ``folder`` (see the module docstring); returns what is left (empty
+    when all is gone) and raises ``RuntimeError`` naming it when ``check``."""
+    folder = os.path.abspath(folder)
+    conf_there = os.path.isfile(_conf_path(folder))
+    ctld = _read_pid(os.path.join(folder, DAEMONS["slurmctld"][0]))
+    if conf_there and ctld and _alive(ctld):
+        try:
+            _run(["scancel", "--quiet", "--full", "--user", "root"], folder, timeout=20)
+            _wait(lambda: _run(["squeue", "-h", "-t", "PD,R,CG,S,CF,RQ,RS,RF,SE,SO,ST", "-o", "%i"], folder, 20)
+                  .stdout.strip() == "", 30.0, 0.5)
+        except (subprocess.SubprocessError, OSError):
+            pass  # the daemons are stopped below whatever the queue says
+    for name in ("slurmd", "slurmctld", "munged"):  # reverse start order
+        pid = _read_pid(os.path.join(folder, DAEMONS[name][0]))
+        if pid and _alive(pid):
+            _terminate([pid], grace)
+    rest = leftover_processes(folder)
+    if rest:
+        _terminate(rest, 2.0)
+    left = [f"process {p} ({_cmdline(p)})" for p in leftover_processes(folder)]
+    ports = _ports(folder)
+    if ports:
+        _wait(lambda: not any(_port_bound(p) for p in ports), 10.0, 0.2)
+        left += [f"port {p} still bound" for p in ports if _port_bound(p)]
+    if left and check:
+        raise RuntimeError(f"local Slurm cluster {folder}: left after stop: {'; '.join(left)}")
+    return left
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def status(folder: str) -> str:
+    folder = os.path.abspath(folder)
+    lines = []
+    for name, (pid_file, _) in DAEMONS.items():
+        pid = _read_pid(os.path.join(folder, pid_file))
+        lines.append(f"{name}: {'pid ' + str(pid) if pid and _alive(pid) else 'not running'}")
+    if os.path.isfile(_conf_path(folder)):
+        lines.append(_run(["sinfo"], folder).stdout.rstrip())
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("folder", help="the cluster's folder (state, config, logs, munge key and socket)")
+    p.add_argument("--cpus", type=int, default=None, help="CPUs the node declares (default: at least 4)")
+    args = p.parse_args(argv)
+    try:
+        if args.action == "start":
+            start(args.folder, cpus=args.cpus)
+            print(f"cluster up in {os.path.abspath(args.folder)}; reach it with:\n"
+                  f"export SLURM_CONF={_conf_path(os.path.abspath(args.folder))}")
+        elif args.action == "stop":
+            stop(args.folder)
+            print(f"cluster in {os.path.abspath(args.folder)} stopped")
+        else:
+            print(status(args.folder))
+    except RuntimeError as e:
+        print(f"local_slurm.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
