@@ -149,7 +149,7 @@ env -u PYTHONPATH "$VENV/bin/python" "$REPO/scripts/check_venv_binding.py" "$REP
 
 # Headless Chromium for tests/app/test_app_browser.py (Playwright drives Debian's build; its own browser download is not used)
 command -v chromium >/dev/null || { log "installing Debian's chromium"; apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || fail "apt-get install chromium failed"; }
-# Slurm and munge for the local single-node cluster (scripts/local_slurm.py) that tests/test_slurm_cluster.py runs sweeps on
+# Slurm and munge for the local single-node cluster (scripts/local_slurm.py) that tests/sweeps/test_slurm_cluster.py runs sweeps on
 { command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null || { log "installing Debian's slurm-wlm and munge"; apt-get install -y -q slurm-wlm munge >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; } || fail "apt-get install slurm-wlm munge failed"; }
 
 log "pip check"

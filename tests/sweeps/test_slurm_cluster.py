@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
 SCRIPT = os.path.join(REPO, "scripts", "local_slurm.py")

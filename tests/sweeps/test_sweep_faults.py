@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
 ONE_RUN = f"base: {DEMO}\nfixed: {{backbone: sparseclip-tiny-vit, pretrained: none, resolution: 64, normalizer: softmax}}\n"
