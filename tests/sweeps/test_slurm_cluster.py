@@ -40,6 +40,7 @@ def _load_cluster_script():
 local_slurm = _load_cluster_script()
 _missing = [p for p in local_slurm.REQUIRED_PROGRAMS if shutil.which(p) is None]
 pytestmark = [
+    pytest.mark.slurm,  # opt-in: bash scripts/test.sh --slurm (tests/conftest.py)
     pytest.mark.skipif(bool(_missing), reason=f"{', '.join(_missing)} not installed (Debian's slurm-wlm and munge; "
                                               "scripts/setup.sh installs them as root)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm cluster runs its daemons as root"),
