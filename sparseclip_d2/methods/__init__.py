@@ -7,7 +7,7 @@ from .registry import (CONFIG_SECTIONS, ENCODERS, LOGIT_HEADS, SIDE_INPUTS, STAG
                        ImageInputs, LogitHead, PipelinePlan, SideInput, Stage, check_parts)
 from .plan import plan_from_config
 from . import encoders, cosine, pamr  # noqa: F401  (registration)
-from . import proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, clip_surgery  # noqa: F401
+from . import proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, clip_surgery, pearl  # noqa: F401
 
 __all__ = ["LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "STAGE_KINDS", "LogitHead", "Stage",
            "SideInput", "EncoderFamily", "ImageInputs", "PipelinePlan", "check_parts", "plan_from_config"]
