@@ -199,6 +199,6 @@ def test_unknown_names_list_valid_choices():
 
 
 def test_registries_hold_the_documented_names():
-    assert {n for n, _ in SCORE_SOURCE_REGISTRY} == {"qk", "qq", "kk", "vv", "identity"}
+    assert {n for n, _ in SCORE_SOURCE_REGISTRY} == {"qk", "qq", "kk", "vv", "identity", "procrustes"}
     assert {n for n, _ in NORMALIZER_REGISTRY} == {"softmax", "entmax", "sparsemax", "random_matched", "top_p"}
     assert {n for n, _ in PRIOR_REGISTRY} == {"none", "gaussian"}
