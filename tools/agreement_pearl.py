@@ -232,11 +232,12 @@ def _row(up, ours, rgb, short: int, long: int, vocabulary, row: dict) -> dict:
 
 
 def agreement_rows(checkout: str, workdir: str, configs=None, templates: str = "single", tlp=(True, False),
-                   zero_threshold: bool = True):
+                   zero_threshold: bool = True, on_row=None):
     """``[row]`` per (config, TLP on / off, probability threshold, photo): the share of pixels whose
     class agrees, the upstream map's class count, and the top-2 probability margins (upstream's).
     The TLP-off config runs as it is; ``zero_threshold`` adds rows at threshold 0 for the configs
-    with one (the project's ``prob_threshold`` and upstream's ``prob_thd`` set on the built models)."""
+    with one (the project's ``prob_threshold`` and upstream's ``prob_thd`` set on the built models).
+    ``on_row(row)`` is called as each row is measured."""
     mods = import_upstream(checkout)
     os.makedirs(workdir, exist_ok=True)
     weights = upstream_weights(mods[1], workdir)
@@ -259,6 +260,8 @@ def agreement_rows(checkout: str, workdir: str, configs=None, templates: str = "
                 for photo, rgb in _photos().items():
                     rows.append(_row(up, ours, rgb, short, int(cfg.INPUT.MAX_SIZE_TEST), vocabulary,
                                      dict(config=config, tlp=on, threshold=thd, photo=photo)))
+                    if on_row is not None:
+                        on_row(rows[-1])
     return rows
 
 
@@ -276,19 +279,20 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", default="", help="also write the rows to this file")
     args = p.parse_args(argv)
-    import torch
-
     if args.threads:
         torch.set_num_threads(args.threads)
     tlp = {"both": (True, False), "on": (True,), "off": (False,)}[args.tlp]
-    rows = agreement_rows(os.path.abspath(args.upstream), os.path.abspath(args.workdir), args.configs,
-                                   args.templates, tlp, not args.no_zero_threshold)
+
+    def show(r):
+        print(f"{r['config']:34s} {'on' if r['tlp'] else 'off':4s} {r['threshold']:<4g} {r['photo']:14s} "
+              f"{r['agree']:9.4f} {r['differ']:7d} {r['classes']:7d} {r['margin']:10.2e} {r['median_margin']:8.2e}",
+              flush=True)
+
     print(f"upstream {UPSTREAM} @ {COMMIT}, templates {args.templates}")
     print(f"{'config':34s} {'TLP':4s} {'thd':4s} {'photo':14s} {'agree %':>9s} {'differ':>7s} {'classes':>7s} "
-          f"{'max margin':>10s} {'median':>8s}")
-    for r in rows:
-        print(f"{r['config']:34s} {'on' if r['tlp'] else 'off':4s} {r['threshold']:<4g} {r['photo']:14s} {r['agree']:9.4f} {r['differ']:7d} "
-              f"{r['classes']:7d} {r['margin']:10.2e} {r['median_margin']:8.2e}")
+          f"{'max margin':>10s} {'median':>8s}", flush=True)
+    rows = agreement_rows(os.path.abspath(args.upstream), os.path.abspath(args.workdir), args.configs,
+                          args.templates, tlp, not args.no_zero_threshold, on_row=show)
     parts = compare_components(import_upstream(os.path.abspath(args.upstream)))
     print("largest |upstream - project| of the pure-torch parts on the same random tensors:")
     for name, diff in parts.items():
