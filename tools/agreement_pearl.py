@@ -25,8 +25,9 @@ given to both sides. With ``--templates single`` upstream's 80 templates are rep
 project's one (``a photo of a {}.``) on its side.
 
 The project's side: the config through ``build_model`` (the ``SparseCLIP`` META_ARCH) and its
-``predict`` on the same resized photo with upstream's class-name file as the vocabulary (class 0
-the threshold's class, as upstream's ``seg_pred[...] = 0``).
+``predict`` on the same resized photo as its dataset (``DATASETS.TEST[0]``: its ``CLASS_NAMES``
+file, checked equal to upstream's ``name_path`` file, and its background class 0, upstream's
+``seg_pred[...] = 0``).
 
 Weights: an open_clip ``ViT-B-16-quickgelu`` drawn after ``torch.manual_seed(0)``, loaded once by
 upstream's ``clip.load`` (which rounds the projections to fp16, ``convert_weights``) and saved back in
@@ -163,13 +164,28 @@ def build_project(config: str, weights: str, tlp: bool, templates: str):
     return cfg, build_model(cfg).eval()
 
 
-def run_project(model, resized_rgb: np.ndarray, out_size: Tuple[int, int], vocabulary: List[str]) -> np.ndarray:
-    """The ``(H, W)`` label map of the resized photo with upstream's vocabulary (class 0 = the
-    threshold's class, as upstream's ``seg_pred[...] = 0``)."""
+def run_project(model, resized_rgb: np.ndarray, out_size: Tuple[int, int], dataset: str) -> np.ndarray:
+    """The ``(H, W)`` label map of the resized photo as the config's dataset reads it (its
+    ``CLASS_NAMES`` file and background class)."""
     x = {"image": torch.from_numpy(np.ascontiguousarray(resized_rgb)).permute(2, 0, 1).contiguous(),
-         "height": int(out_size[0]), "width": int(out_size[1]), "vocabulary": vocabulary, "background_index": 0}
+         "height": int(out_size[0]), "width": int(out_size[1]), "dataset_name": dataset}
     with torch.no_grad():
         return model.predict(x).label_map().cpu().numpy()
+
+
+def check_class_names(cfg, checkout: str, name_path: str) -> None:
+    """The config's class names of its dataset are upstream's file (``SystemExit`` naming both otherwise)."""
+    from detectron2.data import MetadataCatalog
+
+    from sparseclip_d2 import data  # noqa: F401  (registers the datasets)
+    from sparseclip_d2.data.class_names import load_class_names
+
+    meta = MetadataCatalog.get(cfg.DATASETS.TEST[0])
+    ours = load_class_names(meta.class_names_file, class_set=cfg.MODEL.SPARSECLIP.CLASS_NAMES)
+    theirs = [line.strip() for line in open(os.path.join(checkout, name_path)) if line.strip()]
+    if ours != theirs:
+        raise SystemExit(f"{cfg.DATASETS.TEST[0]}: CLASS_NAMES {cfg.MODEL.SPARSECLIP.CLASS_NAMES!r} differ from "
+                         f"upstream's {name_path}")
 
 
 def compare_components(mods, seed: int = 0) -> Dict[str, float]:
@@ -212,7 +228,7 @@ def _config_tlp(config: str) -> bool:
     return not config.endswith("_no_tlp.yaml")
 
 
-def _row(up, ours, rgb, short: int, long: int, vocabulary, row: dict) -> dict:
+def _row(up, ours, rgb, short: int, long: int, dataset: str, row: dict) -> dict:
     """One photo through both sides: ``row`` with the agreement, the differing pixel count, the
     upstream map's class count and its top-2 probability margins (largest among differing pixels, median)."""
     import cv2
@@ -222,7 +238,7 @@ def _row(up, ours, rgb, short: int, long: int, vocabulary, row: dict) -> dict:
     h, w = rgb.shape[:2]
     resized = cv2.resize(rgb, rescale_size(h, w, short, long), interpolation=cv2.INTER_LINEAR)
     ref, probs = run_upstream(up, resized, (h, w))
-    got = run_project(ours, resized, (h, w), vocabulary)
+    got = run_project(ours, resized, (h, w), dataset)
     differ = got != ref
     top2 = np.sort(probs, axis=0)[-2:]
     gap = top2[1] - top2[0]
@@ -245,11 +261,10 @@ def agreement_rows(checkout: str, workdir: str, configs=None, templates: str = "
     for config in configs or list(UPSTREAM_CONFIGS):
         name = UPSTREAM_CONFIGS[config]
         upstream_model, short = read_upstream_config(checkout, name)
-        vocabulary = [line.strip() for line in open(os.path.join(checkout, upstream_model["name_path"]))
-                      if line.strip()]
         for on in (tlp if _config_tlp(config) else (False,)):
             cfg, ours = build_project(config, weights, on, templates)
             up = build_upstream(mods, checkout, name, weights, on, templates)
+            check_class_names(cfg, checkout, upstream_model["name_path"])
             if short != int(cfg.INPUT.MIN_SIZE_TEST):
                 raise SystemExit(f"{config}: INPUT.MIN_SIZE_TEST {cfg.INPUT.MIN_SIZE_TEST} but {name} resizes to {short}")
             # the thresholds as configured, and 0 where a threshold sends most pixels of random
@@ -258,7 +273,7 @@ def agreement_rows(checkout: str, workdir: str, configs=None, templates: str = "
             for thd in thresholds:
                 up.prob_thd, ours.prob_threshold = thd, thd
                 for photo, rgb in _photos().items():
-                    rows.append(_row(up, ours, rgb, short, int(cfg.INPUT.MAX_SIZE_TEST), vocabulary,
+                    rows.append(_row(up, ours, rgb, short, int(cfg.INPUT.MAX_SIZE_TEST), cfg.DATASETS.TEST[0],
                                      dict(config=config, tlp=on, threshold=thd, photo=photo)))
                     if on_row is not None:
                         on_row(rows[-1])
@@ -278,6 +293,7 @@ def main(argv=None):
                    help="skip the extra rows at probability threshold 0 for the configs with a threshold")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", default="", help="also write the rows to this file")
+    p.add_argument("--skip-parts", action="store_true", help="skip the pure-torch parts' comparison")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -293,7 +309,7 @@ def main(argv=None):
           f"{'max margin':>10s} {'median':>8s}", flush=True)
     rows = agreement_rows(os.path.abspath(args.upstream), os.path.abspath(args.workdir), args.configs,
                           args.templates, tlp, not args.no_zero_threshold, on_row=show)
-    parts = compare_components(import_upstream(os.path.abspath(args.upstream)))
+    parts = {} if args.skip_parts else compare_components(import_upstream(os.path.abspath(args.upstream)))
     print("largest |upstream - project| of the pure-torch parts on the same random tensors:")
     for name, diff in parts.items():
         print(f"  {name:32s} {diff:.3e}")
