@@ -11,7 +11,7 @@ random tensors::
     git clone https://github.com/PGSmall/PEARL /tmp/PEARL && git -C /tmp/PEARL checkout c26062b
     python tools/agreement_pearl.py --upstream /tmp/PEARL --workdir /tmp/pearl_agreement
 
-Run it outside the project's folder: upstream's ``clip`` package is imported by that name.
+Upstream's ``clip``, ``pearl`` and ``prompts`` packages are imported by those names from the checkout.
 
 Upstream's side: ``pearl_ovss.py`` ``PEARL`` (its segmentor: slide / whole image, ``predict``,
 ``postprocess_result``), its ``clip`` package (``clip.load``; the ``reduced`` last block calling
