@@ -156,11 +156,17 @@ def build_project(config: str, weights: str, tlp: bool, templates: str):
     from sparseclip_d2.config import merge_config
     from sparseclip_d2.model_zoo import get_config_file
 
+    from sparseclip_d2.common.keys import key_defaults
+    from sparseclip_d2.methods.pearl import TLP_SECTION
+
+    opts = ["MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "MODEL.SPARSECLIP.CLIP.PRETRAINED", weights,
+            "MODEL.SPARSECLIP.TEXT.TEMPLATES", templates, "MODEL.SPARSECLIP.TLP.ENABLED", str(bool(tlp))]
+    if not tlp:  # the TLP keys a config sets (Cityscapes' GRID) are refused while it is off: their defaults
+        for key, value in key_defaults(TLP_SECTION).items():
+            opts += [f"MODEL.SPARSECLIP.TLP.{key}", str(value)]
     cfg = get_cfg()
     add_sparseclip_config(cfg)
-    merge_config(cfg, get_config_file(f"baselines/{config}"), [
-        "MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "MODEL.SPARSECLIP.CLIP.PRETRAINED", weights,
-        "MODEL.SPARSECLIP.TEXT.TEMPLATES", templates, "MODEL.SPARSECLIP.TLP.ENABLED", str(bool(tlp))])
+    merge_config(cfg, get_config_file(f"baselines/{config}"), opts)
     return cfg, build_model(cfg).eval()
 
 
