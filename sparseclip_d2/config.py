@@ -119,6 +119,16 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.ATTENTION.MIX.WEIGHT = 0.5
     # Factor on the blend, > 0 (ResCLIP's tau; ITACLIP 1).
     _C.MODEL.SPARSECLIP.ATTENTION.MIX.SCALE = 1.0
+    # Options of the "procrustes" score source (AttentionSpec.procrustes; attention/procrustes.py):
+    # scores q (k R)^T d^-0.5 + KK_WEIGHT k_c k_c^T d^-0.5, R the orthogonal polar factor of
+    # k_c^T q_c (q_c, k_c centred by ||q||-weighted means, the CLS token weighted 0).
+    _C.MODEL.SPARSECLIP.ATTENTION.PROCRUSTES = CN()
+    # Weight of the centred key term; 0 = none (PGSmall/PEARL @ c26062b pearl_ovss.py: alpha_kk=0.08).
+    _C.MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.KK_WEIGHT = 0.0
+    # How the polar factor is computed: "newton_schulz" (pearl/attn.py align_solver='polar') or "svd".
+    _C.MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.SOLVER = "newton_schulz"
+    # Coupled Newton-Schulz steps (pearl/attn.py polar_iters=5).
+    _C.MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.ITERATIONS = 5
 
     # The last block's structure.
     _C.MODEL.SPARSECLIP.BLOCK = CN()

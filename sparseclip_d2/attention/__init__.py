@@ -14,6 +14,7 @@ from .normalizers import NORMALIZER_REGISTRY, get_normalizer, support_size
 from .priors import PRIOR_REGISTRY, build_prior, get_prior
 from .sources import SCORE_SOURCE_REGISTRY, SOURCE_ALIASES, canonical_source, get_score_source, paper_source_name, parse_source
 from .nucleus import TOP_P_DEFAULT, check_top_p, nucleus_mask, nucleus_prune  # registers the top_p normaliser
+from .procrustes import PROCRUSTES_SOLVERS, check_procrustes_options, polar_factor, procrustes_scores
 from .outliers import OUTLIER_DETECTOR_REGISTRY, detect_outliers, lof_scores, repair_outliers
 from .similarity import cosine_similarity_map, similarity_aggregate, similarity_scores
 
@@ -53,6 +54,10 @@ __all__ = [
     "check_top_p",
     "nucleus_mask",
     "nucleus_prune",
+    "PROCRUSTES_SOLVERS",
+    "check_procrustes_options",
+    "polar_factor",
+    "procrustes_scores",
     "OUTLIER_DETECTOR_REGISTRY",
     "detect_outliers",
     "lof_scores",

@@ -1,5 +1,5 @@
 """``attention_weights``: score source x normaliser x prior, computed in float32."""
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -52,6 +52,7 @@ def attention_weights(
     sum_mode: str = "normalize_then_sum",
     generator: Optional[torch.Generator] = None,
     score_hook: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    source_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> torch.Tensor:
     """Attention weights of a (possibly summed) score source under a normaliser.
 
@@ -74,6 +75,9 @@ def attention_weights(
         score_hook: optional ``(B, H, L, L) -> (B, H, L, L)`` applied to the raw scores of
             each term (the summed scores with ``sum_then_normalize``) before temperature and
             prior, e.g. the feedback blend (``attention.feedback.blend_feedback``).
+        source_options: ``{term: {option: value}}`` keyword options of the source terms that take
+            them (``procrustes``: ``kk_weight``, ``solver``, ``iterations``, ``prefix_tokens``;
+            ``AttentionSpec.source_options`` builds them); terms not named get none.
     Returns:
         ``(B, H, L, L)`` float32 weights.
     """
@@ -96,7 +100,8 @@ def attention_weights(
             s = s + prior
         return s
 
-    raw = [SCORE_SOURCE_REGISTRY.get(t)(q, k, v) for t in terms]
+    options = source_options or {}
+    raw = [SCORE_SOURCE_REGISTRY.get(t)(q, k, v, **options.get(t, {})) for t in terms]
     if len(terms) == 1 or sum_mode != "sum_then_normalize":
         out = None
         for s in raw:

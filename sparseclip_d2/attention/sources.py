@@ -7,14 +7,17 @@ diagonal and ``-inf`` elsewhere, so that every normaliser returns the identity m
 (the value-only path of MaskCLIP / the paper's ``v-only`` row).
 
 Sources are registered in :data:`SCORE_SOURCE_REGISTRY` (fvcore ``Registry``); a new
-source is one registered function ``fn(q, k, v) -> (B, H, L, L) float32`` whose
-``__name__`` is its config name. Sum sources such as ``qq+kk`` are parsed by
-:func:`parse_source`.
+source is one registered function ``fn(q, k, v, **options) -> (B, H, L, L) float32`` whose
+``__name__`` is its config name; a source with options (``procrustes``) takes them as keywords,
+passed by ``attention_weights(source_options={name: {...}})``. Sum sources such as ``qq+kk`` are
+parsed by :func:`parse_source`.
 """
 from typing import Tuple
 
 import torch
 from fvcore.common.registry import Registry
+
+from .procrustes import procrustes_scores
 
 __all__ = [
     "SCORE_SOURCE_REGISTRY",
@@ -86,6 +89,20 @@ def identity(q, k, v):
     s = torch.full((L, L), float("-inf"), dtype=torch.float32, device=q.device)
     s = s.masked_fill(eye, 0.0)
     return s.expand(B, H, L, L)
+
+
+@SCORE_SOURCE_REGISTRY.register()
+def procrustes(q, k, v, *, kk_weight: float = 0.0, solver: str = "newton_schulz", iterations: int = 5,
+               prefix_tokens: int = 0):
+    """Procrustes-aligned scores ``q (k R)^T s + kk_weight k_c k_c^T s`` (``attention/procrustes.py``;
+    PGSmall/PEARL @ c26062b ``pearl/attn.py`` ``pa_attn``): -> (B, H, L, L) float32.
+
+    Options: ``kk_weight`` (the centred key term's weight), ``solver`` (``newton_schulz`` or
+    ``svd``), ``iterations`` (Newton-Schulz steps), ``prefix_tokens`` (leading tokens weighted 0
+    in the means: the CLS token).
+    """
+    return procrustes_scores(q, k, kk_weight=kk_weight, solver=solver, iterations=iterations,
+                             prefix_tokens=prefix_tokens).float()
 
 
 def _valid_sources_text() -> str:

@@ -97,7 +97,8 @@ def calibrated_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """
     sum_mode = "normalize_then_sum" if spec.sum_mode == "normalize_then_mean" and sim is not None else spec.sum_mode
     w = attention_weights(q, k, v, source=spec.source, normalizer=spec.normalizer, alpha=spec.alpha,
-                          temperature=spec.temperature, prior=prior, sum_mode=sum_mode, generator=generator)
+                          temperature=spec.temperature, prior=prior, sum_mode=sum_mode, generator=generator,
+                          source_options=spec.source_options(0))  # patch tokens only: no prefix
     if sim is None:
         return w
     norm = get_normalizer(spec.normalizer)

@@ -254,7 +254,8 @@ class DenseCLIPEncoder(nn.Module):
         spec = self.spec
         q, k, v = self._tower.qkv(blk, self._tower.norm1(blk, x), rope)
         return attention_weights(q, k, v, source=spec.mix.source, normalizer=spec.tap_normalizer,
-                                 alpha=spec.alpha, sum_mode=spec.sum_mode, generator=generator)
+                                 alpha=spec.alpha, sum_mode=spec.sum_mode, generator=generator,
+                                 source_options=spec.source_options(self.num_prefix_tokens))
 
     def _run_modified(self, blk: nn.Module, x: torch.Tensor, rope, last: bool, grid: Tuple[int, int],
                       generator: Optional[torch.Generator], mixed: Sequence[torch.Tensor] = (),
@@ -282,6 +283,7 @@ class DenseCLIPEncoder(nn.Module):
             sum_mode=spec.sum_mode,
             generator=generator,
             score_hook=hook,
+            source_options=spec.source_options(self.num_prefix_tokens) if last else None,
         )
         if last and mixed:
             weights = mix_attention(weights, mixed, spec.mix.weight, spec.mix.scale)

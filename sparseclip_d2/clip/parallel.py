@@ -49,7 +49,8 @@ def check_parallel(spec, tower_kind: str, num_prefix_tokens: int, depth: int) ->
 
 
 def parallel_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, y: torch.Tensor,
-                       prior: Optional[torch.Tensor], generator: Optional[torch.Generator]) -> torch.Tensor:
+                       prior: Optional[torch.Tensor], generator: Optional[torch.Generator],
+                       prefix_tokens: int = 1) -> torch.Tensor:
     """The branch's attention weights ``(B, heads, L, L)`` float32 for one block.
 
     Args:
@@ -58,6 +59,7 @@ def parallel_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         y: ``(B, L, C)`` the block's normed main-stream input (GEM's adaptive temperature).
         prior: additive prior ``(L, L)`` or None.
         generator: for ``random_matched``.
+        prefix_tokens: the tower's prefix (CLS) tokens, for the ``procrustes`` source's weights.
     """
     if spec.parallel.qkv_norm == "l2":
         s = spec.parallel.cosine_scale if spec.parallel.cosine_scale > 0 else adaptive_inverse_temperature(y, q.shape[-1])
@@ -66,7 +68,8 @@ def parallel_attention(spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             temperature=spec.temperature, iterations=spec.parallel.self_iterations, prior=prior, sum_mode=spec.sum_mode,
             generator=generator)
     return attention_weights(q, k, v, source=spec.source, normalizer=spec.normalizer, alpha=spec.alpha,
-                             temperature=spec.temperature, prior=prior, sum_mode=spec.sum_mode, generator=generator)
+                             temperature=spec.temperature, prior=prior, sum_mode=spec.sum_mode, generator=generator,
+                             source_options=spec.source_options(prefix_tokens))
 
 
 def run_parallel(tower, spec, blocks: Sequence, x: torch.Tensor, rope, prior: Optional[torch.Tensor],
@@ -105,7 +108,7 @@ def run_parallel(tower, spec, blocks: Sequence, x: torch.Tensor, rope, prior: Op
         B, L, _ = x.shape
         y = tower.norm1(blk, x)
         q, k, v = tower.qkv(blk, y, rope)
-        weights = parallel_attention(spec, q, k, v, y, prior, generator)
+        weights = parallel_attention(spec, q, k, v, y, prior, generator, tower.num_prefix_tokens)
         out = tower.attn_out(blk, y, apply_attention(weights, v).transpose(1, 2).reshape(B, L, -1))
         branch = branch + out if spec.residual else out
         if spec.ffn:

@@ -11,7 +11,8 @@ and block switches) plus four nested option groups, each frozen, validated and h
   cosine scores (GEM, CLIP Surgery);
 - ``spec.feedback``: :class:`FeedbackOptions`, a second run of the last block with the first
   segmentation's prior (ResCLIP's SFR);
-- ``spec.calibration``: :class:`CalibrationOptions`, the calibrated last block (SC-CLIP, SFP).
+- ``spec.calibration``: :class:`CalibrationOptions`, the calibrated last block (SC-CLIP, SFP);
+- ``spec.procrustes``: :class:`ProcrustesOptions`, the options of the ``procrustes`` score source.
 
 A group is truthy when it changes the block (``if spec.mix:``). Every setting also has one
 flat name (:data:`SETTINGS`: ``mix_layers``, ``parallel_cls``, ``feedback_weight``, ...): the
@@ -27,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..attention import (
     NORMALIZER_REGISTRY,
+    PROCRUSTES_SOLVERS,
     QKV_NORMS,
     check_cosine_source,
     SUM_MODES,
@@ -44,7 +46,8 @@ from ..attention.outliers import (check_cls_scale, check_contamination, check_co
                                   check_outlier_detector)
 from ..attention.similarity import check_similarity_scale, check_similarity_threshold
 
-__all__ = ["AttentionSpec", "MixOptions", "ParallelOptions", "FeedbackOptions", "CalibrationOptions", "PRESETS",
+__all__ = ["AttentionSpec", "MixOptions", "ParallelOptions", "FeedbackOptions", "CalibrationOptions",
+           "ProcrustesOptions", "PRESETS",
            "SETTINGS", "SPEC_KEYS", "parse_attention_spec", "parse_attention_specs", "describe_spec",
            "SpecDepthError"]
 
@@ -445,9 +448,77 @@ class CalibrationOptions:
         return parts
 
 
+_PROCRUSTES_KEY = "MODEL.SPARSECLIP.ATTENTION.PROCRUSTES."
+
+
+@dataclass(frozen=True)
+class ProcrustesOptions:
+    """Options of the ``procrustes`` score source (``spec.procrustes``; ``attention/procrustes.py``):
+    the keys rotated onto the queries by the orthogonal polar factor of ``k_c^T q_c``.
+
+    Fields (flat names ``procrustes_kk_weight``, ``procrustes_solver``, ``procrustes_iterations``;
+    config ``MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.KK_WEIGHT`` / ``SOLVER`` / ``ITERATIONS``):
+        kk_weight: weight of the centred key term ``k_c k_c^T d**-0.5`` added to the scores
+            (0 = none).
+        solver: ``newton_schulz`` (coupled Newton-Schulz steps) or ``svd``.
+        iterations: Newton-Schulz steps, >= 1 (``svd`` ignores it).
+
+    The CLS (prefix) tokens get weight 0 in the weighted means: the encoder passes its tower's
+    prefix-token count (:meth:`AttentionSpec.source_options`). Read only where a source term is
+    ``procrustes``; never truthy (the group changes nothing by itself).
+    """
+
+    GROUP = "procrustes"
+
+    kk_weight: float = 0.0
+    solver: str = "newton_schulz"
+    iterations: int = 5
+
+    def __post_init__(self):
+        set_ = _setter(self)
+        kk = _number(f"procrustes_kk_weight ({_PROCRUSTES_KEY}KK_WEIGHT)", self.kk_weight)
+        if not math.isfinite(kk):
+            raise ValueError(f"procrustes_kk_weight ({_PROCRUSTES_KEY}KK_WEIGHT) must be a finite number, got "
+                             f"{self.kk_weight!r}")
+        set_("kk_weight", kk)
+        solver = self.solver.strip().lower() if isinstance(self.solver, str) else self.solver
+        if solver not in PROCRUSTES_SOLVERS:
+            raise ValueError(f"unknown procrustes_solver ({_PROCRUSTES_KEY}SOLVER) {self.solver!r}; valid: "
+                             f"{', '.join(PROCRUSTES_SOLVERS)}")
+        set_("solver", solver)
+        it = _integer(f"procrustes_iterations ({_PROCRUSTES_KEY}ITERATIONS)", self.iterations)
+        if it < 1:
+            raise ValueError(f"procrustes_iterations ({_PROCRUSTES_KEY}ITERATIONS) must be an integer >= 1, got "
+                             f"{self.iterations!r}")
+        set_("iterations", it)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def options(self, prefix_tokens: int) -> Dict[str, Any]:
+        """The ``procrustes`` source's keyword options (``attention_weights(source_options=...)``)."""
+        return {"kk_weight": self.kk_weight, "solver": self.solver, "iterations": self.iterations,
+                "prefix_tokens": int(prefix_tokens)}
+
+    def inert_settings(self, used: bool) -> List[str]:
+        """Settings that cannot change the result; ``used``: a source term (or a tapped layer's) is
+        ``procrustes``."""
+        if not used:
+            return [f"{name}={value!r} changes nothing without the procrustes source" for name, value in
+                    _changed(self, ProcrustesOptions())]
+        if self.solver == "svd" and self.iterations != ProcrustesOptions.iterations:
+            return [f"procrustes_iterations={self.iterations} changes nothing with procrustes_solver 'svd'"]
+        return []
+
+    def describe(self) -> str:
+        steps = "SVD" if self.solver == "svd" else f"{self.iterations} Newton-Schulz steps"
+        kk = f" + {self.kk_weight:g} x centred kk" if self.kk_weight else ""
+        return f"keys Procrustes-aligned to the queries ({steps}){kk}"
+
+
 #: The option groups: ``AttentionSpec`` field name -> class.
 GROUPS = {"mix": MixOptions, "parallel": ParallelOptions, "feedback": FeedbackOptions,
-          "calibration": CalibrationOptions}
+          "calibration": CalibrationOptions, "procrustes": ProcrustesOptions}
 
 #: Every setting of a spec by its flat name (grammar key, error-message and config-derived
 #: name) -> ``(group, field, kind)``: ``group`` None for the core; ``kind`` is how the grammar
@@ -492,6 +563,9 @@ SETTINGS: Dict[str, Tuple[Optional[str], str, str]] = {
     "outlier_cls_scale": ("calibration", "outlier_cls_scale", "float"),
     "fusion_attention": ("calibration", "fusion_attention", "str"),
     "threshold_similarity_term": ("calibration", "threshold_similarity_term", "bool"),
+    "procrustes_kk_weight": ("procrustes", "kk_weight", "float"),
+    "procrustes_solver": ("procrustes", "solver", "str"),
+    "procrustes_iterations": ("procrustes", "iterations", "int"),
 }
 #: ``(group, field)`` -> flat name.
 _FLAT = {(group, field): name for name, (group, field, _) in SETTINGS.items()}
@@ -507,7 +581,8 @@ class AttentionSpec:
 
     Core fields:
         source: score source of the **last** block: ``qk``, ``qq``, ``kk``, ``vv``,
-            ``identity`` (value path) or sums like ``qq+kk``; the paper's names
+            ``identity`` (value path), ``procrustes`` (keys Procrustes-aligned to the queries,
+            options in ``procrustes``) or sums like ``qq+kk``; the paper's names
             (``qkv``, ``qqv``, ``kkv``, ``vvv``, ``v-only``) are accepted and stored canonically.
         normalizer: row normaliser of the last ``num_layers`` blocks: ``softmax``,
             ``entmax``, ``sparsemax`` or ``random_matched``.
@@ -532,6 +607,7 @@ class AttentionSpec:
         parallel: :class:`ParallelOptions` (a parallel path and its cosine scores).
         feedback: :class:`FeedbackOptions` (a second run with the first segmentation's prior).
         calibration: :class:`CalibrationOptions` (the calibrated last block).
+        procrustes: :class:`ProcrustesOptions` (options of the ``procrustes`` source).
 
     Instances are frozen and hashable; invalid values raise ``ValueError`` naming the value
     and the valid choices. ``num_layers`` is checked against the model depth by
@@ -555,6 +631,7 @@ class AttentionSpec:
     parallel: ParallelOptions = ParallelOptions()
     feedback: FeedbackOptions = FeedbackOptions()
     calibration: CalibrationOptions = CalibrationOptions()
+    procrustes: ProcrustesOptions = ProcrustesOptions()
 
     def __post_init__(self):
         self._check_core()
@@ -688,7 +765,18 @@ class AttentionSpec:
         if self.feedback.enabled and self.source == "identity":
             out.append("feedback changes nothing on the identity source (its block outputs its values)")
         out.extend(self.calibration.inert_settings())
+        out.extend(self.procrustes.inert_settings(self.uses_procrustes))
         return out
+
+    @property
+    def uses_procrustes(self) -> bool:
+        """Whether a source term of the last block or of the tapped layers is ``procrustes``."""
+        return "procrustes" in self.terms or (bool(self.mix.layers) and "procrustes" in parse_source(self.mix.source))
+
+    def source_options(self, prefix_tokens: int) -> Dict[str, Dict[str, Any]]:
+        """``attention_weights(source_options=...)`` of this spec: the ``procrustes`` term's options
+        with ``prefix_tokens`` leading tokens (the CLS token) weighted 0 (empty when no term uses it)."""
+        return {"procrustes": self.procrustes.options(prefix_tokens)} if self.uses_procrustes else {}
 
     def warn_inert(self, where: str = "attention spec") -> List[str]:
         """Log a warning for each of :meth:`inert_settings`; returns them."""
@@ -826,6 +914,8 @@ def _config_settings(s) -> Dict[str, Any]:
         post_similarity_layer=cal.POST_SIMILARITY_LAYER, fusion_layers=cal.FUSION_LAYERS,
         outlier_count=cal.OUTLIER_COUNT, outlier_cls_scale=cal.OUTLIER_CLS_SCALE,
         fusion_attention=cal.FUSION_ATTENTION, threshold_similarity_term=cal.THRESHOLD_SIMILARITY_TERM,
+        procrustes_kk_weight=a.PROCRUSTES.KK_WEIGHT, procrustes_solver=a.PROCRUSTES.SOLVER,
+        procrustes_iterations=a.PROCRUSTES.ITERATIONS,
     )
 
 
@@ -860,6 +950,8 @@ def describe_spec(spec: AttentionSpec) -> str:
         parts.append(f"second pass with the first segmentation's prior P ({fb.precision}): "
                      f"{fb.scale:g} x ((1 - {fb.weight:g}) S + {fb.weight:g} P)")
     parts.extend(spec.calibration.describe())
+    if spec.uses_procrustes:
+        parts.append(spec.procrustes.describe())
     return ", ".join(parts)
 
 
@@ -936,6 +1028,16 @@ def describe_spec(spec: AttentionSpec) -> str:
 #:   with ``pre_sim``), both reading ``pre_sim`` after its in-place threshold (``pre_sim[pre_sim <
 #:   0.4] = 0.0`` precedes them); similarity of layer 9 (``hidden_states[8]``), post-aggregation by layer 4
 #:   (``hidden_states[3]``), fusion of layers 4-10 (``hidden_states[3:10]``), threshold 0.4, scale 3.
+#:
+#: Procrustes-aligned keys (``attention/procrustes.py``):
+#:
+#: - ``pearl``: PEARL's last block (PGSmall/PEARL @ c26062b ``clip/model.py``
+#:   ``VisionTransformer.forward`` with ``arch='reduced'``: ``x = custom_attn(...)``, no residual, no
+#:   FFN; ``custom_attn`` with ``attn_strategy='pearl'``: ``pearl/attn.py`` ``pa_attn`` with
+#:   ``detach_cls=True``, ``use_kk=True``, ``alpha_kk=0.08``, ``align_solver='polar'``,
+#:   ``polar_iters=5``, the ``pearl_ovss.py`` ``PEARL`` defaults; Cityscapes and ADE20K configs set
+#:   ``alpha_kk=0.3``, ``procrustes_kk_weight`` 0.3), then softmax. Its text-aware Laplacian
+#:   propagation is a logits stage of its family folder, not part of the spec.
 PRESETS: Dict[str, AttentionSpec] = {
     "clip": AttentionSpec(),
     "sclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=True),
@@ -974,6 +1076,8 @@ PRESETS: Dict[str, AttentionSpec] = {
                              similarity_scale=3.0, similarity_threshold=0.4, post_similarity_layer=4,
                              fusion_layers=(4, 5, 6, 7, 8, 9, 10), fusion_attention="similarity",
                              threshold_similarity_term=True)),
+    "pearl": AttentionSpec(source="procrustes", normalizer="softmax", residual=False, ffn=False,
+                           procrustes=ProcrustesOptions(kk_weight=0.08, solver="newton_schulz", iterations=5)),
 }
 
 
@@ -996,7 +1100,7 @@ def _normalizers() -> List[str]:
 
 def _syntax_help() -> str:
     return (f"valid: bases: {', '.join(PRESETS)}, cfg; normalizers: {', '.join(_normalizers())} (entmax:ALPHA); "
-            "sources: qk, qq, kk, vv, identity, sums like qq+kk (paper names qkv, qqv, kkv, vvv, v-only); "
+            "sources: qk, qq, kk, vv, identity, procrustes, sums like qq+kk (paper names qkv, qqv, kkv, vvv, v-only); "
             f"key=value with keys {', '.join(sorted(SPEC_KEYS))}")
 
 

@@ -182,7 +182,7 @@ def test_low_precision_inputs_give_float32_finite_weights(normalizer, dtype):
 
 def test_unknown_names_list_valid_choices():
     qkv = _qkv()
-    with pytest.raises(ValueError, match=r"unknown attention source 'qx'.*identity, kk, qk, qq, vv, or sums like qq\+kk"):
+    with pytest.raises(ValueError, match=r"unknown attention source 'qx'.*identity, kk, procrustes, qk, qq, vv, or sums like qq\+kk"):
         attention_weights(*qkv, source="qx")
     with pytest.raises(ValueError, match=r"unknown attention source 'qx'"):
         attention_weights(*qkv, source="qq+qx")
@@ -199,6 +199,6 @@ def test_unknown_names_list_valid_choices():
 
 
 def test_registries_hold_the_documented_names():
-    assert {n for n, _ in SCORE_SOURCE_REGISTRY} == {"qk", "qq", "kk", "vv", "identity"}
+    assert {n for n, _ in SCORE_SOURCE_REGISTRY} == {"qk", "qq", "kk", "vv", "identity", "procrustes"}
     assert {n for n, _ in NORMALIZER_REGISTRY} == {"softmax", "entmax", "sparsemax", "random_matched", "top_p"}
     assert {n for n, _ in PRIOR_REGISTRY} == {"none", "gaussian"}

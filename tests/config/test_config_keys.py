@@ -310,3 +310,46 @@ def test_corrclip_keys_take_effect(tmp_path):
     assert type(_model(**dict(base, **{"MODEL.SPARSECLIP.PROXY.CORRCLIP.ENABLED": "False",
                                        "MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR": ""})).encoder).__name__ == \
         "ProxyCLIPEncoder"
+
+
+# MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.* and MODEL.SPARSECLIP.TLP.* (not in the Base config; PEARL,
+# configs/baselines/pearl_b16*.yaml): key -> (value, what it sets); tests/methods/test_pearl.py has the maths.
+_PROCRUSTES_ON = {"MODEL.SPARSECLIP.ATTENTION.SOURCE": "procrustes"}
+PROCRUSTES_EFFECTS = {
+    "MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.KK_WEIGHT": ("0.3", lambda m: m.encoder.spec.procrustes.kk_weight == 0.3),
+    "MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.SOLVER": ("svd", lambda m: m.encoder.spec.procrustes.solver == "svd"),
+    "MODEL.SPARSECLIP.ATTENTION.PROCRUSTES.ITERATIONS": ("7", lambda m: m.encoder.spec.procrustes.iterations == 7),
+}
+_TLP_ON = {"MODEL.SPARSECLIP.TLP.ENABLED": "True"}
+TLP_EFFECTS = {
+    "MODEL.SPARSECLIP.TLP.ENABLED": ("True", lambda m: m.stage("text_laplacian") is not None),
+    "MODEL.SPARSECLIP.TLP.GRID": ("224", lambda m: m.stage("text_laplacian").settings.grid == 224),
+    "MODEL.SPARSECLIP.TLP.TEXT_TEMPERATURE": ("0.2", lambda m: m.stage("text_laplacian").settings.text_temperature == 0.2),
+    "MODEL.SPARSECLIP.TLP.DIAGONAL_BOOST": ("3.0", lambda m: m.stage("text_laplacian").settings.diagonal_boost == 3.0),
+    "MODEL.SPARSECLIP.TLP.EDGE_CONSTANT": ("2.0", lambda m: m.stage("text_laplacian").settings.edge_constant == 2.0),
+    "MODEL.SPARSECLIP.TLP.CG_STEPS": ("10", lambda m: m.stage("text_laplacian").settings.cg_steps == 10),
+    "MODEL.SPARSECLIP.TLP.TAU": ("0.5", lambda m: m.stage("text_laplacian").settings.tau == 0.5),
+}
+
+
+@pytest.mark.parametrize("key", sorted(PROCRUSTES_EFFECTS))
+def test_procrustes_keys_take_effect(key, caplog):
+    value, check = PROCRUSTES_EFFECTS[key]
+    assert check(_model(**dict(_PROCRUSTES_ON, **{key: value}))), f"{key} = {value} did not take effect"
+    # without the procrustes source the key changes nothing: a warning naming the setting
+    caplog.clear()
+    assert _model(**{key: value}).encoder.spec.source == "qk"
+    assert "changes nothing without the procrustes source" in caplog.text
+
+
+@pytest.mark.parametrize("key", sorted(TLP_EFFECTS))
+def test_tlp_keys_take_effect(key):
+    import re
+
+    value, check = TLP_EFFECTS[key]
+    assert check(_model(**dict(_TLP_ON, **{key: value}))), f"{key} = {value} did not take effect"
+    assert _model().stage("text_laplacian") is None
+    if not key.endswith(".ENABLED"):  # without ENABLED the key would change nothing: refused, naming it
+        with pytest.raises(ValueError, match=re.escape(f"{key} = ") + ".* changes nothing while "
+                                             "MODEL.SPARSECLIP.TLP.ENABLED is False"):
+            _model(**{key: value})

@@ -309,7 +309,8 @@ class CASSEncoder(DenseCLIPEncoder):
 
         prior = build_prior(spec.prior, grid, std=spec.prior_std, num_prefix_tokens=0, device=x.device)
         weights = attention_weights(q, k, v, source=spec.source, normalizer=spec.normalizer, alpha=spec.alpha,
-                                    temperature=spec.temperature, prior=prior, generator=generator, score_hook=hook)
+                                    temperature=spec.temperature, prior=prior, generator=generator, score_hook=hook,
+                                    source_options=spec.source_options(0))  # patch tokens only
         n = v.shape[2]
         out = torch.matmul(weights, v.float()).transpose(1, 2).reshape(B, n, -1).to(v.dtype)
         out = tower.attn_out(blk, y[:, P:], out)
