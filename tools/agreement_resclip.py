@@ -184,8 +184,9 @@ def main(argv=None):
     import sparseclip_d2
 
     from sparseclip_d2.benchmarks.checkouts import check_upstream
+    from sparseclip_d2.benchmarks.entries import entry
 
-    checkout = check_upstream("resclip", args.upstream, option="upstream")
+    checkout = check_upstream("resclip", args.upstream, entry("resclip"), option="upstream")
     torch.set_num_threads(args.threads)
     os.makedirs(args.output, exist_ok=True)
     base = project_cfg(args.config, ["MODEL.DEVICE", "cpu"])
