@@ -123,10 +123,10 @@ class ProxyOptions:
                              '"queries+keys" (their sum; CorrCLIP).')
     input_size: int = key_field(0, "INPUT_SIZE", "Pixels the proxy sees per window: 0 = the window itself, -1 = "
                                 "resized to TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).")
-    pos_embed_interp: str = key_field(_DEFAULT_POS_EMBED_INTERP, "POS_EMBED_INTERP", 'Position embeddings resized (bicubic) by '
-                                      '"scale_factor" (torch hub DINO), "size" (MAE) or "size_antialias" (torch hub '
-                                      "DINOv2 with registers); a model without an absolute position embedding (DINOv3: RoPE) "
-                                      "takes none and refuses any other value than the default.")
+    pos_embed_interp: str = key_field(_DEFAULT_POS_EMBED_INTERP, "POS_EMBED_INTERP", 'Position embeddings resized '
+                                      '(bicubic) by "scale_factor" (torch hub DINO), "size" (MAE) or "size_antialias" '
+                                      "(torch hub DINOv2 with registers); a model without an absolute position "
+                                      "embedding (DINOv3: RoPE) resizes nothing and takes only the default.")
     precision: str = key_field("fp32", "PRECISION", "Proxy weights dtype: fp32, fp16 (ProxyCLIP runs its VFM in "
                                "fp16), bf16; scores are fp32.")
 
