@@ -90,7 +90,7 @@ PROXY_MODELS: Dict[str, Dict] = {
     # DINOv3 ViT-B/16 (timm 1.0.31 ``models/eva.py`` ``vit_base_patch16_dinov3``: RoPE
     # ``rope_type='dinov3'``, CLS + 4 register tokens, layer scale, ``use_abs_pos_emb=False``): no
     # absolute position embedding to resize (``pos_embed_interp`` None); the window as it is.
-    # No upstream ProxyCLIP / CASS / Trident / LPOSS / FSA code uses it (docs/methods.md).
+    # No upstream method of the field publishes code on it (docs/methods.md, "DINOv3 as the second backbone").
     "vit_base_patch16_dinov3": dict(input_size=0, pos_embed_interp=None),
 }
 # ImageNet mean/std on the 0-1 scale: what ProxyCLIP feeds every VFM
