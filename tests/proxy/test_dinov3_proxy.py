@@ -137,6 +137,20 @@ def test_tokens_equal_timms_own_forward(size):
     assert torch.equal(first(x), ref_first)  # forward_intermediates drops the prefix itself (NCHW)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_tokens_equal_timms_own_forward_at_half_precision(precision):
+    """``PRECISION fp16`` / ``bf16`` (ProxyCLIP's upstream runs its VFM in fp16): the tokens equal timm's
+    own forward of the cast model on a 3 x 5 grid, and timm keeps the RoPE periods in float32."""
+    proxy = _proxy(precision=precision)
+    x = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        ref = proxy.model.forward_features(x.to(proxy.dtype)).float()
+    out = proxy(x)
+    assert out.dtype == torch.float32 and proxy.dtype != torch.float32
+    assert proxy.model.rope.periods.dtype == torch.float32
+    assert torch.equal(out, _grid(ref, 3, 5))
+
+
 @pytest.mark.parametrize("size", [(32, 32), (48, 80)], ids=["native-2x2", "non-square-3x5"])
 def test_keys_queries_values_equal_timms_own_projection(size):
     """FEATURE keys / queries / values of LAYER 1 equal what timm's own forward feeds block 1's
