@@ -15,6 +15,8 @@ with timm's public ``register_model`` under names that start with ``sparseclip_`
   post-norm blocks (``EvaBlockPostNorm``, as EVA02-E-14).
 - ``sparseclip-tiny-pe`` (``sparseclip_tiny_pe``, from ``vit_pe_core_base_patch16_224``): timm
   ``Eva`` with ``AttentionRope`` (xy-indexed rope, grid offset 1), CLS token and a MAP head.
+- ``sparseclip_tiny_dinov3`` (timm name only, a proxy backbone): ``vit_base_patch16_dinov3``'s
+  ``Eva`` (RoPE, CLS + 4 registers, layer scale, no absolute position embedding) shrunk.
 - ``sparseclip-tiny-timm-vit`` (``sparseclip_tiny_timm_vit``, from
   ``vit_base_patch16_clip_224``): CLIP-style timm ViT (pre-norm, CLS token) with one
   register token and ``no_embed_class`` position embeddings, token pool + linear head.
@@ -152,6 +154,15 @@ def sparseclip_tiny_mae(pretrained: bool = False, **kwargs):
 
 
 from timm.models.vision_transformer_sam import samvit_base_patch16  # noqa: E402
+from timm.models.eva import vit_base_patch16_dinov3  # noqa: E402
+
+
+@register_model
+def sparseclip_tiny_dinov3(pretrained: bool = False, **kwargs):
+    """Tiny DINOv3 B/16 (timm ``vit_base_patch16_dinov3``'s ``Eva`` at 32 px: RoPE ``rope_type='dinov3'``
+    on a 2 x 2 native grid, CLS + 4 registers, layer scale, no absolute position embedding; width
+    64, depth 2, 4 heads of 16 channels, i.e. 4 RoPE periods per axis)."""
+    return _tiny(vit_base_patch16_dinov3, pretrained, kwargs, **dict(_TINY_PROXY, img_size=32))
 
 
 @register_model

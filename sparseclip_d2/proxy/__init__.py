@@ -1,4 +1,4 @@
-"""A second frozen backbone (a vision foundation model: DINO, DINOv2, MAE, SAM) whose features
+"""A second frozen backbone (a vision foundation model: DINO, DINOv2, DINOv3, MAE, SAM) whose features
 give the last CLIP block its attention, or build a patch graph. Generic: the methods built on it
 live in ``sparseclip_d2/methods/`` (proxyclip, fsa, cass, trident, corrclip, lposs).
 

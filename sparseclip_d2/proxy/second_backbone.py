@@ -1,12 +1,19 @@
-"""``ProxyBackbone``: a second frozen vision backbone (a VFM: DINO, DINOv2, MAE, SAM) built
+"""``ProxyBackbone``: a second frozen vision backbone (a VFM: DINO, DINOv2, DINOv3, MAE, SAM) built
 through timm, returning one dense feature map per image for the proxy attention of the last
 CLIP block (:mod:`sparseclip_d2.methods.proxyclip.encoder`).
+
+Position information comes in two kinds: an absolute position embedding added to the patch
+tokens (DINO, DINOv2, MAE: resized to every window's grid with ``POS_EMBED_INTERP``), or rotary
+embeddings applied to the queries and keys inside each block (DINOv3, timm's ``Eva`` with
+``rope_type='dinov3'``: no absolute embedding, timm's RoPE module builds the rotation for each
+window's grid, so nothing is resized and ``POS_EMBED_INTERP`` does not apply).
 
 Weights (``MODEL.SPARSECLIP.PROXY.WEIGHTS``): ``none`` (random, logged loudly as for CLIP),
 ``timm`` (timm's own pretrained tag of the name, downloaded by timm), or a local file
 (``.pth``/``.pt``/``.bin``/``.safetensors``) in timm's key layout or in the layout of the
 upstream releases (torch hub DINO and DINOv2, MAE's ``{'model': ...}`` checkpoints, SAM's
-``image_encoder.*``), converted with timm's own ``checkpoint_filter_fn``.
+``image_encoder.*``, DINOv3's ``storage_tokens`` / ``ls1.gamma`` release), converted with the
+``checkpoint_filter_fn`` of the timm module that defines the model.
 """
 import functools
 import logging
@@ -46,7 +53,9 @@ logger = logging.getLogger(__name__)
 #: ``tokens`` = the output of block ``LAYER`` through the final norm (DINO / DINOv2
 #: ``get_intermediate_layers``, MAE ``forward_features``; SAM: its neck output, last layer
 #: only); ``keys`` / ``queries`` / ``values`` = block ``LAYER``'s k / q / v projections of its
-#: normed input, heads concatenated (the alternatives commented out in ProxyCLIP's
+#: normed input (with their biases and q / k norms), heads concatenated, before any rotary
+#: embedding (a RoPE model rotates q and k by each patch's position inside the attention; the
+#: projections are the content of the patch, as for every other proxy) (the alternatives commented out in ProxyCLIP's
 #: ``proxyclip_segmentor.py`` ``forward_feature``); ``queries+keys`` = their sum (CorrCLIP,
 #: zdk258/CorrCLIP @ 103bc18 ``corrclip_segmentor.py`` ``forward_feature``: ``qkv[0] + qkv[1]``).
 PROXY_FEATURES = ("tokens", "keys", "queries", "values", "queries+keys")
@@ -60,6 +69,8 @@ PROXY_POS_EMBED_INTERP_MODES = ("size", "scale_factor", "size_antialias")
 #: ``WEIGHTS`` values that are not files: random weights, or timm's own pretrained tag.
 PROXY_WEIGHT_TAGS = ("none", "timm")
 _RANDOM = ("", "none", "random")
+#: ``POS_EMBED_INTERP``'s default: the only value a model without an absolute position embedding takes.
+_DEFAULT_POS_EMBED_INTERP = "scale_factor"
 
 #: The VFMs of the field by timm name, with the PROXY.INPUT_SIZE / POS_EMBED_INTERP values that
 #: follow the upstream code that uses them (set in each config file) (mc-lan/ProxyCLIP @ e7b767f ``proxyclip_segmentor.py`` ``forward_feature``):
@@ -76,6 +87,11 @@ PROXY_MODELS: Dict[str, Dict] = {
     "vit_base_patch14_reg4_dinov2": dict(input_size=0, pos_embed_interp="size_antialias"),
     "vit_base_patch16_224.mae": dict(input_size=-1, pos_embed_interp="size"),
     "samvit_base_patch16": dict(input_size=1024, pos_embed_interp="size"),
+    # DINOv3 ViT-B/16 (timm 1.0.31 ``models/eva.py`` ``vit_base_patch16_dinov3``: RoPE
+    # ``rope_type='dinov3'``, CLS + 4 register tokens, layer scale, ``use_abs_pos_emb=False``): no
+    # absolute position embedding to resize (``pos_embed_interp`` None); the window as it is.
+    # No upstream method of the field publishes code on it (docs/methods.md, "DINOv3 as the second backbone").
+    "vit_base_patch16_dinov3": dict(input_size=0, pos_embed_interp=None),
 }
 # ImageNet mean/std on the 0-1 scale: what ProxyCLIP feeds every VFM
 # (proxyclip_segmentor.py: transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])).
@@ -95,11 +111,11 @@ class ProxyOptions:
     """
 
     name: str = key_field(MISSING, "NAME", "timm model name: vit_base_patch8_224.dino, vit_base_patch16_224.dino, "
-                          "vit_base_patch14_reg4_dinov2, vit_base_patch16_224.mae, samvit_base_patch16 (or another "
-                          'timm ViT); "" disables the proxy.')
+                          "vit_base_patch14_reg4_dinov2, vit_base_patch16_dinov3, vit_base_patch16_224.mae, "
+                          'samvit_base_patch16 (or another timm ViT); "" disables the proxy.')
     weights: str = key_field("none", "WEIGHTS", '"none" (random weights: a smoke run, logged loudly), "timm" (timm\'s '
                              "own pretrained tag of NAME), or a local weights file in timm's layout or the upstream "
-                             "release's (torch hub DINO / DINOv2, MAE {'model': ...}, SAM image_encoder.*).")
+                             "release's (torch hub DINO / DINOv2, DINOv3, MAE {'model': ...}, SAM image_encoder.*).")
     layer: int = key_field(-1, "LAYER", "Block whose feature is used (0-based; -1 = the last; blocks after it do not "
                            "run).")
     feature: str = key_field("tokens", "FEATURE", '"tokens" (the block\'s output through the final norm; ProxyCLIP), '
@@ -107,9 +123,10 @@ class ProxyOptions:
                              '"queries+keys" (their sum; CorrCLIP).')
     input_size: int = key_field(0, "INPUT_SIZE", "Pixels the proxy sees per window: 0 = the window itself, -1 = "
                                 "resized to TEST.SLIDING_WINDOW.CROP_SIZE (ProxyCLIP's MAE), N = N x N (SAM: 1024).")
-    pos_embed_interp: str = key_field("scale_factor", "POS_EMBED_INTERP", 'Position embeddings resized (bicubic) by '
-                                      '"scale_factor" (torch hub DINO), "size" (MAE) or "size_antialias" (torch hub '
-                                      "DINOv2 with registers).")
+    pos_embed_interp: str = key_field(_DEFAULT_POS_EMBED_INTERP, "POS_EMBED_INTERP", 'Position embeddings resized '
+                                      '(bicubic) by "scale_factor" (torch hub DINO), "size" (MAE) or "size_antialias" '
+                                      "(torch hub DINOv2 with registers); a model without an absolute position "
+                                      "embedding (DINOv3: RoPE) resizes nothing and takes only the default.")
     precision: str = key_field("fp32", "PRECISION", "Proxy weights dtype: fp32, fp16 (ProxyCLIP runs its VFM in "
                                "fp16), bf16; scores are fp32.")
 
@@ -160,6 +177,11 @@ def check_proxy_options(opts: ProxyOptions, key: str = "MODEL.SPARSECLIP.PROXY")
     if opts.precision not in _PRECISIONS:
         raise ValueError(f"{k('PRECISION')} = {opts.precision!r} is invalid; valid: {', '.join(_PRECISIONS)}")
     depth = _architecture_depth(opts.name, key)
+    if not is_sam_encoder(opts.name) and not has_abs_pos_embed(meta_model(opts.name)) \
+            and opts.pos_embed_interp != _DEFAULT_POS_EMBED_INTERP:
+        raise ValueError(f"{k('POS_EMBED_INTERP')} = {opts.pos_embed_interp!r} changes nothing for {opts.name}: it has "
+                         "no absolute position embedding to resize (its rotary embeddings are built for each grid); "
+                         f"valid: leave it at its default {_DEFAULT_POS_EMBED_INTERP!r}")
     if not -depth <= opts.layer < depth:
         raise ValueError(f"{k('LAYER')} = {opts.layer} is outside [{-depth}, {depth - 1}] for {opts.name} "
                          f"(depth {depth}; 0-based, -1 = the last block)")
@@ -180,6 +202,12 @@ def meta_model(name: str) -> nn.Module:
         return _timm().create_model(name, pretrained=False, num_classes=0)
 
 
+def has_abs_pos_embed(model: nn.Module) -> bool:
+    """Whether timm ViT ``model`` adds an absolute position embedding to its tokens (DINO, DINOv2,
+    MAE); False for a RoPE-only model such as DINOv3 (timm's ``Eva`` with ``use_abs_pos_emb=False``)."""
+    return getattr(model, "pos_embed", None) is not None
+
+
 def is_sam_encoder(name: str) -> bool:
     """Whether timm model ``name`` is SAM's image encoder (timm's ``VisionTransformerSAM``)."""
     return type(meta_model(name)).__name__ == "VisionTransformerSAM"
@@ -192,11 +220,32 @@ def _architecture_depth(name: str, key: str) -> int:
     k = functools.partial(key_name, key)
     model = meta_model(name)
     if not is_sam_encoder(name):
-        if not all(hasattr(model, a) for a in ("patch_embed", "blocks", "pos_embed", "norm")) or not hasattr(
-                model.blocks[0].attn, "qkv"):
-            raise ValueError(f"{k('NAME')} = {name!r}: a {type(model).__name__} is not a timm VisionTransformer with a "
-                             f"fused qkv attention; valid: {', '.join(PROXY_MODELS)} (or another timm ViT)")
+        problem = vit_problem(model)
+        if problem:
+            raise ValueError(f"{k('NAME')} = {name!r}: {problem}; valid: {', '.join(PROXY_MODELS)} (or another timm "
+                             "ViT)")
     return len(model.blocks)
+
+
+def vit_problem(model: nn.Module) -> str:
+    """Why timm model ``model`` cannot be a proxy ViT (``""`` when it can): it needs timm's
+    ``patch_embed``, ``blocks``, ``norm``, a fused ``qkv`` attention projection, and position
+    information the proxy can follow at every grid: an absolute embedding (resized) and / or one
+    rotary embedding for all blocks whose ``get_embed(shape=grid)`` builds it for that grid
+    (timm's ``Eva`` with ``dynamic_img_size``, as DINOv3; timm 1.0.31 ``models/eva.py``
+    ``Eva._pos_embed``). Depth-dependent rotary embeddings (``rope_mixed``) are not supported."""
+    missing = [a for a in ("patch_embed", "blocks", "norm") if not hasattr(model, a)]
+    if missing:
+        return f"a {type(model).__name__} is not a timm VisionTransformer (no {', '.join(map(repr, missing))})"
+    if getattr(model.blocks[0].attn, "qkv", None) is None:
+        return f"a {type(model).__name__} whose attention has no fused qkv projection"
+    if getattr(model, "rope", None) is not None:
+        if getattr(model, "rope_mixed", False):
+            return (f"a {type(model).__name__} with depth-dependent ('mixed') rotary embeddings, which the proxy does "
+                    "not support")
+        if not hasattr(model.rope, "get_embed"):
+            return f"a {type(model).__name__} whose rotary embedding cannot be built for another grid"
+    return ""
 
 
 #: SAM's LayerNorms: ``norm_layer=partial(torch.nn.LayerNorm, eps=1e-6)`` for every image encoder
@@ -226,7 +275,8 @@ def load_proxy_state_dict(path: str, model: nn.Module) -> Dict[str, torch.Tensor
     training checkpoints, ``module.``/``backbone.`` prefixes dropped) is unwrapped; then
     timm's own ``checkpoint_filter_fn`` of the model's family maps the upstream layouts
     (DINOv2 hub ``register_tokens`` / ``pos_embed`` with CLS, SAM ``image_encoder.*``) to
-    timm's.
+    timm's, and DINOv3's release (``storage_tokens``, ``ls1.gamma``, ``qkv.bias``, ``mask_token``,
+    the ``rope_embed.periods`` buffer) to timm's ``Eva``.
     """
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
@@ -243,11 +293,15 @@ def load_proxy_state_dict(path: str, model: nn.Module) -> Dict[str, torch.Tensor
     for prefix in ("module.", "backbone."):
         if sd and all(k.startswith(prefix) for k in sd):
             sd = {k[len(prefix):]: v for k, v in sd.items()}
-    if type(model).__name__ == "VisionTransformerSAM":
-        from timm.models.vision_transformer_sam import checkpoint_filter_fn
-    else:
-        from timm.models.vision_transformer import checkpoint_filter_fn
-    return checkpoint_filter_fn(sd, model)
+    import importlib
+
+    # the converter of the timm module that defines the model (vision_transformer,
+    # vision_transformer_sam, eva: DINOv3's release layout ``storage_tokens``, ``ls1.gamma``, ...)
+    module = importlib.import_module(type(model).__module__)
+    if not hasattr(module, "checkpoint_filter_fn"):
+        raise ValueError(f"{path}: timm's {module.__name__} has no checkpoint_filter_fn to convert the weights of a "
+                         f"{type(model).__name__}; save them in timm's layout (model.state_dict())")
+    return module.checkpoint_filter_fn(sd, model)
 
 
 def resize_pos_grid(patches: torch.Tensor, src: Tuple[int, int], dst: Tuple[int, int], mode: str) -> torch.Tensor:
@@ -275,9 +329,12 @@ class ProxyBackbone(nn.Module):
     (prefix tokens dropped): ``feature`` of block ``layer``.
 
     ViTs run through timm's public modules (``patch_embed.proj``, ``cls_token``, ``reg_token``,
-    ``pos_embed``, ``norm_pre``, ``blocks``, ``norm``) so that any grid works: the position
+    ``pos_embed``, ``rope``, ``norm_pre``, ``blocks``, ``norm``) so that any grid works: the position
     embeddings are resized with ``pos_embed_interp`` (cached per grid, device and dtype), as the
-    upstream hub models do; blocks after ``layer`` do not run. SAM runs timm's
+    upstream hub models do; a model with rotary embeddings (DINOv3) gets timm's own rotation for
+    the window's grid (``rope.get_embed(shape=grid)``, as timm's ``Eva._pos_embed``) passed to
+    every block, and its prefix tokens (CLS and registers: :attr:`num_prefix_tokens`, 5 for
+    DINOv3) are not rotated (timm's ``EvaAttention``); blocks after ``layer`` do not run. SAM runs timm's
     ``forward_features`` at its native 1024 px (its neck output, 256 channels, 64 x 64).
     """
 
@@ -289,13 +346,10 @@ class ProxyBackbone(nn.Module):
         self.feature = opts.feature
         self.is_sam = type(model).__name__ == "VisionTransformerSAM"
         if not self.is_sam:
-            for attr in ("patch_embed", "blocks", "pos_embed", "norm"):
-                if not hasattr(model, attr):
-                    raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME = {opts.name!r}: a {type(model).__name__} is not "
-                                     f"a timm VisionTransformer (no {attr!r}); valid: {', '.join(PROXY_MODELS)}")
-            if not hasattr(model.blocks[0].attn, "qkv"):
-                raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME = {opts.name!r}: its attention has no fused qkv "
-                                 "projection")
+            problem = vit_problem(model)
+            if problem:
+                raise ValueError(f"MODEL.SPARSECLIP.PROXY.NAME = {opts.name!r}: {problem}; valid: "
+                                 f"{', '.join(PROXY_MODELS)}")
         depth = len(model.blocks)
         if not -depth <= opts.layer < depth:
             raise ValueError(f"MODEL.SPARSECLIP.PROXY.LAYER = {opts.layer} is outside [{-depth}, {depth - 1}] for "
@@ -312,6 +366,10 @@ class ProxyBackbone(nn.Module):
             gs = model.patch_embed.grid_size
             self.native_grid = (int(gs[0]), int(gs[1]))
             self.num_prefix_tokens = int(model.num_prefix_tokens)
+        #: whether the blocks take a rotary embedding (DINOv3); ``abs_pos_embed``: whether an absolute
+        #: one is added (and resized with ``pos_embed_interp``).
+        self.rope = (not self.is_sam) and getattr(model, "rope", None) is not None
+        self.abs_pos_embed = (not self.is_sam) and has_abs_pos_embed(model)
         self.num_heads = int(model.blocks[0].attn.num_heads)
         self._pos_cache: "LRUCache[torch.Tensor]" = LRUCache(32)
         for p in self.model.parameters():
@@ -369,33 +427,51 @@ class ProxyBackbone(nn.Module):
         grid = (H // ph, W // pw)
         x = m.patch_embed.proj(images).flatten(2).transpose(1, 2)  # (B, h*w, C)
         x = m.patch_embed.norm(x)
-        pos = self._pos_embed(grid, x.device, x.dtype)
         prefix = []
         if m.cls_token is not None:
             prefix.append(m.cls_token.expand(B, -1, -1).to(x.dtype))
         if getattr(m, "reg_token", None) is not None:
             prefix.append(m.reg_token.expand(B, -1, -1).to(x.dtype))
-        if m.no_embed_class:
-            x = torch.cat(prefix + [x + pos], dim=1)
+        if not self.abs_pos_embed:  # RoPE only (DINOv3): nothing is added to the tokens
+            x = torch.cat(prefix + [x], dim=1)
+        elif m.no_embed_class:
+            x = torch.cat(prefix + [x + self._pos_embed(grid, x.device, x.dtype)], dim=1)
         else:
-            x = torch.cat(prefix + [x], dim=1) + pos
+            x = torch.cat(prefix + [x], dim=1) + self._pos_embed(grid, x.device, x.dtype)
         x = m.norm_pre(x)
+        # timm's rotation of this grid (sin | cos per patch, prefix tokens excluded), for every block
+        kw = {"rope": m.rope.get_embed(shape=list(grid))} if self.rope else {}
         P = self.num_prefix_tokens
         for i, blk in enumerate(m.blocks):
             if i == self.layer and self.feature != "tokens":
                 attn = blk.attn
                 y = blk.norm1(x)
-                qkv = attn.qkv(y).reshape(B, x.shape[1], 3, attn.num_heads, -1)
+                qkv = qkv_projection(attn, y).reshape(B, x.shape[1], 3, attn.num_heads, -1)
                 q, k = attn.q_norm(qkv[:, :, 0].transpose(1, 2)), attn.k_norm(qkv[:, :, 1].transpose(1, 2))
                 which = {"queries": q.transpose(1, 2), "keys": k.transpose(1, 2), "values": qkv[:, :, 2]}
                 which["queries+keys"] = which["queries"] + which["keys"]
                 f = which[self.feature].reshape(B, x.shape[1], -1)[:, P:]
                 break
-            x = blk(x)
+            x = blk(x, **kw)
             if i == self.layer:
                 f = m.norm(x)[:, P:]
                 break
         return f.float().transpose(1, 2).reshape(B, -1, grid[0], grid[1])
+
+
+def qkv_projection(attn: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """The fused q | k | v projection ``(B, N, 3 C)`` of the normed tokens ``y`` by a timm attention
+    module, with its bias: timm's ``Attention`` holds it in ``qkv``; timm's ``EvaAttention`` (DINOv3's
+    ``_qkvb`` variants) keeps separate ``q_bias`` / ``k_bias`` (zero) / ``v_bias`` and adds them as
+    its ``forward`` does (timm 1.0.31 ``models/eva.py`` ``EvaAttention.forward``: in ``F.linear``,
+    or after the projection when ``qkv_bias_separate``)."""
+    q_bias = getattr(attn, "q_bias", None)
+    if q_bias is None:
+        return attn.qkv(y)
+    bias = torch.cat((q_bias, attn.k_bias, attn.v_bias))
+    if getattr(attn, "qkv_bias_separate", False):
+        return attn.qkv(y) + bias
+    return F.linear(y, weight=attn.qkv.weight, bias=bias)
 
 
 def build_proxy(opts: ProxyOptions, device="cpu", key: str = "MODEL.SPARSECLIP.PROXY") -> ProxyBackbone:

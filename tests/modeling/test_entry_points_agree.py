@@ -30,6 +30,7 @@ TINY_BACKBONES = {"vit_base_patch8_224.dino": "sparseclip_tiny_dino8",
                   "vit_base_patch16_224.dino": "sparseclip_tiny_mae",  # vit_base_patch16_224's architecture
                   "vit_base_patch16_224.mae": "sparseclip_tiny_mae",
                   "vit_base_patch14_reg4_dinov2": "sparseclip_tiny_dinov2",
+                  "vit_base_patch16_dinov3": "sparseclip_tiny_dinov3",
                   "samvit_base_patch16": "sparseclip_tiny_samvit"}
 
 
