@@ -146,7 +146,13 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
 
 @EVALUATOR_REGISTRY.register()
 def sem_seg(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`."""
+    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`;
+    for the datasets MESS's package registered (metadata ``benchmark`` "mess"), MESS's evaluator
+    around it (``evaluation/mess_benchmark.py``)."""
+    if MetadataCatalog.get(dataset_name).get("benchmark", None) == "mess":
+        from .mess_benchmark import build_mess_evaluator
+
+        return build_mess_evaluator(cfg, dataset_name, output_folder)
     return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder,
                                      center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0)
 
