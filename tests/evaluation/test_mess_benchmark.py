@@ -1,0 +1,219 @@
+"""MESS through its own package (mess-benchmark 0.2, the `mess` extra that scripts/setup.sh
+installs): small datasets planted in the folders MESS's preparation scripts write, MESS's real
+registration (``import mess.datasets``), the real ``tools/train_net.py`` eval path with a tiny
+random tower, MESS's evaluator; its metrics checked by hand from the saved predictions and its
+per-domain means against MESS's own ``mess/evaluation/mess_evaluation.py``."""
+import csv
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+if importlib.util.find_spec("mess") is None:  # setup installs it: absent is a failure, never a skip
+    pytest.fail("MESS's package is not installed: pip install -e '.[mess]' (scripts/setup.sh installs the `mess` "
+                "extra, mess-benchmark==0.2)", pytrace=False)
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+# Where MESS's preparation scripts write each prepared dataset, relative to the datasets root, and
+# the file names its registration pairs (mess-benchmark 0.2: mess/prepare_datasets/prepare_*.py write
+# them, mess/datasets/register_*.py read them with load_sem_seg(gt_ext=..., image_ext=...)).
+# id: (image folder, ground-truth folder, image file, ground-truth file)
+LAYOUT = {
+    "bdd100k_sem_seg_val": ("bdd100k/images/10k/val", "bdd100k/annotations_detectron2/val", "a.jpg", "a.png"),
+    "dark_zurich_sem_seg_val": ("Dark_Zurich/rgb_anon/val/night/GOPR0356", "Dark_Zurich/annotations_detectron2/val",
+                                "GOPR0356_frame_000001_rgb_anon.png", "GOPR0356_frame_000001_gt_labelIds.png"),
+    "mhp_v1_sem_seg_test": ("LV-MHP-v1/images_detectron2/test", "LV-MHP-v1/annotations_detectron2/test", "1.jpg", "1.png"),
+    "foodseg103_sem_seg_test": ("FoodSeg103/Images/img_dir/test", "FoodSeg103/Images/ann_dir/test", "0.jpg", "0.png"),
+    "atlantis_sem_seg_test": ("atlantis/images_detectron2/test", "atlantis/annotations_detectron2/test", "a.jpg", "a.png"),
+    "dram_sem_seg_test": ("DRAM_processed/images_detectron2/test", "DRAM_processed/annotations_detectron2/test",
+                          "a.jpg", "a.png"),
+    "isaid_sem_seg_val": ("isaid/images_detectron2/val", "isaid/annotations_detectron2/val", "P0003_0_0.png",
+                          "P0003_0_0.png"),
+    "isprs_potsdam_sem_seg_test_irrg": ("ISPRS_Potsdam/images_detectron2/test/irrg",
+                                        "ISPRS_Potsdam/annotations_detectron2/test", "top_potsdam_2_13_0.png",
+                                        "top_potsdam_2_13_0.png"),
+    "worldfloods_sem_seg_test_irrg": ("WorldFloods/images_detectron2/test/irrg", "WorldFloods/annotations_detectron2/test",
+                                      "EMSR_0.png", "EMSR_0.png"),
+    "floodnet_sem_seg_test": ("FloodNet-Supervised_v1.0/images_detectron2/test",
+                              "FloodNet-Supervised_v1.0/annotations_detectron2/test", "6651.jpg", "6651.png"),
+    "uavid_sem_seg_val": ("uavid_v1.5/images_detectron2/val", "uavid_v1.5/annotations_detectron2/val", "seq1_000000.png",
+                          "seq1_000000.png"),
+    "kvasir_instrument_sem_seg_test": ("kvasir-instrument/images_detectron2/test",
+                                       "kvasir-instrument/annotations_detectron2/test", "ckcu.png", "ckcu.png"),
+    "chase_db1_sem_seg_test": ("CHASEDB1/images_detectron2/test", "CHASEDB1/annotations_detectron2/test",
+                               "Image_11L.jpg", "Image_11L.png"),
+    "cryonuseg_sem_seg_test": ("CryoNuSeg/images_detectron2", "CryoNuSeg/annotations_detectron2",
+                               "Human_AdrenalGland_01.png", "Human_AdrenalGland_01.png"),
+    "corrosion_cs_sem_seg_test": ("Corrosion Condition State Classification/original/Test/images",
+                                  "Corrosion Condition State Classification/original/Test/masks", "c1.jpeg", "c1.png"),
+    "deepcrack_sem_seg_test": ("DeepCrack/test_img", "DeepCrack/annotations_detectron2/test", "11125-1.jpg", "11125-1.png"),
+    "pst900_sem_seg_test": ("PST900_RGBT_Dataset/test/thermal", "PST900_RGBT_Dataset/test/labels", "32_bag.png",
+                            "32_bag.png"),
+    "zerowaste_sem_seg_test": ("zerowaste-f/splits_final_deblurred/test/data",
+                               "zerowaste-f/splits_final_deblurred/test/sem_seg", "01_frame_000000.PNG",
+                               "01_frame_000000.PNG"),
+    "suim_sem_seg_test": ("SUIM/TEST/images", "SUIM/annotations_detectron2/test", "d_r_122_.jpg", "d_r_122_.png"),
+    "cub_200_sem_seg_test": ("CUB_200_2011/images_detectron2/test", "CUB_200_2011/annotations_detectron2/test",
+                             "Black_Footed_Albatross_0009.jpg", "Black_Footed_Albatross_0009.png"),
+    "cwfid_sem_seg_test": ("cwfid/images", "cwfid/annotations_detectron2/test", "002_image.png", "002_annotation.png"),
+}
+for _task in ("lungs", "mediastinum", "bones", "diaphragm"):  # prepare_paxray.py: one image folder, a mask folder per task
+    LAYOUT[f"paxray_sem_seg_test_{_task}"] = ("paxray_dataset/images_detectron2/test",
+                                              f"paxray_dataset/annotations_detectron2/test/{_task}", "p1.png", "p1.png")
+
+TINY = ["MODEL.SPARSECLIP.CLIP.NAME", "sparseclip-tiny-vit", "MODEL.SPARSECLIP.CLIP.PRETRAINED", "none",
+        "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off", "MODEL.SPARSECLIP.TEXT.TEMPLATES", "single",
+        "INPUT.MIN_SIZE_TEST", "64", "DATALOADER.NUM_WORKERS", "0",
+        "TEST.SLIDING_WINDOW.CROP_SIZE", "32", "TEST.SLIDING_WINDOW.STRIDE", "16"]
+
+
+def mess_metadata():
+    """MESS's own registration, imported here: id -> (classes, classes_of_interest, background_class)."""
+    from detectron2.data import MetadataCatalog
+
+    import mess.datasets  # noqa: F401
+    return {d: (list(MetadataCatalog.get(d).stuff_classes), list(MetadataCatalog.get(d).classes_of_interest),
+                int(MetadataCatalog.get(d).background_class)) for d in LAYOUT}
+
+
+def plant(root, meta, h=24, w=40, seed=0):
+    """One image and one label map per dataset, in MESS's prepared layout; labels drawn from the
+    dataset's classes (each class of a 2-class set present) with an ignore (255) stripe."""
+    rng = np.random.default_rng(seed)
+    gts = {}
+    for d, (image_dir, gt_dir, image, gt) in LAYOUT.items():
+        n = len(meta[d][0])
+        os.makedirs(os.path.join(root, image_dir), exist_ok=True)
+        os.makedirs(os.path.join(root, gt_dir), exist_ok=True)
+        path = os.path.join(root, image_dir, image)
+        if not os.path.exists(path):  # PAXRay's four tasks share the image
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path, format="JPEG" if
+                                                                                   path.lower().endswith(("jpg", "jpeg")) else "PNG")
+        labels = rng.integers(0, min(n, 6), (h, w)).astype(np.uint8)
+        labels[:, :3] = 255
+        Image.fromarray(labels).save(os.path.join(root, gt_dir, gt), format="PNG")
+        gts[d] = labels
+    return gts
+
+
+def run_train_net(args, env):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train_net.py")] + args, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **env), capture_output=True, text=True, timeout=900)
+
+
+def mess_formula(gt, pred, n, coi):
+    """MESS's metrics by hand in float64 from the label maps (its definitions, read in
+    mess/evaluation/sem_seg_evaluation.py: a class's accuracy over its ground-truth pixels, IoU over
+    classes with a ground-truth or predicted pixel, CoI-mIoU = sum of the IoUs of classes of interest
+    present in the ground truth over the number of classes of interest with a union)."""
+    valid = gt != 255
+    g, p = gt[valid].astype(np.int64), pred[valid].astype(np.int64)
+    tp = np.array([np.sum((g == c) & (p == c)) for c in range(n)], dtype=np.float64)
+    pos_gt = np.array([np.sum(g == c) for c in range(n)], dtype=np.float64)
+    pos_pred = np.array([np.sum(p == c) for c in range(n)], dtype=np.float64)
+    present, union_ok = pos_gt > 0, pos_gt + pos_pred > 0
+    iou = np.where(union_ok, tp / np.maximum(pos_gt + pos_pred - tp, 1), np.nan)
+    acc = np.where(present, tp / np.maximum(pos_gt, 1), np.nan)
+    is_coi = np.zeros(n, dtype=bool)
+    is_coi[coi] = True
+    out = {"mIoU": 100 * np.nanmean(iou[union_ok]), "mACC": 100 * np.mean(acc[present]),
+           "CoI-mIoU": 100 * np.sum(iou[is_coi & present]) / np.sum(is_coi & union_ok),
+           "CoI-mACC": 100 * np.mean(acc[is_coi & present])}
+    if n == 2:
+        out["Specificity"], out["Sensitivity"] = 100 * acc[0], 100 * acc[1]
+    return out
+
+
+def decode_predictions(path, shape):
+    """detectron2's sem_seg_predictions.json (one RLE per predicted class) -> label map."""
+    from pycocotools import mask as mask_util
+
+    pred = np.full(shape, -1, dtype=np.int64)
+    for entry in json.load(open(path)):
+        rle = dict(entry["segmentation"], counts=entry["segmentation"]["counts"].encode())
+        pred[mask_util.decode(rle).astype(bool)] = entry["category_id"]
+    assert (pred >= 0).all()
+    return pred
+
+
+def read_csv_table(path):
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    return {r[0]: dict(zip(rows[0][1:], r[1:])) for r in rows[1:]}
+
+
+def test_all_22_mess_datasets_through_train_net_and_mess_evaluator_match_mess_script(tmp_path):
+    meta = mess_metadata()
+    data = tmp_path / "data"
+    gts = plant(str(data), meta)
+    out = tmp_path / "naclip"
+    names = "(" + ",".join(f'"{d}"' for d in LAYOUT) + ",)"
+    # NACLIP's config names an upstream class-name set (CLASS_NAMES naclip): MESS's names stay
+    res = run_train_net(["--eval-only", "--config-file", "configs/baselines/naclip_b16.yaml", *TINY,
+                         "DATASETS.TEST", names, "OUTPUT_DIR", str(out)], {"DETECTRON2_DATASETS": str(data)})
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "not applied to isprs_potsdam_sem_seg_test_irrg: its class names are fixed by MESS" in res.stderr + res.stdout
+    results = json.loads((out / "results.json").read_text())
+    from sparseclip_d2.analysis.mess_tables import mess_catalog, mess_tables, write_mess_tables
+
+    _, domains = mess_catalog()
+    for d, gt in gts.items():
+        entry = results[d]
+        classes, coi, _ = meta[d]
+        assert entry["benchmark"] == "MESS" and entry["mess_domain"] == domains[d] and entry["num_images"] == 1
+        assert len(entry["per_class_IoU"]) == len(classes)
+        pred = decode_predictions(out / "inference" / d / "sem_seg_predictions.json", gt.shape)
+        hand = mess_formula(gt, pred, len(classes), coi)
+        assert set(hand) - {"mACC", "mIoU"} == {k for k in ("CoI-mIoU", "CoI-mACC", "Specificity", "Sensitivity") if k in entry}
+        for k, v in hand.items():
+            assert entry[k] == pytest.approx(v, abs=1e-9), (d, k)
+    # our per-domain means (from results.json) = MESS's mess_evaluation.py (from the .pth files of the same run)
+    metrics = ["mIoU", "CoI-mIoU", "mACC"]
+    mine = mess_tables({"naclip": results}, metrics)
+    paths = write_mess_tables({"naclip": results}, str(tmp_path / "tables"), metrics)
+    theirs_dir = tmp_path / "mess_results"
+    res = subprocess.run([sys.executable, "-m", "mess.evaluation.mess_evaluation", "--model_outputs",
+                          str(out / "inference"), "--metrics", *metrics, "--results_dir", str(theirs_dir)],
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "No evaluation file found" not in res.stdout
+    for metric in metrics:
+        theirs = read_csv_table(theirs_dir / f"domain_results_{metric}.csv")["inference"]
+        ours = mine["per_domain"][metric]["naclip"]
+        assert set(theirs) == set(ours) and len(ours) == 6
+        written = read_csv_table(paths[f"domains_{metric}"])["naclip"]
+        for domain, value in ours.items():
+            assert not math.isnan(value)
+            assert float(theirs[domain]) == pytest.approx(value, abs=1e-9), (metric, domain)
+            assert written[domain] == f"{round(value, 2):.2f}"
+        theirs = read_csv_table(theirs_dir / f"results_{metric}.csv")["inference"]
+        ours = mine["per_dataset"][metric]["naclip"]
+        assert set(theirs) == set(ours) and len(ours) == 23  # 22 datasets (PAXRay-4 combined) and the mean
+        for name, value in ours.items():
+            assert float(theirs[name]) == pytest.approx(value, abs=1e-9), (metric, name)
+
+
+def test_missing_prepared_folder_is_one_line_naming_the_manual_download(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = run_train_net(["--eval-only", "--config-file", "configs/demo.yaml", *TINY, "DATASETS.TEST",
+                         '("isprs_potsdam_sem_seg_test_irrg",)', "OUTPUT_DIR", str(tmp_path / "o")],
+                        {"DETECTRON2_DATASETS": str(empty)})
+    assert res.returncode == 2
+    lines = [line for line in res.stderr.splitlines() if line.startswith("train_net.py: error: data: ")]
+    assert len(lines) == 1, res.stderr[-3000:]
+    line = lines[0]
+    for part in ("isprs_potsdam_sem_seg_test_irrg", str(empty / "ISPRS_Potsdam" / "images_detectron2" / "test" / "irrg"),
+                 "ISPRS Potsdam needs a manual download", "Potsdam.zip",
+                 "https://www.isprs.org/education/benchmarks/UrbanSemLab/default.aspx",
+                 f"DETECTRON2_DATASETS={empty} python -m mess.prepare_datasets.prepare_isprs_potsdam",
+                 "mess.prepare_all_datasets"):
+        assert part in line, (part, line)
+    assert "RANDOM WEIGHTS" not in res.stderr  # before the model was built
