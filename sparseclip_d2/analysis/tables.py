@@ -394,8 +394,13 @@ def write_tables(records: Sequence[Dict[str, Any]], out_dir: str, *, title: str 
         paths["compare_md"] = atomic_write_text(
             os.path.join(out_dir, "compare_paper.md"),
             markdown_table(cmp_rows, cols, title=f"{title}: ours vs paper", note=note))
-    mess = mess_results_of_records(select_records(records, run_keys)[0])
+    current = select_records(records, run_keys)[0]
+    mess = mess_results_of_records(current)
     if mess:  # runs on MESS's datasets: MESS's per-domain and per-dataset tables (analysis/mess_tables.py)
-        paths.update({f"mess_{k}": v for k, v in write_mess_tables(mess, out_dir).items()})
+        random = sorted(str(r.get("run_name")) for r in current
+                        if r.get("status") == "ok" and r.get("random_weights") and str(r.get("run_name")) in mess)
+        note = (f"**RANDOM WEIGHTS** in {', '.join(random)}: those numbers mean nothing (a smoke run)."
+                if random else "")
+        paths.update({f"mess_{k}": v for k, v in write_mess_tables(mess, out_dir, note=note).items()})
     paths["stale"] = len(stale)
     return paths

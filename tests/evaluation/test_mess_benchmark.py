@@ -193,7 +193,7 @@ def test_mess_sweep_runs_all_22_through_train_net_and_mess_evaluator_and_matches
                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "No evaluation file found" not in res.stdout
-    assert "PAXRay-4" in (sweep_out / "mess.md").read_text()
+    assert "PAXRay-4" in (sweep_out / "mess.md").read_text() and "RANDOM WEIGHTS" in (sweep_out / "mess.md").read_text()
     for metric in metrics + ["mACC"]:
         # mess_evaluation.py under pandas 3 leaves its means unrounded (object columns): compared to 1e-9
         for kind, theirs_file, n in (("domain", "domain_results", 6), ("dataset", "results", 23)):

@@ -101,7 +101,7 @@ def missing_message(name: str, path: str, what: str, register_module: str, root:
     root = datasets_root() if root is None else root
     prep = prepare_module(register_module)
     manual = MANUAL_DOWNLOADS.get(prep.rsplit(".", 1)[-1])
-    first = f"{manual}; then prepare it" if manual else "prepare it (MESS downloads it)"
+    first = f"{manual}; then prepare it" if manual else "Prepare it (MESS downloads it)"
     return (f"MESS dataset {name!r}: the prepared {what} folder {path!r} does not exist or is empty. {first}: "
             f"{DATASETS_ENV}={root} python -m {prep} (or all of MESS's datasets: python -m "
             f"mess.prepare_all_datasets --dataset_dir {root}; MESS's README), or set {DATASETS_ENV} to the folder "
