@@ -2,7 +2,8 @@
 ``DatasetEvaluator`` interface, for the datasets MESS registered
 (``sparseclip_d2.data.datasets.mess_benchmark``; metadata ``benchmark`` ``"mess"``).
 
-``build_evaluator`` gives such a dataset (``evaluator_type`` "sem_seg") a
+``build_evaluator`` gives such a dataset (``evaluator_type`` "sem_seg"; this module registers
+itself in ``build.BENCHMARK_EVALUATORS``) a
 :class:`SparseCLIPMESSEvaluator`: this project's :class:`~sparseclip_d2.evaluation.build.
 SparseCLIPSemSegEvaluator` (each mask checked, label-map outputs, the centre-crop protocol,
 display names) over MESS's ``MESSSemSegEvaluator``
@@ -33,8 +34,8 @@ import torch
 
 from detectron2.data import MetadataCatalog
 
-from ..data.datasets.mess_benchmark import MESS_REQUIREMENT, is_mess_dataset
-from .build import SparseCLIPSemSegEvaluator
+from ..data.datasets.mess_benchmark import MESS_BENCHMARK, MESS_REQUIREMENT, is_mess_dataset
+from .build import BENCHMARK_EVALUATORS, SparseCLIPSemSegEvaluator
 
 try:
     from mess.evaluation.sem_seg_evaluation import MESSSemSegEvaluator
@@ -102,3 +103,6 @@ def build_mess_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = 
     """The evaluator of a MESS dataset (called by ``build.sem_seg`` for ``benchmark`` "mess")."""
     return SparseCLIPMESSEvaluator(dataset_name, distributed=True, output_dir=output_folder,
                                    center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0)
+
+
+BENCHMARK_EVALUATORS[MESS_BENCHMARK] = build_mess_evaluator
