@@ -228,6 +228,25 @@ def test_mess_sweep_runs_all_22_through_train_net_and_mess_evaluator_and_matches
                 assert float(theirs[key]) == pytest.approx(value, abs=1e-9), key
 
 
+def test_missing_prepared_folder_is_one_line_naming_the_manual_download(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = run_train_net(["--eval-only", "--config-file", "configs/demo.yaml", *TINY, "DATASETS.TEST",
+                         '("isprs_potsdam_sem_seg_test_irrg",)', "OUTPUT_DIR", str(tmp_path / "o")],
+                        {"DETECTRON2_DATASETS": str(empty)})
+    assert res.returncode == 2
+    lines = [line for line in res.stderr.splitlines() if line.startswith("train_net.py: error: data: ")]
+    assert len(lines) == 1, res.stderr[-3000:]
+    line = lines[0]
+    for part in ("isprs_potsdam_sem_seg_test_irrg", str(empty / "ISPRS_Potsdam" / "images_detectron2" / "test" / "irrg"),
+                 "ISPRS Potsdam needs a manual download", "Potsdam.zip",
+                 "https://www.isprs.org/education/benchmarks/UrbanSemLab/default.aspx",
+                 f"DETECTRON2_DATASETS={empty} python -m mess.prepare_datasets.prepare_isprs_potsdam",
+                 "mess.prepare_all_datasets"):
+        assert part in line, (part, line)
+    assert "RANDOM WEIGHTS" not in res.stderr  # before the model was built
+
+
 def test_mess_metadata_flows_into_the_project_keys():
     """Every MESS dataset: background_index from MESS's background_class (none where MESS says 255),
     benchmark "mess", its class names kept; the sem_seg evaluator is MESS's."""
