@@ -399,8 +399,11 @@ def write_tables(records: Sequence[Dict[str, Any]], out_dir: str, *, title: str 
     if mess:  # runs on MESS's datasets: MESS's per-domain and per-dataset tables (analysis/mess_tables.py)
         random = sorted(str(r.get("run_name")) for r in current
                         if r.get("status") == "ok" and r.get("random_weights") and str(r.get("run_name")) in mess)
-        note = (f"**RANDOM WEIGHTS** in {', '.join(random)}: those numbers mean nothing (a smoke run)."
-                if random else "")
+        partial = sorted(str(r.get("run_name")) for r in current
+                         if r.get("status") == "ok" and r.get("partial") and str(r.get("run_name")) in mess)
+        note = " ".join(
+            ([f"**RANDOM WEIGHTS** in {', '.join(random)}: those numbers mean nothing (a smoke run)."] if random else [])
+            + ([f"**PARTIAL** (TEST.MAX_IMAGES) in {', '.join(partial)}: not MESS's numbers."] if partial else []))
         paths.update({f"mess_{k}": v for k, v in write_mess_tables(mess, out_dir, note=note).items()})
     paths["stale"] = len(stale)
     return paths
