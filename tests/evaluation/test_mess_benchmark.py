@@ -19,6 +19,8 @@ if importlib.util.find_spec("mess") is None:  # setup installs it: absent is a f
     pytest.fail("MESS's package is not installed: pip install -e '.[mess]' (scripts/setup.sh installs the `mess` "
                 "extra, mess-benchmark==0.2)", pytrace=False)
 
+from sparseclip_d2.data.class_names import CLASS_NAME_SETS  # noqa: E402
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 # Where MESS's preparation scripts write each prepared dataset, relative to the datasets root, and
@@ -278,3 +280,21 @@ def test_mess_metadata_flows_into_the_project_keys():
     assert mess_dataset_info("chase_db1_sem_seg_test") == {"mess_dataset": "CHASE DB1", "mess_domain": "Medical Sciences"}
     assert mess_dataset_info("chase_db1_sem_seg_test_official" if "chase_db1_sem_seg_test_official" in names
                              else "cwfid_sem_seg_test_official") == {"mess_dataset": None, "mess_domain": None}
+
+
+@pytest.mark.parametrize("class_set", ("",) + CLASS_NAME_SETS)
+def test_every_class_name_setting_keeps_mess_names_and_background(class_set):
+    """What a method config can change in the vocabulary path is MODEL.SPARSECLIP.CLASS_NAMES ('' or an
+    upstream set): with each, a MESS dataset's vocabulary is MESS's stuff_classes and its background."""
+    from types import SimpleNamespace
+
+    from detectron2.data import MetadataCatalog
+
+    import sparseclip_d2.data  # noqa: F401  (registers, MESS's datasets included)
+    from sparseclip_d2.modeling.meta_arch import SparseCLIP
+
+    for d, bg in (("isprs_potsdam_sem_seg_test_irrg", 5), ("bdd100k_sem_seg_val", None), ("dram_sem_seg_test", 11)):
+        model = SimpleNamespace(class_names=class_set, _checked_vocabularies=set())
+        model._upstream_vocabulary = lambda *a: SparseCLIP._upstream_vocabulary(model, *a)
+        classes, background = SparseCLIP._vocabulary(model, {"dataset_name": d})
+        assert classes == list(MetadataCatalog.get(d).stuff_classes) and background == bg
