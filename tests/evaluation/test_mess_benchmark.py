@@ -186,29 +186,8 @@ def test_mess_sweep_runs_all_22_through_train_net_and_mess_evaluator_and_matches
                                                if k in entry}
         for k, v in hand.items():
             assert entry[k] == pytest.approx(v, abs=1e-9), (d, k)
-    # the sweep's MESS tables (from its record) = MESS's mess_evaluation.py on the .pth files of the same run
-    metrics = ["mIoU", "CoI-mIoU"]
-    mine = mess_tables({"base": results}, metrics + ["mACC"])
-    theirs_dir = tmp_path / "mess_results"
-    res = subprocess.run([sys.executable, "-m", "mess.evaluation.mess_evaluation", "--model_outputs",
-                          str(out / "inference"), "--metrics", *metrics, "mACC", "--results_dir", str(theirs_dir)],
-                         cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "No evaluation file found" not in res.stdout
-    assert "PAXRay-4" in (sweep_out / "mess.md").read_text() and "RANDOM WEIGHTS" in (sweep_out / "mess.md").read_text()
-    for metric in metrics + ["mACC"]:
-        # mess_evaluation.py under pandas 3 leaves its means unrounded (object columns): compared to 1e-9
-        for kind, theirs_file, n in (("domain", "domain_results", 6), ("dataset", "results", 23)):
-            theirs = read_csv_table(theirs_dir / f"{theirs_file}_{metric}.csv")["inference"]
-            ours = mine[f"per_{kind}"][metric]["base"]
-            assert set(theirs) == set(ours) and len(ours) == n  # 22 datasets (PAXRay-4 combined) + Mean; 5 domains + Mean
-            written = read_csv_table(sweep_out / f"mess_{kind}s_{metric}.csv")["base"] if metric in metrics else None
-            for key, value in ours.items():
-                assert not math.isnan(value)
-                assert float(theirs[key]) == pytest.approx(value, abs=1e-9), (metric, key)
-                if written is not None:
-                    assert written[key] == f"{round(value, 2):.2f}", (metric, key)
-    # datasets without results (one PAXRay task, a whole dataset) are left out of the means the same way
+    # the sweep's MESS tables (from its record) = MESS's mess_evaluation.py on the .pth files of the same run;
+    # and with results missing (one PAXRay task, a whole dataset) both leave them out of the means alike
     import shutil
 
     partial = tmp_path / "partial"
@@ -216,18 +195,34 @@ def test_mess_sweep_runs_all_22_through_train_net_and_mess_evaluator_and_matches
     gone = ("paxray_sem_seg_test_bones", "dram_sem_seg_test")
     for d in gone:
         shutil.rmtree(partial / d)
-    res = subprocess.run([sys.executable, "-m", "mess.evaluation.mess_evaluation", "--model_outputs", str(partial),
-                          "--metrics", "mIoU", "--results_dir", str(tmp_path / "partial_results")],
-                         cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "No evaluation file found for dram_sem_seg_test" in res.stdout, res.stderr[-3000:]
-    mine = mess_tables({"base": {d: m for d, m in results.items() if d not in gone}}, ["mIoU"])
-    for kind, theirs_file in (("domain", "domain_results"), ("dataset", "results")):
-        theirs = read_csv_table(tmp_path / "partial_results" / f"{theirs_file}_mIoU.csv")["partial"]
-        for key, value in mine[f"per_{kind}"]["mIoU"]["base"].items():
-            if key == "DRAM":
-                assert math.isnan(value) and theirs[key] == "-"
-            else:
-                assert float(theirs[key]) == pytest.approx(value, abs=1e-9), key
+    metrics = ["mIoU", "CoI-mIoU"]
+    mine = mess_tables({"base": results, "partial": {d: m for d, m in results.items() if d not in gone}},
+                       metrics + ["mACC"])
+    theirs_dir = tmp_path / "mess_results"
+    res = subprocess.run([sys.executable, "-m", "mess.evaluation.mess_evaluation", "--model_outputs",
+                          str(out / "inference"), str(partial), "--metrics", *metrics, "mACC", "--results_dir",
+                          str(theirs_dir)], cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    missing = [line for line in res.stdout.splitlines() if "No evaluation file found" in line]
+    assert sorted(missing) == sorted(f"No evaluation file found for {d} in {partial}" for d in gone)
+    assert "PAXRay-4" in (sweep_out / "mess.md").read_text() and "RANDOM WEIGHTS" in (sweep_out / "mess.md").read_text()
+    for metric in metrics + ["mACC"]:
+        # mess_evaluation.py under pandas 3 leaves its means unrounded (object columns): compared to 1e-9
+        for kind, theirs_file, n in (("domain", "domain_results", 6), ("dataset", "results", 23)):
+            table = read_csv_table(theirs_dir / f"{theirs_file}_{metric}.csv")
+            written = read_csv_table(sweep_out / f"mess_{kind}s_{metric}.csv")["base"] if metric in metrics else None
+            for model, theirs_model in (("base", "inference"), ("partial", "partial")):
+                theirs, ours = table[theirs_model], mine[f"per_{kind}"][metric][model]
+                assert set(theirs) == set(ours) and len(ours) == n  # 22 datasets (PAXRay-4 one) + Mean; 5 domains + Mean
+                for key, value in ours.items():
+                    if model == "partial" and key == "DRAM":
+                        assert math.isnan(value) and theirs[key] == "-"
+                        continue
+                    assert not math.isnan(value)
+                    assert float(theirs[key]) == pytest.approx(value, abs=1e-9), (metric, model, key)
+                    if written is not None and model == "base":
+                        assert written[key] == f"{round(value, 2):.2f}", (metric, key)
+    assert mine["per_domain"]["mIoU"]["partial"]["General"] != mine["per_domain"]["mIoU"]["base"]["General"]
 
 
 def test_missing_prepared_folder_is_one_line_naming_the_manual_download(tmp_path):
