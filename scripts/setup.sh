@@ -36,9 +36,10 @@ inputs_hash() {
 verify() {
   "$VENV/bin/python" - <<'PY'
 import importlib
-for name in ("torch", "torchvision", "detectron2", "open_clip", "entmax", "sparseclip_d2", "pytest", "xdist", "imgviz", "sklearn", "scipy"):
+for name in ("torch", "torchvision", "detectron2", "open_clip", "entmax", "sparseclip_d2", "pytest", "xdist", "imgviz", "sklearn", "scipy", "mess"):
     importlib.import_module(name)
 import detectron2.data, detectron2.engine, detectron2.evaluation, detectron2.utils.visualizer  # noqa: F401
+import mess.datasets, mess.evaluation.sem_seg_evaluation  # noqa: F401  (the `mess` extra: MESS's registration and evaluator)
 PY
   "$VENV/bin/python" -m pip check >/dev/null
 }
@@ -142,8 +143,8 @@ if [[ "$D2_OK" == 0 ]]; then
   "${PIP[@]}" install -q --no-build-isolation "$SRC"
 fi
 
-log "installing sparseclip_d2 (editable, with the test extra)"
-"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test,cluster,app]"
+log "installing sparseclip_d2 (editable, with the test, cluster, app and mess extras)"
+"${PIP[@]}" install -q --no-build-isolation -e "$REPO[test,cluster,app,mess]"
 env -u PYTHONPATH "$VENV/bin/python" "$REPO/scripts/check_venv_binding.py" "$REPO" >/dev/null \
   || fail "after the editable install, $VENV still does not import this checkout's sparseclip_d2 (another .pth or site path comes first?)"
 

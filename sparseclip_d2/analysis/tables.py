@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..attention import paper_source_name
 from ..common.io import atomic_write_text
+from .mess_tables import mess_results_of_records, write_mess_tables
 
 __all__ = [
     "PAPER_CSV",
@@ -368,7 +369,8 @@ def compare_with_paper(rows: Sequence[Dict[str, Any]], paper: Optional[Sequence[
 def write_tables(records: Sequence[Dict[str, Any]], out_dir: str, *, title: str = "sweep",
                  compare_paper: bool = False, run_keys: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Write ``results.csv`` and ``results.md`` (and with ``compare_paper``
-    ``compare_paper.csv`` / ``compare_paper.md``) into ``out_dir`` from the records of
+    ``compare_paper.csv`` / ``compare_paper.md``; with runs on MESS's datasets MESS's tables,
+    ``mess.md`` and ``mess_{domains,datasets}_<metric>.csv``) into ``out_dir`` from the records of
     ``run_keys`` (the current sweep's runs; None = every run key), atomically.
 
     Returns:
@@ -392,5 +394,16 @@ def write_tables(records: Sequence[Dict[str, Any]], out_dir: str, *, title: str 
         paths["compare_md"] = atomic_write_text(
             os.path.join(out_dir, "compare_paper.md"),
             markdown_table(cmp_rows, cols, title=f"{title}: ours vs paper", note=note))
+    current = select_records(records, run_keys)[0]
+    mess = mess_results_of_records(current)
+    if mess:  # runs on MESS's datasets: MESS's per-domain and per-dataset tables (analysis/mess_tables.py)
+        random = sorted(str(r.get("run_name")) for r in current
+                        if r.get("status") == "ok" and r.get("random_weights") and str(r.get("run_name")) in mess)
+        partial = sorted(str(r.get("run_name")) for r in current
+                         if r.get("status") == "ok" and r.get("partial") and str(r.get("run_name")) in mess)
+        note = " ".join(
+            ([f"**RANDOM WEIGHTS** in {', '.join(random)}: those numbers mean nothing (a smoke run)."] if random else [])
+            + ([f"**PARTIAL** (TEST.MAX_IMAGES) in {', '.join(partial)}: not MESS's numbers."] if partial else []))
+        paths.update({f"mess_{k}": v for k, v in write_mess_tables(mess, out_dir, note=note).items()})
     paths["stale"] = len(stale)
     return paths

@@ -189,9 +189,13 @@ def unknown_dataset(name: str) -> str:
     this package's datasets first, then how many detectron2 builtins there are."""
     registered = sorted(DatasetCatalog.list())
     ours = [d for d in registered if d.startswith("sparseclip_")]
+    from sparseclip_d2.data.datasets.mess_benchmark import MESS_REQUIREMENT, mess_available
+
+    fix = "docs/datasets.md lists them and where their files go"
+    if not mess_available():
+        fix += f" (MESS's 22 datasets need its package, the mess extra: pip install {MESS_REQUIREMENT!r})"
     return unknown_name("dataset", name, registered, ours=ours, ours_label="sparseclip_d2's",
-                        where=" in DATASETS.TEST", others="detectron2 builtins",
-                        fix="docs/datasets.md lists them and where their files go")
+                        where=" in DATASETS.TEST", others="detectron2 builtins", fix=fix)
 
 
 def check_datasets(cfg, skip_bad=False):

@@ -8,6 +8,10 @@ from .results import SUMMARY_HOOK_REGISTRY, build_results, dataset_summary, fina
 
 from .attention_stats import AttentionStatsEvaluator, build_attention_stats_evaluator
 from .fgovd_evaluation import FGOVDEvaluator, add_mhme  # registers the "fgovd" evaluator and the mHME hook
+from ..data.datasets.mess_benchmark import mess_available
+
+if mess_available():  # the optional `mess` extra: MESS's evaluator for its datasets (benchmark "mess")
+    from . import mess_benchmark  # noqa: F401
 
 __all__ = [
     "AttentionStatsEvaluator",

@@ -7,7 +7,7 @@ fvcore ``Registry`` like the package's other registries: an entry is a function
 """
 import logging
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -19,7 +19,7 @@ from ..data.build import registered_evaluator_type
 from ..data.class_names import display_name
 from ..data.ground_truth import load_sem_seg_gt
 
-__all__ = ["EVALUATOR_REGISTRY", "build_evaluator", "SparseCLIPSemSegEvaluator", "label_map_scores"]
+__all__ = ["EVALUATOR_REGISTRY", "BENCHMARK_EVALUATORS", "build_evaluator", "SparseCLIPSemSegEvaluator", "label_map_scores"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,13 @@ EVALUATOR_REGISTRY.__doc__ = """
 Evaluator builders keyed by dataset metadata ``evaluator_type`` (the function's name):
 ``fn(cfg, dataset_name, output_folder) -> DatasetEvaluator``.
 """
+
+
+#: ``sem_seg`` evaluators of the datasets whose metadata ``benchmark`` names one:
+#: ``{benchmark: fn(cfg, dataset_name, output_folder) -> DatasetEvaluator}``, filled by the module
+#: that serves it (``evaluation/mess_benchmark.py``: "mess", imported by ``evaluation/__init__.py``
+#: when MESS's package is installed).
+BENCHMARK_EVALUATORS: Dict[str, Callable] = {}
 
 
 def label_map_scores(labels: torch.Tensor) -> torch.Tensor:
@@ -146,7 +153,16 @@ class SparseCLIPSemSegEvaluator(SemSegEvaluator):
 
 @EVALUATOR_REGISTRY.register()
 def sem_seg(cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`."""
+    """Segmentation datasets (``evaluator_type`` "sem_seg"): :class:`SparseCLIPSemSegEvaluator`;
+    for a dataset whose metadata names a ``benchmark``, that benchmark's evaluator from
+    :data:`BENCHMARK_EVALUATORS` (MESS's: ``evaluation/mess_benchmark.py``)."""
+    benchmark = MetadataCatalog.get(dataset_name).get("benchmark", None)
+    if benchmark is not None:
+        if benchmark not in BENCHMARK_EVALUATORS:
+            raise ValueError(f"dataset {dataset_name!r} is of benchmark {benchmark!r} (its metadata), whose evaluator "
+                             f"is not registered; registered: {', '.join(sorted(BENCHMARK_EVALUATORS)) or 'none'} "
+                             "(MESS's needs its package: pip install -e '.[mess]')")
+        return BENCHMARK_EVALUATORS[benchmark](cfg, dataset_name, output_folder)
     return SparseCLIPSemSegEvaluator(dataset_name, distributed=True, output_dir=output_folder,
                                      center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0)
 

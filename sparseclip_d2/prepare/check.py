@@ -35,7 +35,8 @@ def check_masks(name, dicts, sample=None):
 
 def check(root, names=None, sample=None):
     """Load each requested dataset (every ``sparseclip_*`` one when ``names`` is empty; names
-    may be shell patterns such as ``sparseclip_fgovd_*``) as a run would, which checks its
+    may be shell patterns such as ``sparseclip_fgovd_*``; MESS's datasets by their names, e.g.
+    ``'paxray_*'``, with the ``mess`` extra) as a run would, which checks its
     files and, for FG-OVD, that every image exists; check every segmentation mask (or
     ``sample`` evenly spaced ones).
     Prints one line per dataset (and per problem); exits 1 when a requested dataset is not
@@ -55,7 +56,9 @@ def check(root, names=None, sample=None):
         raise PrepareError(f"check: the datasets were registered under {registered_root!r} before --root {root!r} was "
                  "given; run the check in a fresh process")
 
-    registered = sorted(n for n in DatasetCatalog.list() if n.startswith("sparseclip_"))
+    # this package's datasets, and MESS's where its package registered them (data/datasets/mess_benchmark.py)
+    registered = sorted(n for n in DatasetCatalog.list()
+                        if n.startswith("sparseclip_") or MetadataCatalog.get(n).get("benchmark", None) == "mess")
     ok = True
     selected = []
     for pattern in names or ["sparseclip_*"]:
