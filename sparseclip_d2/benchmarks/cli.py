@@ -133,8 +133,10 @@ import tempfile
 
 from .checkouts import check_upstream
 from .entries import DINO, dino_aliases, dino_help, entries, entry, needs_dino, vfm_file
+from .flops import matmul_peak_gflops
 from .harness import time_sides
 from .project import prepare_project, random_weights
+from .report import add_rates, command_line, markdown_table, write_doc
 
 
 def _short_sides(items):
@@ -168,6 +170,11 @@ def _parser():
                    help="prompt templates of both sides: the first only (default) or each config's own")
     p.add_argument("--project-only", action="store_true", help="time the project side only (no upstream needed)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--no-flops", dest="flops", action="store_false",
+                   help="skip the FLOP count (one more image per side, after the timed ones)")
+    p.add_argument("--doc", default=None, metavar="FILE",
+                   help="write the table, the machine's matmul peak, the operators no FLOP handle counts "
+                        "and this command line to FILE (Markdown; docs/efficiency.md)")
     p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ... for every project config")
     return p
 
@@ -220,7 +227,7 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
     if not project_first:
         order.reverse()
     pythons = {"project": sys.executable, "upstream": getattr(args, f"{method}_python")}
-    workers, times, loads = time_sides(order, pythons, args.reps)
+    workers, times, loads = time_sides(order, pythons, args.reps, flops=args.flops)
     sp = statistics.median(times["project"])
     su = statistics.median(times["upstream"]) if times["upstream"] else None
     up = workers.get("upstream")
@@ -234,20 +241,10 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
                 threads=args.threads, load_min=min(loads), load_max=max(loads),
                 project_all_s=[round(t, 3) for t in times["project"]],
                 upstream_all_s=[round(t, 3) for t in times["upstream"]],
-                upstream=(f"{entry(method).repo} at {args.paths[method]}" if up else None))
-
-
-def print_table(rows) -> None:
-    """The rows as a Markdown table on stdout."""
-    print("| method | config | input | project s/img | upstream s/img | ratio | project peak RSS MiB | "
-          "upstream peak RSS MiB | RSS ratio | threads | load average |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        def fmt(v, spec):
-            return "-" if v is None else format(v, spec)
-        print(f"| {r['method']} | `{r['config']}` | {r['input']} | {r['project_s']:.2f} | {fmt(r['upstream_s'], '.2f')} | "
-              f"{fmt(r['ratio'], '.2f')} | {r['project_peak_rss_mib']} | {fmt(r['upstream_peak_rss_mib'], 'd')} | "
-              f"{fmt(r['rss_ratio'], '.2f')} | {r['threads']} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
+                upstream=(f"{entry(method).repo} at {args.paths[method]}" if up else None),
+                sliding=info["sliding"],
+                project_flops=getattr(workers["project"], "counted", None),
+                upstream_flops=getattr(up, "counted", None) if up else None)
 
 
 def main(argv=None):
@@ -255,6 +252,7 @@ def main(argv=None):
     print the table and write ``--json``; returns the rows."""
     args = parse_args(argv)
     rows = []
+    peaks = [matmul_peak_gflops(args.threads)]  # the yardstick, at the start and the end of the run
     with tempfile.TemporaryDirectory(prefix="benchmark_methods_") as workdir:
         if args.weights:
             weights = os.path.abspath(args.weights)
@@ -268,7 +266,14 @@ def main(argv=None):
             row = time_method(method, args, weights, mdir)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print_table(rows)
+            if args.doc:  # the rows so far, so that a run cut short leaves its table
+                add_rates(rows, max(peaks))
+                write_doc(args.doc, rows, peaks, args.threads, command_line(argv))
+    peaks.append(matmul_peak_gflops(args.threads))
+    add_rates(rows, max(peaks))
+    print(markdown_table(rows))
+    if args.doc:
+        write_doc(args.doc, rows, peaks, args.threads, command_line(argv))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -8,8 +8,9 @@
   multiply-add as one "flop" (fvcore/nn/flop_count.py, ``FlopCountAnalysis`` docstring); this
   module reports FLOPs as two per multiply-add (:data:`FLOPS_PER_MAC`), the unit of the matmul
   peak below, so that the two can be divided. fvcore 0.1.5 has no handle for
-  ``aten::scaled_dot_product_attention`` nor ``aten::baddbmm``: both are counted by this module's
-  own handles (:func:`sdpa_macs`, :func:`baddbmm_macs`; their multiply-adds only, as fvcore's
+  ``aten::scaled_dot_product_attention``, ``aten::baddbmm`` nor ``nn.MultiheadAttention``'s fused
+  ``aten::_native_multi_head_attention``: they are counted by this module's own handles
+  (:func:`sdpa_macs`, :func:`baddbmm_macs`, :func:`mha_macs`; their multiply-adds only, as fvcore's
   ``matmul`` handle counts).
 - :func:`matmul_peak_gflops`: the best fp32 GFLOP/s of an ``n x n`` by ``n x n`` ``torch.mm`` at
   the given torch thread count (``2 n^3`` FLOPs a product), the yardstick of the "share of peak"
@@ -48,6 +49,20 @@ def baddbmm_macs(inputs, outputs) -> int:
     ``(B, n, m)`` by ``(B, m, p)``, ``B * n * m * p`` (the added ``input`` is element-wise)."""
     b1, b2 = _shape(inputs[1]), _shape(inputs[2])
     return b1[0] * b1[1] * b1[2] * b2[2]
+
+
+def mha_macs(inputs, outputs) -> int:
+    """Multiply-adds of ``aten::_native_multi_head_attention(query, key, value, embed_dim, num_head,
+    qkv_weight, qkv_bias, proj_weight, proj_bias, ...)`` (``nn.MultiheadAttention``'s fused
+    inference path, batch first): the q, k, v projections ``(L + 2 S) E^2``, ``q @ k^T`` and
+    ``attn @ v`` ``2 L S E`` (over all heads) and the output projection ``L E^2``, per batch item,
+    for query ``(B, L, E)`` and key / value ``(B, S, E)``."""
+    q, k = _shape(inputs[0]), _shape(inputs[1])
+    batch = 1
+    for d in q[:-2]:
+        batch *= d
+    length, source, embed = q[-2], k[-2], q[-1]
+    return batch * ((length + 2 * source) * embed * embed + 2 * length * source * embed + length * embed * embed)
 
 
 class _Value:
@@ -109,6 +124,7 @@ def _handles():
         "aten::upsample_nearest2d": (fvcore_ops["aten::upsample_nearest2d"], same),
         "aten::_adaptive_avg_pool2d": (fvcore_ops["aten::adaptive_avg_pool2d"], same),
         "aten::grid_sampler_2d": (fvcore_ops["aten::grid_sampler"], same),
+        "aten::_native_multi_head_attention": (mha_macs, same),
         "aten::_scaled_dot_product_flash_attention_for_cpu": (sdpa_macs, same),
         "aten::_scaled_dot_product_flash_attention": (sdpa_macs, same),
         "aten::_scaled_dot_product_efficient_attention": (sdpa_macs, same),

@@ -42,8 +42,10 @@ def peak_rss_mib() -> float:
 
 
 def worker_main(spec_json: str) -> None:
-    """A worker (either side): build, say ``ready``, then one timed image per ``run`` line on stdin.
-    Every answer carries the process's peak RSS so far (``rss_mib``)."""
+    """A worker (either side): build, say ``ready``, then one timed image per ``run`` line on stdin,
+    and the FLOPs of one image per ``flops`` line (:func:`.flops.count_flops`, sent after the timed
+    images so that the counter's own memory is in no peak RSS figure). Every ``run`` answer carries
+    the process's peak RSS so far (``rss_mib``)."""
     import torch
 
     spec = json.loads(spec_json)
@@ -61,6 +63,12 @@ def worker_main(spec_json: str) -> None:
     out.write(json.dumps({"ready": time.perf_counter() - t0, "rss_mib": peak_rss_mib()}) + "\n")
     out.flush()
     for line in sys.stdin:
+        if line.strip() == "flops":  # after the timed images: the FLOPs of one more (not timed)
+            from .flops import count_flops
+
+            out.write(json.dumps(count_flops(run)) + "\n")
+            out.flush()
+            continue
         if line.strip() != "run":
             break
         with torch.no_grad():
@@ -98,13 +106,20 @@ class Worker:
         self.rss_mib = answer["rss_mib"]
         return answer["s"]
 
+    def flops(self) -> dict:
+        """The FLOPs of one more image (``{"gflops", "unsupported"}`` or ``{"error"}``), not timed;
+        the peak RSS figure is not updated."""
+        self.proc.stdin.write("flops\n")
+        self.proc.stdin.flush()
+        return self._read()
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
 
 
-def time_sides(order, pythons: dict, reps: int):
+def time_sides(order, pythons: dict, reps: int, flops: bool = False):
     """Start a :class:`Worker` for each ``(side, spec)`` of ``order`` (in that order: the side whose
     build writes the other's input first; a ``None`` spec is skipped) with the interpreter
     ``pythons[side]``, then time ``reps`` images per side, alternately (project, upstream, then
@@ -113,7 +128,8 @@ def time_sides(order, pythons: dict, reps: int):
 
     Returns:
         ``(workers, times, loads)``: the workers by side (their peak RSS figures), the seconds of
-        each side's images and the 1-minute load average before each timed image.
+        each side's images and the 1-minute load average before each timed image. With ``flops``,
+        each worker's ``counted`` is its :meth:`Worker.flops` after the timed images (else None).
     """
     workers = {}
     try:
@@ -127,6 +143,8 @@ def time_sides(order, pythons: dict, reps: int):
                 if side in workers:
                     loads.append(load_average())
                     times[side].append(workers[side].run())
+        for wk in workers.values():
+            wk.counted = wk.flops() if flops else None
     finally:
         for wk in workers.values():
             wk.close()

@@ -144,7 +144,8 @@ def prepare_project(method: str, args, weights: str, workdir: str):
     else:
         shape = _encoder_input(rgb, short, workdir)
         project_first = True
-    info = dict(config=meta.config, input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
+    info = dict(config=meta.config, input=f"{shape[1]}x{shape[0]}", out_size=[h, w],
+                sliding=bool(cfg.TEST.SLIDING_WINDOW.ENABLED))
     return spec, info, project_first
 
 
