@@ -112,7 +112,10 @@ def test_project_side_on_the_tiny_tower(tmp_path, capsys):
     assert row["upstream_peak_rss_mib"] is None and row["rss_ratio"] is None
     table = capsys.readouterr().out
     assert "| resclip | `resclip_b16_voc21.yaml` | 64x48 |" in table
-    assert f"| - | - | {row['project_peak_rss_mib']} | - | - | 1 |" in table
+    assert f"| {row['project_s']:.2f} / - | - | {row['project_peak_rss_mib']} / - | - |" in table
+    # the FLOPs of one more image, counted after the timed ones, and the matmul peak of the same run
+    assert row["project_flops"]["gflops"] > 0 and row["project_gflops_s"] > 0 and row["peak_gflops_s"] > 0
+    assert row["project_peak_share"] == row["project_gflops_s"] / row["peak_gflops_s"]
     assert out.exists()
 
 
@@ -228,8 +231,8 @@ def test_every_entry_names_its_checkout_config_and_kind():
     segmentor names its vocabulary."""
     from sparseclip_d2.model_zoo import get_config_file
 
-    assert sorted(entries()) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs",
-                                 "proxyclip", "resclip", "scclip", "sfp", "trident"]
+    assert {"cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs", "naclip",
+            "proxyclip", "resclip", "scclip", "sclip", "sfp", "trident"} <= set(entries())
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
         assert e.marker.startswith(e.subdir), method
