@@ -170,6 +170,11 @@ def _parser():
                    help="prompt templates of both sides: the first only (default) or each config's own")
     p.add_argument("--project-only", action="store_true", help="time the project side only (no upstream needed)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where both sides run (default cpu); cuda adds images/s and peak GPU memory "
+                        "(tools/benchmark_methods_gpu.sh); an entry that drives the CPU only gets no upstream figure")
+    p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16 (CUDA only): both sides under torch.autocast('cuda', float16) (default fp32)")
     p.add_argument("--no-flops", dest="flops", action="store_false",
                    help="skip the FLOP count (one more image per side, after the timed ones)")
     p.add_argument("--doc", default=None, metavar="FILE",
@@ -194,6 +199,14 @@ def parse_args(argv=None):
     if "MODEL.SPARSECLIP.CLIP.PRETRAINED" in args.opts[::2] and not args.project_only:
         p.error("MODEL.SPARSECLIP.CLIP.PRETRAINED cannot be overridden: both sides load the same weights "
                 "(--weights FILE, or random ones); use it with --project-only")
+    if args.dtype == "fp16" and args.device != "cuda":
+        p.error("--dtype fp16 needs --device cuda (the CPU table runs in float32)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(f"--device cuda: torch.cuda.is_available() is False on this machine (torch {torch.__version__}, "
+                    f"built for CUDA {torch.version.cuda}); run it on a GPU machine, or leave --device out for the CPU table")
     args.short_side = _short_sides(args.short_side)
     args.paths, args.dino_path = {}, None
     for m in args.methods:
@@ -212,10 +225,10 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
     inputs written to ``mdir``."""
     project_spec, info, project_first = prepare_project(method, args, weights, mdir)
     upstream_spec = None
-    if not args.project_only:
+    if not args.project_only and (args.device == "cpu" or entry(method).cuda):
         upstream_spec = dict(side="upstream", method=method, entry=entry(method).__module__,
                              path=args.paths[method], weights=weights,
-                             threads=args.threads, templates=args.templates,
+                             threads=args.threads, templates=args.templates, device=args.device, dtype=args.dtype,
                              image=os.path.join(mdir, "image.npy"), out_size=info["out_size"],
                              dino=args.dino_path, vfm_weights=vfm_file(method, mdir),
                              folder=os.path.join(mdir, "folder"), mask_dir=os.path.join(mdir, "masks"),
@@ -242,7 +255,9 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
                 project_all_s=[round(t, 3) for t in times["project"]],
                 upstream_all_s=[round(t, 3) for t in times["upstream"]],
                 upstream=(f"{entry(method).repo} at {args.paths[method]}" if up else None),
-                sliding=info["sliding"],
+                sliding=info["sliding"], device=args.device, dtype=args.dtype,
+                project_gpu_mib=workers["project"].gpu_mib, upstream_gpu_mib=up.gpu_mib if up else None,
+                upstream_skipped=(None if up or args.project_only else "its upstream entry drives the CPU only"),
                 project_flops=getattr(workers["project"], "counted", None),
                 upstream_flops=getattr(up, "counted", None) if up else None)
 
@@ -252,7 +267,10 @@ def main(argv=None):
     print the table and write ``--json``; returns the rows."""
     args = parse_args(argv)
     rows = []
-    peaks = [matmul_peak_gflops(args.threads)]  # the yardstick, at the start and the end of the run
+    def peak():  # the yardstick, at the start and the end of the run
+        return matmul_peak_gflops(args.threads, n=4096 if args.device == "cuda" else 1024, device=args.device,
+                                  dtype=args.dtype)
+    peaks = [peak()]
     with tempfile.TemporaryDirectory(prefix="benchmark_methods_") as workdir:
         if args.weights:
             weights = os.path.abspath(args.weights)
@@ -269,7 +287,7 @@ def main(argv=None):
             if args.doc:  # the rows so far, so that a run cut short leaves its table
                 add_rates(rows, max(peaks))
                 write_doc(args.doc, rows, peaks, args.threads, command_line(argv))
-    peaks.append(matmul_peak_gflops(args.threads))
+    peaks.append(peak())
     add_rates(rows, max(peaks))
     print(markdown_table(rows))
     if args.doc:

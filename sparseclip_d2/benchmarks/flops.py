@@ -193,25 +193,32 @@ def matmul_flops(n: int) -> int:
     return FLOPS_PER_MAC * n ** 3
 
 
-def matmul_peak_gflops(threads: int, n: int = 1024, reps: int = 5) -> float:
-    """The best fp32 GFLOP/s of ``torch.mm`` on ``n x n`` matrices over ``reps`` timed products (after
-    one untimed), with ``threads`` torch threads (restored after)."""
+def matmul_peak_gflops(threads: int, n: int = 1024, reps: int = 5, device: str = "cpu", dtype: str = "fp32") -> float:
+    """The best GFLOP/s of ``torch.mm`` on ``n x n`` matrices over ``reps`` timed products (after one
+    untimed), with ``threads`` torch threads (restored after), on ``device`` in ``dtype`` (``fp32``
+    or ``fp16``; CUDA: each product bracketed by ``torch.cuda.synchronize``)."""
     import torch
 
     if n < 1 or reps < 1 or threads < 1:
         raise ValueError(f"matmul_peak_gflops: n, reps and threads must be at least 1, got {n}, {reps}, {threads}")
+    if dtype not in ("fp32", "fp16"):
+        raise ValueError(f"matmul_peak_gflops: dtype {dtype!r}; valid: fp32, fp16")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(0)
-        a = torch.randn(n, n, generator=g)
-        b = torch.randn(n, n, generator=g)
-        out = torch.empty(n, n)
+        kind = torch.float16 if dtype == "fp16" else torch.float32
+        a = torch.randn(n, n, generator=g).to(device, kind)
+        b = torch.randn(n, n, generator=g).to(device, kind)
+        out = torch.empty(n, n, device=device, dtype=kind)
         torch.mm(a, b, out=out)
         best = float("inf")
         for _ in range(reps):
+            sync()
             t0 = time.perf_counter()
             torch.mm(a, b, out=out)
+            sync()
             best = min(best, time.perf_counter() - t0)
     finally:
         torch.set_num_threads(before)

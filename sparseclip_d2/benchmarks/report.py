@@ -58,8 +58,31 @@ def _flops_cell(r, side):
     return format(counted["gflops"], ".1f")
 
 
+def gpu_table(rows) -> str:
+    """The rows of a ``--device cuda`` run as a Markdown table: images per second, peak GPU memory
+    (``torch.cuda.max_memory_allocated``), their ratios, FLOPs and share of the GPU's matmul peak
+    in the run's dtype."""
+    lines = ["| method | config | input | dtype | images/s project / upstream | time ratio | peak GPU MiB project / "
+             "upstream | GPU memory ratio | GFLOPs/img project / upstream | % of matmul peak project / upstream |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ips = "/".join(_fmt(1 / r[f"{s}_s"] if r.get(f"{s}_s") else None, ".2f") for s in ("project", "upstream"))
+        pg, ug = r.get("project_gpu_mib"), r.get("upstream_gpu_mib")
+        share = "/".join(_fmt(None if r.get(f"{s}_peak_share") is None else 100 * r[f"{s}_peak_share"], ".1f")
+                         for s in ("project", "upstream"))
+        why = f" ({r['upstream_skipped']})" if r.get("upstream_skipped") else ""
+        lines.append(
+            f"| {r['method']} | `{r['config']}` | {r['input']} | {r['dtype']} | {ips}{why} | {_fmt(r['ratio'], '.2f')} | "
+            f"{_fmt(pg, '.0f')} / {_fmt(ug, '.0f')} | {_fmt(pg / ug if pg and ug else None, '.2f')} | "
+            f"{_flops_cell(r, 'project')} / {_flops_cell(r, 'upstream')} | {share} |")
+    return "\n".join(lines)
+
+
 def markdown_table(rows) -> str:
-    """The rows as a Markdown table (project / upstream side by side in each cell)."""
+    """The rows as a Markdown table (project / upstream side by side in each cell); a ``--device cuda``
+    run's as :func:`gpu_table`."""
+    if rows and rows[0].get("device") == "cuda":
+        return gpu_table(rows)
     lines = ["| method | config | input | s/img project / upstream | time ratio | peak RSS MiB project / upstream | "
              "RSS ratio | GFLOPs/img project / upstream | GFLOP/s project / upstream | % of matmul peak "
              "project / upstream | threads | load average | targets |",
@@ -118,6 +141,29 @@ def write_doc(path: str, rows, peaks, threads: int, command: str) -> None:
     """``path`` (Markdown): how the table was made (the command, the machine, the matmul peaks at
     the start and end of the run), the table, the targets, the operators no handle counts."""
     peak = max(peaks)
+    if rows and rows[0].get("device") == "cuda":
+        text = f"""# Efficiency on a GPU: every method against its upstream ({rows[0]['dtype']})
+
+Written by `tools/benchmark_methods.py --device cuda --doc {path}` (issue 46; `tools/benchmark_methods_gpu.sh`
+runs it in fp32 and fp16); do not edit by hand, rerun:
+
+    {command}
+
+Made {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. **Random weights.**
+Images/s is 1 / the median seconds per image (each image bracketed by `torch.cuda.synchronize`);
+peak GPU memory is `torch.cuda.max_memory_allocated` of each side's worker; fp16 runs both sides
+under `torch.autocast('cuda', float16)`. Matmul peak: {' and '.join(f'{p:.0f}' for p in peaks)} GFLOP/s
+(`torch.mm` 4096 x 4096 in {rows[0]['dtype']}, start and end of the run). Columns as in docs/efficiency.md.
+
+{markdown_table(rows)}
+
+## Operators no FLOP handle counts
+
+{uncounted_section(rows)}
+"""
+        with open(path, "w") as f:
+            f.write(text)
+        return
     text = f"""# Efficiency of every method against its upstream
 
 Written by `tools/benchmark_methods.py --doc {path}` (issue 46); do not edit by hand, rerun:

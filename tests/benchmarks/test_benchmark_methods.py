@@ -75,12 +75,13 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--methods", "sclip", "--project-only"], ["unknown method", "'sclip'", "proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, "
-                                                     "clipsurgery, resclip, gem, scclip, sfp"]),
+    (["--methods", "nosuch", "--project-only"], ["unknown method", "'nosuch'", "proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, "
+                                                      "cliptrase, clipsurgery, resclip, gem, scclip, sfp, sclip, clearclip, naclip"]),
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
     (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
-    (["--project-only", "--short-side", "sclip=224"], ["--short-side 'sclip=224'", "itaclip, cliptrase"]),
+    (["--project-only", "--short-side", "nosuch=224"], ["--short-side 'nosuch=224'", "itaclip, cliptrase"]),
+    (["--project-only", "--dtype", "fp16"], ["--dtype fp16 needs --device cuda"]),
     (["--project-only", "--short-side", "gem=-4"], ["--short-side 'gem=-4'", "positive integer"]),
     (["--project-only", "--weights", "/nonexistent/w.pt"], ["--weights /nonexistent/w.pt", "no such file"]),
     (["--project-only", "MODEL.DEVICE"], ["KEY VALUE pairs", "MODEL.DEVICE"]),

@@ -14,6 +14,7 @@ class ClearCLIPUpstream(UpstreamEntry):
     a stand-in that raises if called; its data preprocessor and predict (slide 448 / 224)."""
 
     repo, commit, marker = "mc-lan/ClearCLIP", "ad68a40", "clearclip_segmentor.py"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "clearclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
 

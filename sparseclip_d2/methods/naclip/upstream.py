@@ -11,6 +11,7 @@ class NACLIPUpstream(UpstreamEntry):
     preprocessor and predict."""
 
     repo, commit, marker = "sinahmr/NACLIP", "0cac3a6", "naclip.py"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "naclip_b16_voc21.yaml"  # PAMR off, as eval.py --pamr off (pamr_steps=0)
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
 

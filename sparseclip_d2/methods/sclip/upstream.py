@@ -11,6 +11,7 @@ class SCLIPUpstream(UpstreamEntry):
     224 / 112, postprocess)."""
 
     repo, commit, marker = "wangf3014/SCLIP", "b56bd30", "clip_segmentor.py"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "sclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
 
