@@ -137,10 +137,27 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+#: the line after which an existing ``--doc`` file's text is hand-written and kept on rewriting
+NOTES_MARKER = "<!-- notes below this line are kept when --doc rewrites the table -->"
+
+
+def _kept_notes(path: str) -> str:
+    """The hand-written tail of ``path`` from :data:`NOTES_MARKER` on ("" without one)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    at = text.find(NOTES_MARKER)
+    return "\n" + text[at:] if at >= 0 else ""
+
+
 def write_doc(path: str, rows, peaks, threads: int, command: str) -> None:
     """``path`` (Markdown): how the table was made (the command, the machine, the matmul peaks at
-    the start and end of the run), the table, the targets, the operators no handle counts."""
+    the start and end of the run), the table, the targets, the operators no handle counts; an
+    existing file's text from :data:`NOTES_MARKER` on is kept after it."""
     peak = max(peaks)
+    notes = _kept_notes(path)
     if rows and rows[0].get("device") == "cuda":
         text = f"""# Efficiency on a GPU: every method against its upstream ({rows[0]['dtype']})
 
@@ -160,7 +177,7 @@ under `torch.autocast('cuda', float16)`. Matmul peak: {' and '.join(f'{p:.0f}' f
 ## Operators no FLOP handle counts
 
 {uncounted_section(rows)}
-"""
+""" + notes
         with open(path, "w") as f:
             f.write(text)
         return
@@ -198,6 +215,6 @@ How each column is measured (`sparseclip_d2/benchmarks/`, docs/model_zoo.md "Met
 ## Operators no FLOP handle counts
 
 {uncounted_section(rows)}
-"""
+""" + notes
     with open(path, "w") as f:
         f.write(text)

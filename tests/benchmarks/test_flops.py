@@ -88,3 +88,20 @@ def test_rates_share_of_peak_and_targets_by_hand():
     assert targets(row) == "time MISSED (<= 0.7), RSS MISSED"
     table = markdown_table([row])
     assert "| 10.0 / not countable (below) | 5.0 / - | 25.0/- |" in table
+
+
+def test_the_doc_keeps_its_hand_written_notes(tmp_path):
+    """--doc rewrites the table and keeps the text from the notes marker on."""
+    from sparseclip_d2.benchmarks.report import NOTES_MARKER, write_doc
+
+    row = dict(method="m", config="m.yaml", input="8x8", project_s=2.0, upstream_s=4.0, ratio=0.5,
+               project_peak_rss_mib=100, upstream_peak_rss_mib=120, rss_ratio=100 / 120, threads=1,
+               load_min=1.0, load_max=2.0, sliding=False, project_flops={"gflops": 10.0, "unsupported": {"aten::exp": 2}},
+               upstream_flops=None)
+    add_rates([row], 20.0)
+    doc = tmp_path / "efficiency.md"
+    doc.write_text("old table\n" + NOTES_MARKER + "\nwhy GEM misses\n")
+    write_doc(str(doc), [row], [18.0, 20.0], 1, "python tools/benchmark_methods.py --doc x")
+    text = doc.read_text()
+    assert "old table" not in text and text.endswith(NOTES_MARKER + "\nwhy GEM misses\n")
+    assert "18.0 and 20.0 GFLOP/s" in text and "| 2.00 / 4.00 | 0.50 |" in text and "`exp` x2" in text
