@@ -263,8 +263,10 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
 
 
 def main(argv=None):
-    """Time every ``--methods`` method (each row also printed to stderr as JSON when it is done),
-    print the table and write ``--json``; returns the rows."""
+    """Time every ``--methods`` method (each row also printed to stderr as JSON when it is done, and
+    ``--doc`` / ``--json`` rewritten with the rows so far), print the table; returns the rows. A
+    method whose worker fails becomes a row holding the reason (``failed``) and the run goes on
+    (with a single method, the failure stops the tool)."""
     args = parse_args(argv)
     rows = []
     def peak():  # the yardstick, at the start and the end of the run
@@ -281,12 +283,20 @@ def main(argv=None):
         for method in args.methods:
             mdir = os.path.join(workdir, method)
             os.makedirs(mdir)
-            row = time_method(method, args, weights, mdir)
+            try:
+                row = time_method(method, args, weights, mdir)
+            except SystemExit as e:  # a side's worker failed: its reason is the row, the run goes on
+                if len(args.methods) == 1:
+                    raise
+                row = dict(method=method, config=entry(method).config, failed=str(e))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
+            add_rates(rows, max(peaks))
             if args.doc:  # the rows so far, so that a run cut short leaves its table
-                add_rates(rows, max(peaks))
                 write_doc(args.doc, rows, peaks, args.threads, command_line(argv))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
     peaks.append(peak())
     add_rates(rows, max(peaks))
     print(markdown_table(rows))

@@ -24,6 +24,8 @@ def add_rates(rows, peak_gflops_s: float) -> None:
     side's median seconds per image) and ``<side>_peak_share`` (that over ``peak_gflops_s``), in
     place; None where a side has no count or no time."""
     for r in rows:
+        if r.get("failed"):
+            continue
         for side in ("project", "upstream"):
             g = _gflops(r.get(f"{side}_flops"))
             s = r.get(f"{side}_s")
@@ -36,7 +38,7 @@ def add_rates(rows, peak_gflops_s: float) -> None:
 def targets(r) -> str:
     """Which of issue 46's targets the row meets: time ratio <= 0.8 (<= 0.7 for a sliding-window
     config) and peak RSS at or below upstream's; "-" without an upstream side."""
-    if r.get("ratio") is None:
+    if r.get("failed") or r.get("ratio") is None:
         return "-"
     limit = SLIDING_TIME_RATIO_TARGET if r.get("sliding") else TIME_RATIO_TARGET
     time_ok = r["ratio"] <= limit
@@ -66,6 +68,9 @@ def gpu_table(rows) -> str:
              "upstream | GPU memory ratio | GFLOPs/img project / upstream | % of matmul peak project / upstream |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['method']} | `{r['config']}` | failed: {r['failed']} |" + " |" * 7)
+            continue
         ips = "/".join(_fmt(1 / r[f"{s}_s"] if r.get(f"{s}_s") else None, ".2f") for s in ("project", "upstream"))
         pg, ug = r.get("project_gpu_mib"), r.get("upstream_gpu_mib")
         share = "/".join(_fmt(None if r.get(f"{s}_peak_share") is None else 100 * r[f"{s}_peak_share"], ".1f")
@@ -88,6 +93,9 @@ def markdown_table(rows) -> str:
              "project / upstream | threads | load average | targets |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['method']} | `{r['config']}` | failed: {r['failed']} |" + " |" * 10)
+            continue
         share = "/".join(_fmt(None if r.get(f"{s}_peak_share") is None else 100 * r[f"{s}_peak_share"], ".1f")
                          for s in ("project", "upstream"))
         lines.append(
@@ -105,6 +113,8 @@ def uncounted_section(rows) -> str:
     why the side could not be counted."""
     out = []
     for r in rows:
+        if r.get("failed"):
+            continue
         for side in ("project", "upstream"):
             counted = r.get(f"{side}_flops")
             if counted is None:
