@@ -75,8 +75,9 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--methods", "nosuch", "--project-only"], ["unknown method", "'nosuch'", "proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, "
-                                                      "cliptrase, clipsurgery, resclip, gem, scclip, sfp, sclip, clearclip, naclip"]),
+    (["--methods", "nosuch", "--project-only"], ["unknown method", "'nosuch'", "proxyclip", "fsa", "cass", "trident", "corrclip",
+                                                      "lposs", "itaclip", "cliptrase", "clipsurgery", "resclip", "gem", "scclip",
+                                                      "sfp", "sclip", "clearclip", "naclip"]),
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
     (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
