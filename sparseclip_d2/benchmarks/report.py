@@ -162,6 +162,14 @@ def _kept_notes(path: str) -> str:
     return "\n" + text[at:] if at >= 0 else ""
 
 
+def _peaks_text(peaks) -> str:
+    if len(peaks) == 1:
+        return (f"{peaks[0]:.1f} GFLOP/s at the start (the run wrote this file before its end, where a "
+                f"second figure is taken)")
+    return (f"{' and '.join(f'{p:.1f}' for p in peaks)} GFLOP/s at the start and the end; the larger, "
+            f"{max(peaks):.1f}, is the yardstick")
+
+
 def write_doc(path: str, rows, peaks, threads: int, command: str) -> None:
     """``path`` (Markdown): how the table was made (the command, the machine, the matmul peaks at
     the start and end of the run), the table, the targets, the operators no handle counts; an
@@ -201,20 +209,20 @@ Made {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'
 ({os.cpu_count()} logical CPUs), {threads} torch thread(s) per side, Python {platform.python_version()}.
 **Random weights** (CLIP ViT-B/16 and any VFM, seed 0): these are costs, not accuracies.
 
-How each column is measured (`sparseclip_d2/benchmarks/`, docs/model_zoo.md "Method benchmark"):
+How each column is measured (`sparseclip_d2/benchmarks/`; docs/model_zoo.md, "The newer methods
+against their upstream loops"):
 
 - **s/img**: median over the timed images of each side, after one warm-up, the two sides
   alternating (project, upstream, then upstream, project, ...) in their own worker processes.
 - **peak RSS**: `VmHWM` of each side's worker over building, warm-up and the timed images.
 - **GFLOPs/img**: one more image per side after the timed ones, every operator counted as it
   runs by fvcore's `FlopCountAnalysis` handles (`benchmarks/flops.py`: matmuls, convolutions,
-  norms, resizes; scaled-dot-product attention and `baddbmm` by the project's own handles), two
-  FLOPs per multiply-add. Element-wise operators (softmax, add, exp, ...) have no handle in fvcore
+  norms, resizes; scaled-dot-product attention, `baddbmm` and `nn.MultiheadAttention`'s fused
+  kernel by the project's own handles), two FLOPs per multiply-add. Element-wise operators (softmax, add, exp, ...) have no handle in fvcore
   and are named below per method with how often they ran; they are not in the figure.
 - **GFLOP/s**: GFLOPs/img over s/img. **% of matmul peak**: that over this machine's best fp32
   `torch.mm` of 1024 x 1024 matrices at the same thread count, measured in the same run:
-  {' and '.join(f'{p:.1f}' for p in peaks)} GFLOP/s at the start and the end; the larger, {peak:.1f},
-  is the yardstick.
+  {_peaks_text(peaks)}.
 - **load average**: the 1-minute load average of the machine before each timed image (lowest -
   highest). Other work ran on the machine meanwhile; both sides of a row shared it alike.
 - **targets** (issue 46): time ratio <= {TIME_RATIO_TARGET} (<= {SLIDING_TIME_RATIO_TARGET} for a sliding-window
