@@ -3,8 +3,9 @@
 - :func:`count_flops`: the floating-point operations of one call of a side's ``run()``, counted with
   fvcore's ``FlopCountAnalysis`` handles on every operator of that same call as it runs (seen at
   torch's dispatch: a ``FlopCountAnalysis`` trace drops every operator whose result does not
-  reach the traced output, e.g. through numpy or a data sample, and counted 0 of a whole
-  segmentation here), with the operators no handle counts named with how often they ran. fvcore counts one fused
+  reach the traced output, e.g. through numpy or a data sample: tried here, it counted 0 FLOPs of
+  a matmul whose result the call did not return), with the operators no handle counts named with
+  how often they ran; work done outside torch (numpy, scikit-learn, faiss, scipy) is not seen. fvcore counts one fused
   multiply-add as one "flop" (fvcore/nn/flop_count.py, ``FlopCountAnalysis`` docstring); this
   module reports FLOPs as two per multiply-add (:data:`FLOPS_PER_MAC`), the unit of the matmul
   peak below, so that the two can be divided. fvcore 0.1.5 has no handle for
