@@ -133,8 +133,10 @@ import tempfile
 
 from .checkouts import check_upstream
 from .entries import DINO, dino_aliases, dino_help, entries, entry, needs_dino, vfm_file
+from .flops import matmul_peak_gflops
 from .harness import time_sides
 from .project import prepare_project, random_weights
+from .report import add_rates, command_line, markdown_table, write_doc
 
 
 def _short_sides(items):
@@ -168,6 +170,16 @@ def _parser():
                    help="prompt templates of both sides: the first only (default) or each config's own")
     p.add_argument("--project-only", action="store_true", help="time the project side only (no upstream needed)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where both sides run (default cpu); cuda adds images/s and peak GPU memory "
+                        "(tools/benchmark_methods_gpu.sh); an entry that drives the CPU only gets no upstream figure")
+    p.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32",
+                   help="fp16 (CUDA only): both sides under torch.autocast('cuda', float16) (default fp32)")
+    p.add_argument("--no-flops", dest="flops", action="store_false",
+                   help="skip the FLOP count (one more image per side, after the timed ones)")
+    p.add_argument("--doc", default=None, metavar="FILE",
+                   help="write the table, the machine's matmul peak, the operators no FLOP handle counts "
+                        "and this command line to FILE (Markdown; docs/efficiency.md)")
     p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ... for every project config")
     return p
 
@@ -187,6 +199,14 @@ def parse_args(argv=None):
     if "MODEL.SPARSECLIP.CLIP.PRETRAINED" in args.opts[::2] and not args.project_only:
         p.error("MODEL.SPARSECLIP.CLIP.PRETRAINED cannot be overridden: both sides load the same weights "
                 "(--weights FILE, or random ones); use it with --project-only")
+    if args.dtype == "fp16" and args.device != "cuda":
+        p.error("--dtype fp16 needs --device cuda (the CPU table runs in float32)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(f"--device cuda: torch.cuda.is_available() is False on this machine (torch {torch.__version__}, "
+                    f"built for CUDA {torch.version.cuda}); run it on a GPU machine, or leave --device out for the CPU table")
     args.short_side = _short_sides(args.short_side)
     args.paths, args.dino_path = {}, None
     for m in args.methods:
@@ -205,10 +225,10 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
     inputs written to ``mdir``."""
     project_spec, info, project_first = prepare_project(method, args, weights, mdir)
     upstream_spec = None
-    if not args.project_only:
+    if not args.project_only and (args.device == "cpu" or entry(method).cuda):
         upstream_spec = dict(side="upstream", method=method, entry=entry(method).__module__,
                              path=args.paths[method], weights=weights,
-                             threads=args.threads, templates=args.templates,
+                             threads=args.threads, templates=args.templates, device=args.device, dtype=args.dtype,
                              image=os.path.join(mdir, "image.npy"), out_size=info["out_size"],
                              dino=args.dino_path, vfm_weights=vfm_file(method, mdir),
                              folder=os.path.join(mdir, "folder"), mask_dir=os.path.join(mdir, "masks"),
@@ -220,7 +240,7 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
     if not project_first:
         order.reverse()
     pythons = {"project": sys.executable, "upstream": getattr(args, f"{method}_python")}
-    workers, times, loads = time_sides(order, pythons, args.reps)
+    workers, times, loads = time_sides(order, pythons, args.reps, flops=args.flops)
     sp = statistics.median(times["project"])
     su = statistics.median(times["upstream"]) if times["upstream"] else None
     up = workers.get("upstream")
@@ -234,27 +254,25 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
                 threads=args.threads, load_min=min(loads), load_max=max(loads),
                 project_all_s=[round(t, 3) for t in times["project"]],
                 upstream_all_s=[round(t, 3) for t in times["upstream"]],
-                upstream=(f"{entry(method).repo} at {args.paths[method]}" if up else None))
-
-
-def print_table(rows) -> None:
-    """The rows as a Markdown table on stdout."""
-    print("| method | config | input | project s/img | upstream s/img | ratio | project peak RSS MiB | "
-          "upstream peak RSS MiB | RSS ratio | threads | load average |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        def fmt(v, spec):
-            return "-" if v is None else format(v, spec)
-        print(f"| {r['method']} | `{r['config']}` | {r['input']} | {r['project_s']:.2f} | {fmt(r['upstream_s'], '.2f')} | "
-              f"{fmt(r['ratio'], '.2f')} | {r['project_peak_rss_mib']} | {fmt(r['upstream_peak_rss_mib'], 'd')} | "
-              f"{fmt(r['rss_ratio'], '.2f')} | {r['threads']} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
+                upstream=(f"{entry(method).repo} at {args.paths[method]}" if up else None),
+                sliding=info["sliding"], device=args.device, dtype=args.dtype,
+                project_gpu_mib=workers["project"].gpu_mib, upstream_gpu_mib=up.gpu_mib if up else None,
+                upstream_skipped=(None if up or args.project_only else "its upstream entry drives the CPU only"),
+                project_flops=getattr(workers["project"], "counted", None),
+                upstream_flops=getattr(up, "counted", None) if up else None)
 
 
 def main(argv=None):
-    """Time every ``--methods`` method (each row also printed to stderr as JSON when it is done),
-    print the table and write ``--json``; returns the rows."""
+    """Time every ``--methods`` method (each row also printed to stderr as JSON when it is done, and
+    ``--doc`` / ``--json`` rewritten with the rows so far), print the table; returns the rows. A
+    method whose worker fails becomes a row holding the reason (``failed``) and the run goes on
+    (with a single method, the failure stops the tool)."""
     args = parse_args(argv)
     rows = []
+    def peak():  # the yardstick, at the start and the end of the run
+        return matmul_peak_gflops(args.threads, n=4096 if args.device == "cuda" else 1024, device=args.device,
+                                  dtype=args.dtype)
+    peaks = [peak()]
     with tempfile.TemporaryDirectory(prefix="benchmark_methods_") as workdir:
         if args.weights:
             weights = os.path.abspath(args.weights)
@@ -265,10 +283,25 @@ def main(argv=None):
         for method in args.methods:
             mdir = os.path.join(workdir, method)
             os.makedirs(mdir)
-            row = time_method(method, args, weights, mdir)
+            try:
+                row = time_method(method, args, weights, mdir)
+            except SystemExit as e:  # a side's worker failed: its reason is the row, the run goes on
+                if len(args.methods) == 1:
+                    raise
+                row = dict(method=method, config=entry(method).config, failed=str(e))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print_table(rows)
+            add_rates(rows, max(peaks))
+            if args.doc:  # the rows so far, so that a run cut short leaves its table
+                write_doc(args.doc, rows, peaks, args.threads, command_line(argv))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+    peaks.append(peak())
+    add_rates(rows, max(peaks))
+    print(markdown_table(rows))
+    if args.doc:
+        write_doc(args.doc, rows, peaks, args.threads, command_line(argv))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -6,6 +6,7 @@ alternately, with the machine's load average (:func:`load_average`) over the tim
 Standard library only at import time: every worker imports it (:mod:`.worker`), the upstream
 one possibly in another environment, and its peak RSS starts from a bare interpreter's.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -42,12 +43,30 @@ def peak_rss_mib() -> float:
 
 
 def worker_main(spec_json: str) -> None:
-    """A worker (either side): build, say ``ready``, then one timed image per ``run`` line on stdin.
-    Every answer carries the process's peak RSS so far (``rss_mib``)."""
+    """A worker (either side): build, say ``ready``, then one timed image per ``run`` line on stdin,
+    and the FLOPs of one image per ``flops`` line (:func:`.flops.count_flops`, sent after the timed
+    images so that the counter's own memory is in no peak RSS figure). Every ``run`` answer carries
+    the process's peak RSS so far (``rss_mib``) and, on CUDA (``spec['device']``), the peak GPU memory
+    allocated by torch (``gpu_mib``); each timed image is bracketed by ``torch.cuda.synchronize``
+    there, and with ``spec['dtype'] == 'fp16'`` every image (warm-up, timed, counted) runs under
+    ``torch.autocast('cuda', float16)``."""
     import torch
 
     spec = json.loads(spec_json)
     torch.set_num_threads(spec["threads"])
+    device = spec.get("device", "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"the {spec['side']} worker of {spec['method']}: --device cuda but torch.cuda.is_available() "
+                         f"is False (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def gpu_mib():
+        return torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda" else None
+
+    def precision():  # --dtype fp16 on CUDA: both sides' forward under the same autocast
+        if device == "cuda" and spec.get("dtype") == "fp16":
+            return torch.autocast("cuda", dtype=torch.float16)
+        return contextlib.nullcontext()
     out = sys.stdout
     sys.stdout = sys.stderr  # the side's prints go to stderr; stdout carries the protocol
     if spec["side"] == "project":
@@ -56,18 +75,28 @@ def worker_main(spec_json: str) -> None:
         from .upstream import build_upstream as build
     t0 = time.perf_counter()
     run = build(spec)
-    with torch.no_grad():
+    with torch.no_grad(), precision():
         run()  # warm-up: text classifier, position-embedding resizes
-    out.write(json.dumps({"ready": time.perf_counter() - t0, "rss_mib": peak_rss_mib()}) + "\n")
+    sync()
+    out.write(json.dumps({"ready": time.perf_counter() - t0, "rss_mib": peak_rss_mib(), "gpu_mib": gpu_mib()}) + "\n")
     out.flush()
     for line in sys.stdin:
+        if line.strip() == "flops":  # after the timed images: the FLOPs of one more (not timed)
+            from .flops import count_flops
+
+            with precision():
+                out.write(json.dumps(count_flops(run)) + "\n")
+            out.flush()
+            continue
         if line.strip() != "run":
             break
-        with torch.no_grad():
+        with torch.no_grad(), precision():
+            sync()
             t0 = time.perf_counter()
             run()
+            sync()  # CUDA: the image's kernels finished, not only queued
             dt = time.perf_counter() - t0
-        out.write(json.dumps({"s": dt, "rss_mib": peak_rss_mib()}) + "\n")
+        out.write(json.dumps({"s": dt, "rss_mib": peak_rss_mib(), "gpu_mib": gpu_mib()}) + "\n")
         out.flush()
 
 
@@ -83,6 +112,7 @@ class Worker:
         ready = self._read()
         self.build_s, self.rss_ready_mib = ready["ready"], ready["rss_mib"]
         self.rss_mib = self.rss_ready_mib
+        self.gpu_mib = ready.get("gpu_mib")  # CUDA: torch.cuda.max_memory_allocated, MiB
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -96,7 +126,15 @@ class Worker:
         self.proc.stdin.flush()
         answer = self._read()
         self.rss_mib = answer["rss_mib"]
+        self.gpu_mib = answer.get("gpu_mib")
         return answer["s"]
+
+    def flops(self) -> dict:
+        """The FLOPs of one more image (``{"gflops", "unsupported"}`` or ``{"error"}``), not timed;
+        the peak RSS figure is not updated."""
+        self.proc.stdin.write("flops\n")
+        self.proc.stdin.flush()
+        return self._read()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -104,7 +142,7 @@ class Worker:
             self.proc.wait(timeout=60)
 
 
-def time_sides(order, pythons: dict, reps: int):
+def time_sides(order, pythons: dict, reps: int, flops: bool = False):
     """Start a :class:`Worker` for each ``(side, spec)`` of ``order`` (in that order: the side whose
     build writes the other's input first; a ``None`` spec is skipped) with the interpreter
     ``pythons[side]``, then time ``reps`` images per side, alternately (project, upstream, then
@@ -113,7 +151,8 @@ def time_sides(order, pythons: dict, reps: int):
 
     Returns:
         ``(workers, times, loads)``: the workers by side (their peak RSS figures), the seconds of
-        each side's images and the 1-minute load average before each timed image.
+        each side's images and the 1-minute load average before each timed image. With ``flops``,
+        each worker's ``counted`` is its :meth:`Worker.flops` after the timed images (else None).
     """
     workers = {}
     try:
@@ -127,6 +166,8 @@ def time_sides(order, pythons: dict, reps: int):
                 if side in workers:
                     loads.append(load_average())
                     times[side].append(workers[side].run())
+        for wk in workers.values():
+            wk.counted = wk.flops() if flops else None
     finally:
         for wk in workers.values():
             wk.close()

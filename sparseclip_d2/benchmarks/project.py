@@ -48,17 +48,19 @@ def random_weights(workdir: str) -> str:
 
 
 def _method_opts(method: str, args, weights: str, workdir: str):
-    """The config overrides of ``method``'s project side (before the command line's): CPU, no text
+    """The config overrides of ``method``'s project side (before the command line's): the device
+    (``--device``, CPU by default), no text
     cache, the shared CLIP weights, the templates, then the method's own (its entry's
     ``project_opts``: the files of its checkout, the VFM and SAM weights the upstream worker
     draws, its region masks, ...)."""
-    opts = ["MODEL.DEVICE", "cpu", "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"]
+    opts = ["MODEL.DEVICE", getattr(args, "device", "cpu"), "MODEL.SPARSECLIP.TEXT.CACHE_DIR", "off"]
     if weights:
         opts += ["MODEL.SPARSECLIP.CLIP.PRETRAINED", weights]
     if args.templates == "single":
         opts += ["MODEL.SPARSECLIP.TEXT.TEMPLATES", "single"]
     path = args.paths.get(method)
-    drawn = bool(path) and not args.project_only  # the upstream worker draws the VFM weights both sides load
+    # the upstream worker draws the VFM weights both sides load (where it runs: --device cuda skips a CPU-only entry)
+    drawn = bool(path) and not args.project_only and (getattr(args, "device", "cpu") == "cpu" or entry(method).cuda)
     return opts + list(entry(method).project_opts(path, workdir, drawn))
 
 
@@ -135,6 +137,7 @@ def prepare_project(method: str, args, weights: str, workdir: str):
     h, w = rgb.shape[:2]
     spec = dict(side="project", method=method, kind=meta.kind, config=meta.config, opts=opts,
                 threads=args.threads, workdir=workdir, out_size=[h, w],
+                device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "fp32"),
                 code=os.path.dirname(os.path.dirname(os.path.abspath(sparseclip_d2.__file__))))
     project_first = False
     if meta.kind == "folder":
@@ -144,7 +147,8 @@ def prepare_project(method: str, args, weights: str, workdir: str):
     else:
         shape = _encoder_input(rgb, short, workdir)
         project_first = True
-    info = dict(config=meta.config, input=f"{shape[1]}x{shape[0]}", out_size=[h, w])
+    info = dict(config=meta.config, input=f"{shape[1]}x{shape[0]}", out_size=[h, w],
+                sliding=bool(cfg.TEST.SLIDING_WINDOW.ENABLED))
     return spec, info, project_first
 
 
@@ -176,5 +180,6 @@ def build_project(spec: dict):
         return lambda: model([x])
     resized = np.load(os.path.join(workdir, "rgb.npy"))
     image = model.normalize_image(torch.from_numpy(resized).permute(2, 0, 1).contiguous())[None].contiguous()
-    np.save(os.path.join(workdir, "image.npy"), image.numpy())  # the upstream worker's input
+    np.save(os.path.join(workdir, "image.npy"), image.detach().cpu().numpy())  # the upstream worker's input
+    image = image.to(cfg.MODEL.DEVICE)
     return lambda: model.encoder(image)

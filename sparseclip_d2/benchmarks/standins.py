@@ -13,8 +13,9 @@ interpreter with other library versions can run it).
 import os
 import sys
 
-def install_standins():
-    """mmseg / mmengine names the segmentors import, and ``pkg_resources`` where it is missing."""
+def install_standins(device: str = "cpu"):
+    """mmseg / mmengine names the segmentors import, and ``pkg_resources`` where it is missing; the
+    data preprocessor's output on ``device`` (mmseg's moves it to the model's device)."""
     import importlib.util
     import types
 
@@ -36,7 +37,7 @@ def install_standins():
             x = torch.from_numpy(img_hwc_uint8).permute(2, 0, 1).float()
             if self.flip:
                 x = x[[2, 1, 0]]
-            return ((x - self.mean) / self.std)[None]
+            return ((x - self.mean) / self.std)[None].to(device)
 
     class PixelData:
         def __init__(self, **kw):

@@ -76,18 +76,19 @@ def template_segmentor(spec, image, path: str, entry, segmentor: str, **args):
     """``run()`` of a segmentor built as the agreement rows build those whose prompt templates are
     the checkout's ``prompts/imagenet_template.py``: ``segmentor`` (``"module:Class"``) of the
     ``model`` dict of ``entry.upstream_config`` (``type`` dropped) with ``name_path`` = the
-    entry's class file, ``device='cpu'`` and ``args`` (the entry's own: the weights file under
+    entry's class file, ``device`` = ``spec['device']`` (``'cpu'`` by default) and ``args`` (the entry's own: the weights file under
     the name its constructor takes, ...); the module's templates cut to the first with
     ``--templates single``; eval mode; its data preprocessor and predict (:func:`segmentor_run`)."""
     import torch
 
-    install_standins()
+    device = spec.get("device", "cpu")
+    install_standins(device)
     import prompts.imagenet_template as templates
     if spec["templates"] == "single":
         templates.openai_imagenet_template = templates.openai_imagenet_template[:1]
     model = upstream_config(path, entry.upstream_config)
     model.pop("type", None)
-    model.update(name_path=os.path.join(path, entry.class_file), device=torch.device("cpu"))
+    model.update(name_path=os.path.join(path, entry.class_file), device=torch.device(device))
     model.update(args)
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
@@ -149,6 +150,8 @@ def build_upstream(spec: dict):
     import torch  # noqa: F401  (before any upstream import, as every driver needs it)
 
     entry = import_entry(spec)
+    if spec.get("device", "cpu") != "cpu" and not entry.cuda:
+        raise SystemExit(f"{spec['method']}: its upstream entry drives the CPU only (UpstreamEntry.cuda is False)")
     image = np.load(spec["image"])
     path = os.path.join(spec["path"], entry.subdir)  # where its code and configs sit
     sys.path.insert(0, path)

@@ -292,7 +292,10 @@ class UpstreamEntry:
       drawn by the upstream worker) both sides load (:meth:`vfm_file`); ``dino_aliases``: more
       option strings meaning ``--dino``;
     - ``sample_reads_file``: upstream's data sample reads the resized photo from a file
-      (``spec['image_file']``, written by the harness).
+      (``spec['image_file']``, written by the harness);
+    - ``cuda``: its ``build`` honours ``spec['device']`` (``"cuda"``: the GPU benchmark,
+      ``tools/benchmark_methods_gpu.sh``); False: the CPU only, and the GPU table has no upstream
+      figure for it.
 
     Hooks (class methods):
 
@@ -321,6 +324,7 @@ class UpstreamEntry:
     vfm = "dino_vitb8"
     dino_aliases: Tuple[str, ...] = ()
     sample_reads_file = False
+    cuda = False
 
     @classmethod
     def vfm_file(cls, workdir: str) -> str:

@@ -75,12 +75,14 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--methods", "sclip", "--project-only"], ["unknown method", "'sclip'", "proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, "
-                                                     "clipsurgery, pearl, resclip, gem, scclip, sfp"]),
+    (["--methods", "nosuch", "--project-only"], ["unknown method", "'nosuch'", "proxyclip", "fsa", "cass", "trident", "corrclip",
+                                                      "lposs", "itaclip", "cliptrase", "clipsurgery", "pearl", "resclip", "gem", "scclip",
+                                                      "sfp", "sclip", "clearclip", "naclip"]),
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
     (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
-    (["--project-only", "--short-side", "sclip=224"], ["--short-side 'sclip=224'", "itaclip, cliptrase"]),
+    (["--project-only", "--short-side", "nosuch=224"], ["--short-side 'nosuch=224'", "itaclip, cliptrase"]),
+    (["--project-only", "--dtype", "fp16"], ["--dtype fp16 needs --device cuda"]),
     (["--project-only", "--short-side", "gem=-4"], ["--short-side 'gem=-4'", "positive integer"]),
     (["--project-only", "--weights", "/nonexistent/w.pt"], ["--weights /nonexistent/w.pt", "no such file"]),
     (["--project-only", "MODEL.DEVICE"], ["KEY VALUE pairs", "MODEL.DEVICE"]),
@@ -112,7 +114,10 @@ def test_project_side_on_the_tiny_tower(tmp_path, capsys):
     assert row["upstream_peak_rss_mib"] is None and row["rss_ratio"] is None
     table = capsys.readouterr().out
     assert "| resclip | `resclip_b16_voc21.yaml` | 64x48 |" in table
-    assert f"| - | - | {row['project_peak_rss_mib']} | - | - | 1 |" in table
+    assert f"| {row['project_s']:.2f} / - | - | {row['project_peak_rss_mib']} / - | - |" in table
+    # the FLOPs of one more image, counted after the timed ones, and the matmul peak of the same run
+    assert row["project_flops"]["gflops"] > 0 and row["project_gflops_s"] > 0 and row["peak_gflops_s"] > 0
+    assert row["project_peak_share"] == row["project_gflops_s"] / row["peak_gflops_s"]
     assert out.exists()
 
 
@@ -228,8 +233,8 @@ def test_every_entry_names_its_checkout_config_and_kind():
     segmentor names its vocabulary."""
     from sparseclip_d2.model_zoo import get_config_file
 
-    assert sorted(entries()) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs",
-                                 "pearl", "proxyclip", "resclip", "scclip", "sfp", "trident"]
+    assert {"cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs", "naclip",
+            "pearl", "proxyclip", "resclip", "scclip", "sclip", "sfp", "trident"} <= set(entries())
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
         assert e.marker.startswith(e.subdir), method

@@ -9,13 +9,15 @@ class CLIPSurgeryUpstream(UpstreamEntry):
 
     repo, commit, marker = "xmed-lab/CLIP_Surgery", "d4696d4", "clip/clip_surgery_model.py"
     config, kind = "clipsurgery_b16.yaml", "encoder"
+    cuda = True  # the model and the image on spec["device"]
 
     @classmethod
     def build(cls, spec, image, path, kit):
         import torch
 
-        x = torch.from_numpy(image)
+        device = spec.get("device", "cpu")
+        x = torch.from_numpy(image).to(device)
         kit.install_standins()
         from clip.build_model import build_model
-        model = build_model("CS-ViT-B/16", torch.load(spec["weights"], map_location="cpu")).float().eval()
+        model = build_model("CS-ViT-B/16", torch.load(spec["weights"], map_location="cpu")).float().eval().to(device)
         return lambda: model.encode_image(x)

@@ -11,13 +11,15 @@ class GEMUpstream(UpstreamEntry):
 
     repo, commit, marker = "WalBouss/GEM", "5fa677c", "gem/gem_wrapper.py"
     config, kind = "gem_b16.yaml", "encoder"
+    cuda = True  # the model and the image on spec["device"]
 
     @classmethod
     def build(cls, spec, image, path, kit):
         import torch
 
         weights = spec["weights"]
-        x = torch.from_numpy(image)
+        device = spec.get("device", "cpu")
+        x = torch.from_numpy(image).to(device)
         from importlib.metadata import version
 
         from packaging.version import Version
@@ -30,5 +32,5 @@ class GEMUpstream(UpstreamEntry):
         clip_model = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None)
         clip_model.load_state_dict(torch.load(weights, map_location="cpu"))
         # gem.py create_gem_model defaults: gem_depth=7, ss_attn_iter=1, ss_attn_temp=None
-        gem = GEMWrapper(clip_model.eval(), open_clip.get_tokenizer("ViT-B-16-quickgelu"), depth=7).eval()
+        gem = GEMWrapper(clip_model.eval(), open_clip.get_tokenizer("ViT-B-16-quickgelu"), depth=7).eval().to(device)
         return lambda: gem.model.visual(x)

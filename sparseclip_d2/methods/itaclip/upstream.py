@@ -12,6 +12,7 @@ class ITACLIPUpstream(UpstreamEntry):
     device='cpu', **model dict of configs/cfg_voc21.py); its data preprocessor and predict."""
 
     repo, commit, marker = "m-arda-aydn/ITACLIP", "521a33c", "itaclip_segmentor.py"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "itaclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
     #: the class definitions both sides read (the project's TEXT.DEFINITIONS)

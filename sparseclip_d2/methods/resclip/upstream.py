@@ -10,6 +10,7 @@ class ResCLIPUpstream(UpstreamEntry):
     and predict."""
 
     repo, commit, marker = "yvhangyang/ResCLIP", "0e085f7", "resclip_segmentor.py"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "resclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
 

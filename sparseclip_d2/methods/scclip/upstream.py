@@ -10,6 +10,7 @@ class SCCLIPUpstream(UpstreamEntry):
     weights file and device='cpu'; its data preprocessor and predict (slide, postprocess)."""
 
     repo, commit, marker = "SuleBai/SC-CLIP", "0417ba9", "scclip_segmentor.py"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "scclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
 

@@ -11,6 +11,7 @@ class SFPUpstream(UpstreamEntry):
 
     # the SFP repository holds its code in SFP_ICCV/ (its README: cd SFP_ICCV, python eval.py)
     repo, commit, marker, subdir = "Kimsure/SFP", "2804f5b", "SFP_ICCV/SFP_segmentor.py", "SFP_ICCV"
+    cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "sfp_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
 

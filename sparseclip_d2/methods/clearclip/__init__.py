@@ -1,0 +1,3 @@
+"""ClearCLIP (mc-lan/ClearCLIP): its q-q attention without residual or FFN is a preset (``clip/spec.py``);
+this folder holds its entry in the upstream timing benchmark (:mod:`.upstream`)."""
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
