@@ -40,7 +40,8 @@ def build_gla_segmentor(path: str, upstream_config: str, class_file: str, weight
     import torch
 
     _standins()
-    kit.install_standins()
+    if "mmseg" not in sys.modules:  # installed once per process
+        kit.install_standins()
     seg_module = importlib.import_module("gla_clip_segmentor")
     if templates == "single":
         seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
@@ -104,4 +105,51 @@ class GLAUpstream(UpstreamEntry):
         seg = build_gla_segmentor(path, cls.upstream_config, cls.class_file, spec["weights"], spec["templates"], kit,
                                   kit.upstream_config)
         kit.upstream_to_fp32(seg, seg.vfm)
+        seg.iq_dotproduct.float()  # its text-feature buffer (upstream_to_fp32 casts query_features)
         return run_segmentor(seg, image, spec["out_size"])
+
+
+def agreement_worker(spec: dict, kit) -> None:
+    """The upstream side of ``tools/agreement_gla_clip.py``, in its own process (upstream's vendored
+    ``open_clip`` would shadow the project's).
+
+    First :func:`build_gla_segmentor` as upstream builds it (fp16): its CLIP and DINO state dicts, as
+    its loaders leave them (fp16-rounded), are saved in float32 to ``spec['clip_as_loaded']`` /
+    ``spec['dino_as_loaded']`` (the project side loads those), and both models are cast to float32.
+    Then, for each ``spec['runs']`` item (``name, upstream_config, class_file``), the segmentor is
+    constructed again by its own ``__init__`` with ``Tensor.half`` answering float32 and its two
+    loaders (``create_model``, ``torch.hub.load``) answering those float32 models (the same weights;
+    so its text features are encoded in float32 too), and run on each resized photo
+    (``spec['photos']``: ``{name: (npy file, [out_h, out_w])}``) at its ``prob_thd`` and at 0; label
+    maps and class probabilities go to ``<spec['out']>/<name>_<photo>_<thd>.npz``."""
+    import importlib
+
+    import numpy as np
+    import torch
+
+    path = spec["path"]
+    sys.path.insert(0, path)
+    os.chdir(path)
+    kit.random_dino(spec, GLAUpstream.vfm)
+    if int(spec.get("threads", 0)):
+        torch.set_num_threads(int(spec["threads"]))
+    name0, config0, class0 = spec["runs"][0]
+    seg = build_gla_segmentor(path, config0, class0, spec["weights"], spec["templates"], kit, kit.upstream_config)
+    torch.save({k: v.float() for k, v in seg.clip.state_dict().items()}, spec["clip_as_loaded"])
+    torch.save({k: v.float() for k, v in seg.vfm.state_dict().items()}, spec["dino_as_loaded"])
+    clip, vfm = seg.clip.float(), seg.vfm.float()
+    torch.Tensor.half = lambda self: self.float()  # kit.upstream_to_fp32's cast, for every construction below
+    seg_module = importlib.import_module("gla_clip_segmentor")
+    seg_module.create_model = lambda *a, **k: clip
+    torch.hub.load = lambda *a, **k: vfm
+    for run_name, upstream_config, class_file in spec["runs"]:
+        seg = build_gla_segmentor(path, upstream_config, class_file, spec["weights"], spec["templates"], kit,
+                                  kit.upstream_config)
+        kit.upstream_to_fp32(seg, seg.vfm)
+        for thd in sorted({float(seg.prob_thd), 0.0}, reverse=True):
+            seg.prob_thd = thd
+            for photo, (npy, out_size) in spec["photos"].items():
+                result = run_segmentor(seg, np.load(npy), out_size)()[0]
+                np.savez(os.path.join(spec["out"], f"{run_name}_{photo}_{thd:g}.npz"),
+                         labels=result.pred_sem_seg.data[0].numpy(), probs=result.seg_logits.data.float().numpy())
+                print("upstream", run_name, photo, thd, flush=True)
