@@ -79,7 +79,7 @@ def random_clip(workdir: str) -> str:
 
 
 def run_upstream_side(checkout: str, dino: str, workdir: str, configs, templates: str, threads: int) -> dict:
-    """Resize the photos per short side, run :func:`agreement_worker` in a worker process; its spec."""
+    """Resize the photos per short side: the spec of :func:`agreement_worker`."""
     import cv2
 
     from sparseclip_d2.benchmarks.project import rescale_size
@@ -102,12 +102,15 @@ def run_upstream_side(checkout: str, dino: str, workdir: str, configs, templates
                 weights=random_clip(workdir), templates=templates, out=out, threads=threads,
                 clip_as_loaded=os.path.join(workdir, "clip_as_loaded.pt"),
                 dino_as_loaded=os.path.join(workdir, "dino_as_loaded.pt"))
-    for short in sorted({r[3] for r in runs}):  # one worker per short side (its photos)
-        s = dict(spec, photos=photos[short], runs=[r[:3] for r in runs if r[3] == short])
-        spec_file = os.path.join(workdir, f"spec_{short}.json")
-        json.dump(s, open(spec_file, "w"))
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_file], check=True)
     return dict(spec, photos=photos, runs=runs)
+
+
+def run_worker(spec: dict, workdir: str, short: int) -> None:
+    """:func:`agreement_worker` for the configs of one short side (their photos), in a worker process."""
+    s = dict(spec, photos=spec["photos"][short], runs=[r[:3] for r in spec["runs"] if r[3] == short])
+    spec_file = os.path.join(workdir, f"spec_{short}.json")
+    json.dump(s, open(spec_file, "w"))
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_file], check=True)
 
 
 def build_project(config: str, spec: dict, templates: str, build: bool = True):
@@ -151,7 +154,11 @@ def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templat
     spec = run_upstream_side(checkout, dino, workdir, configs, templates, threads)
     rows = []
     model = first = None
-    for config, _, cls_file, short in spec["runs"]:
+    done = set()
+    for config, _, cls_file, short in sorted(spec["runs"], key=lambda r: r[3]):
+        if short not in done:  # upstream's side of the configs of this short side, then the project's
+            run_worker(spec, workdir, short)
+            done.add(short)
         cfg, built = build_project(config, spec, templates, build=model is None)
         model = built if model is None else model
         # one model serves every config: they differ only in the data, the short side (given to both

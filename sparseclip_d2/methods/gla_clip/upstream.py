@@ -113,7 +113,7 @@ def agreement_worker(spec: dict, kit) -> None:
     """The upstream side of ``tools/agreement_gla_clip.py``, in its own process (upstream's vendored
     ``open_clip`` would shadow the project's).
 
-    First :func:`build_gla_segmentor` as upstream builds it (fp16): its CLIP and DINO state dicts, as
+    First :func:`build_gla_segmentor` as upstream builds it (fp16, one class name): its CLIP and DINO state dicts, as
     its loaders leave them (fp16-rounded), are saved in float32 to ``spec['clip_as_loaded']`` /
     ``spec['dino_as_loaded']`` (the project side loads those), and both models are cast to float32.
     Then, for each ``spec['runs']`` item (``name, upstream_config, class_file``), the segmentor is
@@ -133,8 +133,11 @@ def agreement_worker(spec: dict, kit) -> None:
     kit.random_dino(spec, GLAUpstream.vfm)
     if int(spec.get("threads", 0)):
         torch.set_num_threads(int(spec["threads"]))
-    name0, config0, class0 = spec["runs"][0]
-    seg = build_gla_segmentor(path, config0, class0, spec["weights"], spec["templates"], kit, kit.upstream_config)
+    one = os.path.join(spec["out"], "one_class.txt")  # the loaders' models are all this build is for
+    with open(one, "w") as f:
+        f.write("thing\n")
+    seg = build_gla_segmentor(path, spec["runs"][0][1], one, spec["weights"], spec["templates"], kit,
+                              kit.upstream_config)
     torch.save({k: v.float() for k, v in seg.clip.state_dict().items()}, spec["clip_as_loaded"])
     torch.save({k: v.float() for k, v in seg.vfm.state_dict().items()}, spec["dino_as_loaded"])
     clip, vfm = seg.clip.float(), seg.vfm.float()
