@@ -120,7 +120,8 @@ def agreement_worker(spec: dict, kit) -> None:
     constructed again by its own ``__init__`` with ``Tensor.half`` answering float32 and its two
     loaders (``create_model``, ``torch.hub.load``) answering those float32 models (the same weights;
     so its text features are encoded in float32 too), and run on each resized photo
-    (``spec['photos']``: ``{name: (npy file, [out_h, out_w])}``) at its ``prob_thd`` and at 0; label
+    (``spec['photos']``: ``{name: (npy file, [out_h, out_w])}``) at its ``prob_thd`` and at 0 (at 0 alone
+    with ``spec['zero_only']``); label
     maps and class probabilities go to ``<spec['out']>/<name>_<photo>_<thd>.npz``."""
     import importlib
 
@@ -149,7 +150,7 @@ def agreement_worker(spec: dict, kit) -> None:
         seg = build_gla_segmentor(path, upstream_config, class_file, spec["weights"], spec["templates"], kit,
                                   kit.upstream_config)
         kit.upstream_to_fp32(seg, seg.vfm)
-        for thd in sorted({float(seg.prob_thd), 0.0}, reverse=True):
+        for thd in sorted({0.0} if spec.get("zero_only") else {float(seg.prob_thd), 0.0}, reverse=True):
             seg.prob_thd = thd
             for photo, (npy, out_size) in spec["photos"].items():
                 result = run_segmentor(seg, np.load(npy), out_size)()[0]
