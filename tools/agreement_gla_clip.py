@@ -147,8 +147,9 @@ def check_class_names(cfg, checkout: str, class_file: str) -> None:
 
 def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templates: str = "single", threads: int = 0,
                    on_row=None, zero_only: bool = False):
-    """``[row]`` per (config, threshold (its own and 0, or 0 alone with ``zero_only``), photo): agreement %, differing pixels, the upstream map's class
-    count, its top-2 probability margins (largest among differing pixels, median)."""
+    """``[row]`` per (config, threshold, photo): agreement %, differing pixels, the upstream map's class
+    count, its top-2 probability margins (largest among differing pixels, median). Thresholds: the
+    config's and 0, or 0 alone with ``zero_only``."""
     configs = list(configs or UPSTREAM_CONFIGS)
     os.makedirs(workdir, exist_ok=True)
     spec = dict(run_upstream_side(checkout, dino, workdir, configs, templates, threads), zero_only=zero_only)

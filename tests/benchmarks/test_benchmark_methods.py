@@ -228,8 +228,8 @@ def test_every_entry_names_its_checkout_config_and_kind():
     segmentor names its vocabulary."""
     from sparseclip_d2.model_zoo import get_config_file
 
-    assert sorted(entries()) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs",
-                                 "proxyclip", "resclip", "scclip", "sfp", "trident"]
+    assert sorted(entries()) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "gla_clip", "itaclip",
+                                 "lposs", "proxyclip", "resclip", "scclip", "sfp", "trident"]
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
         assert e.marker.startswith(e.subdir), method
