@@ -238,3 +238,20 @@ def test_gla_clip_configs_select_upstreams_values():
                     "sparseclip_coco_object_val": (0.1, 336), "sparseclip_voc20_val": (0.0, 336),
                     "sparseclip_context59_val": (0.0, 336), "sparseclip_coco_stuff_val": (0.0, 336),
                     "sparseclip_ade20k_val": (0.0, 336), "sparseclip_cityscapes_val": (0.0, 560)}
+
+
+def test_upstreams_fp16_runs_through_the_meta_arch():
+    """PROXY.GLA.PRECISION fp16 with the towers in fp16 (upstream's precision='fp16', vfm.half()):
+    the window-set maths in half, finite scores of the right shape, the fp32 model's labels (the same
+    random weights, fp16-rounded) on most pixels."""
+    x = [{"image": torch.randint(0, 255, (3, 40, 56), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)),
+          "vocabulary": ["a", "b", "c"]}]
+    outs = {}
+    for p in ("fp32", "fp16"):
+        torch.manual_seed(0)  # the same random towers
+        m = _model(**dict(GLA, **{"MODEL.SPARSECLIP.PROXY.GLA.PRECISION": p, "MODEL.SPARSECLIP.CLIP.PRECISION": p,
+                                  "MODEL.SPARSECLIP.PROXY.PRECISION": p}))
+        assert m.encoder.settings.precision == p
+        outs[p] = m(x)[0]["sem_seg"]
+    assert outs["fp16"].shape == (3, 40, 56) and bool(torch.isfinite(outs["fp16"]).all())
+    assert float((outs["fp16"].argmax(0) == outs["fp32"].argmax(0)).float().mean()) > 0.9
