@@ -34,7 +34,9 @@ def build_gla_segmentor(path: str, upstream_config: str, class_file: str, weight
     ``weights`` through its ``create_model(..., pretrained='openai', precision='fp16')`` (the file by its
     bare name from its folder: its create_model turns "/" of a name into "-"); DINO through
     ``torch.hub.load`` as the caller has answered it (``kit.random_dino``). ``templates`` "single": the
-    first of its 80 templates. Returns the segmentor, still in fp16 (``kit.upstream_to_fp32`` casts)."""
+    first of its 80 templates (the benchmark's cut); "project_single": the project's one template
+    (``clip/templates.py`` "single", the agreement rows). Returns the segmentor, still in fp16
+    (``kit.upstream_to_fp32`` casts)."""
     import importlib
 
     import torch
@@ -43,8 +45,10 @@ def build_gla_segmentor(path: str, upstream_config: str, class_file: str, weight
     if "mmseg" not in sys.modules:  # installed once per process
         kit.install_standins()
     seg_module = importlib.import_module("gla_clip_segmentor")
-    if templates == "single":
+    if templates == "single":  # the benchmark's cut: its first template ('a bad photo of a {}.')
         seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+    elif templates == "project_single":  # the agreement rows: the project's one ('a photo of a {}.')
+        seg_module.openai_imagenet_template = [lambda c: f"a photo of a {c}."]
     ModelConfig = importlib.import_module("cfg").ModelConfig
     model = config_reader(path, upstream_config)
     model_cfg = ModelConfig(**model)
@@ -137,7 +141,8 @@ def agreement_worker(spec: dict, kit) -> None:
     one = os.path.join(spec["out"], "one_class.txt")  # the loaders' models are all this build is for
     with open(one, "w") as f:
         f.write("thing\n")
-    seg = build_gla_segmentor(path, spec["runs"][0][1], one, spec["weights"], spec["templates"], kit,
+    templates = "project_single" if spec["templates"] == "single" else spec["templates"]
+    seg = build_gla_segmentor(path, spec["runs"][0][1], one, spec["weights"], templates, kit,
                               kit.upstream_config)
     torch.save({k: v.float() for k, v in seg.clip.state_dict().items()}, spec["clip_as_loaded"])
     torch.save({k: v.float() for k, v in seg.vfm.state_dict().items()}, spec["dino_as_loaded"])
@@ -147,7 +152,7 @@ def agreement_worker(spec: dict, kit) -> None:
     seg_module.create_model = lambda *a, **k: clip
     torch.hub.load = lambda *a, **k: vfm
     for run_name, upstream_config, class_file in spec["runs"]:
-        seg = build_gla_segmentor(path, upstream_config, class_file, spec["weights"], spec["templates"], kit,
+        seg = build_gla_segmentor(path, upstream_config, class_file, spec["weights"], templates, kit,
                                   kit.upstream_config)
         kit.upstream_to_fp32(seg, seg.vfm)
         for thd in sorted({0.0} if spec.get("zero_only") else {float(seg.prob_thd), 0.0}, reverse=True):
