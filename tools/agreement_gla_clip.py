@@ -196,6 +196,42 @@ def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templat
     return rows
 
 
+def compare_parts(checkout: str, seed: int = 0) -> Dict[str, float]:
+    """Largest |upstream - project| of the window-set attention on the same random tensors: upstream's
+    ``myutils.py`` ``KV_Extension`` (imported from the checkout; ``openpyxl`` / ``ipdb`` as empty modules)
+    with ``predict.sh``'s flags against ``window_set_attend`` (softmax) on CLIP values resized the same
+    way; windows x grid: 2 x 3 windows of 4 x 6 tokens, and 3 x 4 windows of 8 x 8 (block rows 100)."""
+    import types
+
+    import torch.nn.functional as F
+
+    from sparseclip_d2.methods.gla_clip import WindowSetSettings, window_set_attend
+
+    for name in ("openpyxl", "ipdb"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    if checkout not in sys.path:
+        sys.path.insert(0, checkout)
+    import myutils
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for hg, wg, C, H, W, clip_grid, rows in ((2, 3, 16, 4, 6, (2, 3), 1024), (3, 4, 32, 8, 8, (4, 4), 100)):
+        B, heads, dh = hg * wg, 2, 4
+        feats = torch.randn(B, C, H, W, generator=g) + 0.5
+        v = torch.randn(B * heads, clip_grid[0] * clip_grid[1], dh, generator=g)
+        cfg = types.SimpleNamespace(token_size=clip_grid, proxy_sim=True, dynamic_gamma=True, smoothing=False,
+                                    mini_iters=2, initial_crit_pos=0.55, token_norm=True, beta=1.2, gamma=3.0,
+                                    dynamic_beta=True, beta_alpha=0.3, gamma_alpha=30.0, cutting_hp=0.0,
+                                    temperature=1.0)  # predict.sh's flags over cfg.py's defaults
+        up = myutils.KV_Extension()(feats.reshape(hg, wg, C, H, W), num_heads=heads, scale=1, v_ext=v, model_cfg=cfg)
+        vv = F.interpolate(v.reshape(B * heads, *clip_grid, dh).permute(0, 3, 1, 2), size=(H, W), mode="bilinear",
+                           align_corners=False)
+        values = vv.reshape(B, heads, dh, H * W).permute(0, 3, 1, 2).reshape(B, H * W, heads * dh)
+        ours = window_set_attend(feats, values, WindowSetSettings(block_rows=rows), lambda x: torch.softmax(x, -1))
+        out[f"KV_Extension {hg}x{wg} windows of {H}x{W}"] = float((up.permute(1, 0, 2) - ours).abs().max())
+    return out
+
+
 def worker(spec_file: str) -> None:
     """The upstream side (no project model code): the entry's module and the harness's kit only."""
     from sparseclip_d2.benchmarks.upstream import import_entry, upstream_kit
@@ -221,10 +257,16 @@ def main(argv=None):
                    help="only the rows at probability threshold 0 (random weights' near-uniform scores send most "
                         "pixels under a threshold of 0.1 to class 0; the rows at 0 compare every pixel's argmax)")
     p.add_argument("--json", default="", help="also write the rows to this file")
+    p.add_argument("--parts-only", action="store_true",
+                   help="only the window-set attention against upstream's KV_Extension on random tensors")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    if args.parts_only:
+        for name, diff in compare_parts(os.path.abspath(args.upstream)).items():
+            print(f"  {name:40s} {diff:.3e}")
+        return None
     if not (args.upstream and args.dino and args.workdir):
         p.error("--upstream, --dino and --workdir are required")
     if not os.path.isfile(os.path.join(args.upstream, "gla_clip_segmentor.py")):
