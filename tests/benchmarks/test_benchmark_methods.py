@@ -233,7 +233,7 @@ def test_every_entry_names_its_checkout_config_and_kind():
     segmentor names its vocabulary."""
     from sparseclip_d2.model_zoo import get_config_file
 
-    assert {"cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs", "naclip",
+    assert {"cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "gla_clip", "itaclip", "lposs", "naclip",
             "pearl", "proxyclip", "resclip", "scclip", "sclip", "sfp", "trident"} <= set(entries())
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
