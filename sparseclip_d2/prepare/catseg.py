@@ -230,7 +230,7 @@ def context459(root: str) -> None:
     split_file = os.path.join(base, "pascalcontext_val.txt")
     if not os.path.isfile(split_file):
         raise PrepareError(f"missing {split_file}: copy datasets/pascalcontext_val.txt of "
-                           "https://github.com/cvlab-kaist/CAT-Seg there (the 5105 Pascal Context val ids)")
+                           "https://github.com/cvlab-kaist/CAT-Seg there (its list of the Pascal Context val ids)")
     with open(split_file) as f:
         ids = [line.strip() for line in f if line.strip()]
     mat_dir = os.path.join(base, "trainval")
