@@ -88,6 +88,14 @@ def test_class_names_are_catsegs():
     assert len(proxy) == 459 and proxy[2] == "air conditioner" and proxy[458] == "wool"
 
 
+def test_the_ignore_value_written_is_the_one_registered():
+    from sparseclip_d2.data.datasets import segmentation
+    from sparseclip_d2.prepare import catseg
+
+    assert catseg.ADE847_IGNORE == segmentation.ADE847_IGNORE == 65535
+    assert catseg.CONTEXT459_IGNORE == segmentation.CONTEXT459_IGNORE == 65535
+
+
 def test_ade847_target_size_is_catsegs():
     assert ade847_target_size(512, 700) is None            # the short side is not above 512
     assert ade847_target_size(300, 2000) is None

@@ -327,6 +327,15 @@ def register_cityscapes(root: str) -> None:
     )
 
 
+#: ADE20K-847's ignore label (cvlab-kaist/CAT-Seg @ 6d3a188 cat_seg/data/datasets/register_ade20k_847.py
+#: ``ignore_label=65535``; the value prepare/catseg.py writes).
+ADE847_IGNORE = 65535
+#: Context-459's: CAT-Seg @ 6d3a188 registers 459 (register_pascal_context.py), MESS (blumenstiel/MESS
+#: cc701b5) 65535, for the same files; no prepared mask holds either (every pixel is ``LabelMap - 1``,
+#: 0..458), so the metrics agree; 65535 is the value no uint16 class index takes, as for ADE-847.
+CONTEXT459_IGNORE = 65535
+
+
 def load_gt_listed_dataset(name: str, image_dir: str, gt_dir: str, *, image_ext: str, gt_ext: str,
                            prepare_command: str) -> List[Dict]:
     """Dataset dicts of every ``<stem><gt_ext>`` mask in ``gt_dir`` with its image
@@ -356,8 +365,6 @@ def register_ade847(root: str) -> None:
     """``sparseclip_ade847_val``: ADE20K-847 as CAT-Seg prepares it (847 classes, uint16 TIFF
     labels, 65535 = ignore; cvlab-kaist/CAT-Seg @ 6d3a188 cat_seg/data/datasets/register_ade20k_847.py:
     images_detectron2/validation *.jpg, annotations_detectron2/validation *.tif)."""
-    from ...prepare.catseg import ADE847_IGNORE
-
     base = os.path.join(root, "ADE20K_2021_17_01")
     prep = (f"download ADE20K_2021_17_01.zip (ADE20K full) and extract it under {root}/, then: "
             f"{PREPARE} ade847 --root {root}")
@@ -377,9 +384,7 @@ def register_context459(root: str) -> None:
     """``sparseclip_context459_val``: Pascal Context-459 as CAT-Seg prepares it (459 classes,
     ``LabelMap - 1`` as uint16 TIFFs in VOC2010/annotations_detectron2/pc459_val, paired with
     VOC2010/JPEGImages; cat_seg/data/datasets/register_pascal_context.py). Ignore label 65535
-    (:data:`sparseclip_d2.prepare.catseg.CONTEXT459_IGNORE` says why)."""
-    from ...prepare.catseg import CONTEXT459_IGNORE
-
+    (:data:`CONTEXT459_IGNORE` says why)."""
     base = os.path.join(root, "VOCdevkit", "VOC2010")
     prep = (f"download VOCtrainval_03-May-2010.tar and trainval.tar.gz (Pascal Context) and extract them in "
             f"{base}/ with CAT-Seg's datasets/pascalcontext_val.txt, then: {PREPARE} context459 --root {root}")
