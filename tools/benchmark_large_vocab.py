@@ -116,14 +116,14 @@ def main(argv=None) -> dict:
     p.add_argument("--plant-text-cache", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--limit-mib", type=float, default=3072.0, help="the bound the run is checked against")
     p.add_argument("--_plant", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides KEY VALUE ...")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--_child"]:  # train_net's own arguments follow the RSS file
+        _child_train_net(argv[1], argv[2:])
+        return {}
     a = p.parse_args(argv)
     if a._plant:
         print(json.dumps(plant_text_cache(a.config_file, a.opts)))
-        return {}
-    if a._child:
-        _child_train_net(a._child, a.opts)
         return {}
     with tempfile.TemporaryDirectory(prefix="sparseclip_bigvocab_") as tmp:
         root = os.path.join(tmp, "datasets")
