@@ -187,3 +187,24 @@ def test_evaluator_results_json_and_tables(tmp_path):
     assert "| zero_IoU_share | boundary_IoU |" in md and "25.00" in md
     cmp = compare_with_paper([row], paper=[])
     assert cmp[0]["zero_IoU_share"] == pytest.approx(25.0) and cmp[0]["boundary_IoU"] == entry["boundary_IoU"]
+
+
+def test_boundary_keys_take_effect_and_bad_values_are_refused():
+    from detectron2.config import get_cfg
+
+    from sparseclip_d2.config import add_sparseclip_config, check_sparseclip_config
+    from sparseclip_d2.evaluation.build import boundary_iou_setting
+
+    cfg = get_cfg()
+    add_sparseclip_config(cfg)
+    assert boundary_iou_setting(cfg) == (0.02, 0)  # boundary-iou-api's default ratio
+    cfg.TEST.BOUNDARY_IOU.DILATION_PIXELS = 3
+    assert boundary_iou_setting(cfg) == (0.02, 3)
+    cfg.TEST.BOUNDARY_IOU.ENABLED = False
+    assert boundary_iou_setting(cfg) is None
+    m = SemSegExtraMetrics(5, IGN, boundary=False)
+    m.update(PRED, GT)
+    assert "boundary_IoU" not in m.results() and m.results()["zero_IoU_share"] == pytest.approx(25.0)
+    cfg.TEST.BOUNDARY_IOU.DILATION_RATIO = 1.5
+    with pytest.raises(ValueError, match=r"TEST.BOUNDARY_IOU.DILATION_RATIO = 1.5 is invalid; valid: a number in \[0, 1\]"):
+        check_sparseclip_config(cfg)
