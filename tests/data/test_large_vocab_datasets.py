@@ -210,3 +210,26 @@ def test_missing_downloads_name_the_file_and_where_to_get_it(tmp_path):
         context459(str(tmp_path))
     with pytest.raises(PrepareError, match="m.mat: LabelMap holds values 0..3; expected 1..459"):
         context459_labels(np.array([[0, 3]]), "m.mat")
+
+
+def test_the_model_takes_ade847s_published_names_and_refuses_repeats_elsewhere(caplog):
+    """ADE20K-847's names repeat 41 synonyms across classes (CAT-Seg's list as published): the META_ARCH
+    takes the dataset's vocabulary, logging the repeats once; the same repeats in a vocabulary given
+    as input stay an error."""
+    import logging
+
+    from detectron2.modeling import build_model
+
+    from conftest import tiny_cfg
+
+    model = build_model(tiny_cfg())
+    with caplog.at_level(logging.WARNING):
+        classes, bg = model._vocabulary({"dataset_name": "sparseclip_ade847_val"})
+        first = len(caplog.records)
+        model._vocabulary({"dataset_name": "sparseclip_ade847_val"})
+    assert len(classes) == 847 and bg is None
+    repeats = [r for r in caplog.records if "duplicate name 'screen'" in r.getMessage()]
+    # 'screen' in four classes (51, 57, 147, 153): three repeats, logged by the first image only
+    assert len(repeats) == 3 and first == len(caplog.records) >= 41
+    with pytest.raises(ValueError, match="duplicate name 'screen'"):
+        model._vocabulary({"vocabulary": ["blind, screen", "screen door, screen"]})

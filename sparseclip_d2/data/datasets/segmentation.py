@@ -38,7 +38,8 @@ missing or stale conversion (a converted mask older than its source) is an error
 the command to run. Metadata: ``stuff_classes`` (class names with synonyms), ``ignore_label``
 255, ``evaluator_type`` "sem_seg", ``background_index`` (int or None), ``class_names_file``
 (the packaged class-name file, e.g. ``voc21``, also the key of the upstream class-name
-sets), ``dataset_root``, ``prepare_command``.
+sets), ``dataset_root``, ``prepare_command``; ADE20K-847 also ``vocabulary_as_published`` (its
+published names repeat synonyms across classes: kept, logged once, instead of refused).
 """
 import glob
 import logging
@@ -377,6 +378,9 @@ def register_ade847(root: str) -> None:
             prepare_command=prep),
         class_names=load_class_names("ade847"), background_index=None, ignore_label=ADE847_IGNORE,
         dataset_root=base, prepare_command=prep, class_names_file="ade847",
+        # CAT-Seg's WordNet names as published: 41 synonyms name two classes ("screen" in "blind,
+        # screen" and "screen door, screen"); they tie and the lower class index wins (logged once)
+        vocabulary_as_published=True,
     )
 
 
