@@ -15,7 +15,8 @@ folder): with ``--plant-text-cache`` (default) a first process builds the same m
 seeded random weights as train_net) and writes random unit embeddings under the cache file name
 the run will look up, as an earlier run that encoded the 1281 x 80 prompts would have left it (on
 a 2-core CPU the encoding itself takes hours); ``--no-plant-text-cache`` measures the encoding too.
-train_net runs in a child process that reports its own peak RSS (``ru_maxrss``)::
+train_net runs in a child process that reports its own peak RSS (``ru_maxrss``); the parent also
+reads the child's ``VmHWM`` every 0.2 s, so a run that is killed still says how high it got::
 
     python tools/benchmark_large_vocab.py                      # ProxyCLIP's ADE-847 config
     python tools/benchmark_large_vocab.py --config-file configs/baselines/trident_b16_ade847.yaml
@@ -91,6 +92,18 @@ def plant_text_cache(config_file: str, opts) -> dict:
     return {"path": path, "synonyms": len(synonyms), "templates": len(classifier.templates)}
 
 
+def _vm_hwm_mib(pid: int) -> float:
+    """``VmHWM`` (peak resident set) of a running process, MiB; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 def _child_train_net(rss_file: str, argv) -> None:
     """Run tools/train_net.py in this process; write this process's peak RSS (MiB) on exit."""
     import resource
@@ -140,17 +153,27 @@ def main(argv=None) -> dict:
             planted = json.loads(res.stdout.strip().splitlines()[-1])
         rss_file = os.path.join(tmp, "rss")
         start = time.perf_counter()
-        res = subprocess.run([sys.executable, __file__, "--_child", rss_file, "--eval-only", "--config-file",
-                              a.config_file] + opts, env=env, capture_output=True, text=True)
+        log_path = os.path.join(tmp, "child.log")
+        with open(log_path, "w") as log:
+            child = subprocess.Popen([sys.executable, __file__, "--_child", rss_file, "--eval-only", "--config-file",
+                                      a.config_file] + opts, env=env, stdout=log, stderr=subprocess.STDOUT)
+            hwm = 0.0
+            while child.poll() is None:  # the kernel's high-water mark, also for a child that is killed
+                hwm = max(hwm, _vm_hwm_mib(child.pid))
+                time.sleep(0.2)
         wall = time.perf_counter() - start
-        if res.returncode != 0:
-            sys.exit(f"train_net failed ({res.returncode}):\n{res.stderr[-4000:]}")
+        with open(log_path) as f:
+            log = f.read()
+        if child.returncode != 0:
+            print(json.dumps({"config": os.path.relpath(a.config_file, ROOT), "failed": child.returncode,
+                              "peak_rss_mib_seen": round(hwm, 1), "wall_s": round(wall, 1)}))
+            sys.exit(f"train_net failed ({child.returncode}); its peak RSS (VmHWM) was at least {hwm:.0f} MiB:\n"
+                     f"{log[-3000:]}")
         with open(rss_file) as f:
             peak = float(f.read())
         with open(os.path.join(tmp, "out", "results.json")) as f:
             results = json.load(f)
         entry = results[DATASET]
-        log = res.stdout + res.stderr
         out = {
             "config": os.path.relpath(a.config_file, ROOT), "image": f"{a.width}x{a.height}", "classes": 847,
             "text_cache": "planted" if planted else "encoded in the run",
