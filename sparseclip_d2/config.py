@@ -343,6 +343,18 @@ def add_sparseclip_config(cfg):
     # computed in bands of rows, instead of "sem_seg" scores.
     _C.TEST.SEM_SEG_SCORES_MAX_MB = 1024.0
 
+    # Boundary IoU of semantic segmentation (Cheng et al., CVPR 2021, "Boundary IoU: Improving
+    # Object-Centric Image Segmentation Evaluation"; sparseclip_d2/evaluation/sem_seg_metrics.py):
+    # per class, IoU of the pixels of the ground-truth and predicted masks within the dilation
+    # width d of their own contour. d = max(1, round(DILATION_RATIO * image diagonal))
+    # (bowenc0221/boundary-iou-api @ 37d2558 boundary_iou/utils/boundary_utils.py mask_to_boundary,
+    # default dilation_ratio=0.02), or DILATION_PIXELS when > 0. Reported in results.json as
+    # boundary_IoU (beside the share of classes with zero IoU, zero_IoU_share).
+    _C.TEST.BOUNDARY_IOU = CN()
+    _C.TEST.BOUNDARY_IOU.ENABLED = True
+    _C.TEST.BOUNDARY_IOU.DILATION_RATIO = 0.02
+    _C.TEST.BOUNDARY_IOU.DILATION_PIXELS = 0
+
     # Evaluate only the first N images of each test dataset (0 = all). Recorded in
     # results.json so a partial number is never mistaken for a full one.
     _C.TEST.MAX_IMAGES = 0
@@ -389,6 +401,8 @@ def check_sparseclip_config(cfg) -> None:
     _check_number("TEST.SLIDING_WINDOW.STRIDE", sw.STRIDE, 1, sw.CROP_SIZE, integer=True)
     _check_number("TEST.MAX_IMAGES", cfg.TEST.MAX_IMAGES, 0, inf, integer=True)
     _check_number("TEST.SEM_SEG_SCORES_MAX_MB", cfg.TEST.SEM_SEG_SCORES_MAX_MB, 0, inf)
+    _check_number("TEST.BOUNDARY_IOU.DILATION_RATIO", cfg.TEST.BOUNDARY_IOU.DILATION_RATIO, 0, 1)
+    _check_number("TEST.BOUNDARY_IOU.DILATION_PIXELS", cfg.TEST.BOUNDARY_IOU.DILATION_PIXELS, 0, inf, integer=True)
     min_sizes = cfg.INPUT.MIN_SIZE_TEST
     for size in (min_sizes if isinstance(min_sizes, (list, tuple)) else [min_sizes]):
         _check_number("INPUT.MIN_SIZE_TEST", size, 0, inf, integer=True)

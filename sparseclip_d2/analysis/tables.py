@@ -24,6 +24,7 @@ from .mess_tables import mess_results_of_records, write_mess_tables
 __all__ = [
     "PAPER_CSV",
     "STAT_COLUMNS",
+    "SEM_SEG_EXTRA_COLUMNS",
     "SETTING_KEYS",
     "describe",
     "short_dataset",
@@ -42,6 +43,9 @@ __all__ = [
 PAPER_CSV = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference",
                          "paper_results.csv")
 STAT_COLUMNS = ("same_class_mass", "non_class_mass", "background_mass", "support_size", "perplexity")
+#: Segmentation metrics shown beside the headline one when a run reports them
+#: (sparseclip_d2/evaluation/sem_seg_metrics.py): the share of classes with zero IoU, the boundary IoU.
+SEM_SEG_EXTRA_COLUMNS = ("zero_IoU_share", "boundary_IoU")
 #: Columns of a row that describe the run's setting (everything but the metrics).
 SETTING_KEYS = ("backbone", "pretrained", "source", "block", "resolution", "normalizer", "alpha", "num_layers",
                 "prior", "sum_mode", "templates", "sliding", "logit_scale", "prob_threshold", "area_threshold",
@@ -242,6 +246,7 @@ def sweep_markdown(rows: Sequence[Dict[str, Any]], title: str, stale: int = 0) -
     stats, partial / random-weight marks, failures with their error."""
     params = [c for c in _columns(rows) if c.startswith("param.")]
     cols = ["run"] + params + ["dataset", "status", "metric", "value"]
+    cols += [c for c in SEM_SEG_EXTRA_COLUMNS if any(c in r for r in rows)]
     cols += [c for c in STAT_COLUMNS if any(c in r for r in rows)]
     cols += ["partial", "random_weights"]
     if any(r.get("status") == "failed" for r in rows):
@@ -325,7 +330,8 @@ def compare_with_paper(rows: Sequence[Dict[str, Any]], paper: Optional[Sequence[
 
     Every metric of ours the paper reports (mIoU; FG-OVD top1 per split, mHME) gives one
     output row ``{run, dataset, ..., metric, ours, paper, diff (ours - paper), paper_row,
-    no_paper_row, partial, random_weights}``; ``paper_row`` names the paper's table(s) and the
+    no_paper_row, zero_IoU_share, boundary_IoU (ours, on mIoU rows, when reported), partial,
+    random_weights}``; ``paper_row`` names the paper's table(s) and the
     CSV line(s) (the paper repeats some numbers in two tables).
     """
     paper = load_paper_results() if paper is None else paper
@@ -359,6 +365,7 @@ def compare_with_paper(rows: Sequence[Dict[str, Any]], paper: Optional[Sequence[
                 paper_row=(_paper_row_name(hit["row"], sorted(set(hit["tables"]), key=int), hit["lines"])
                            if hit else ""),
                 no_paper_row=reason or "",
+                **{c: r.get(c) for c in SEM_SEG_EXTRA_COLUMNS if m == "mIoU"},  # ours only: the paper has none
                 partial=bool(r.get("partial", False)),
                 random_weights=bool(r.get("random_weights", False)),
             )
@@ -385,7 +392,9 @@ def write_tables(records: Sequence[Dict[str, Any]], out_dir: str, *, title: str 
         cmp_rows = compare_with_paper(current_rows)
         paths["compare_csv"] = write_csv(cmp_rows, os.path.join(out_dir, "compare_paper.csv"))
         cols = ["run", "dataset", "backbone", "source", "block", "resolution", "normalizer", "alpha", "num_layers",
-                "metric", "ours", "paper", "diff", "paper_row", "no_paper_row", "partial"]
+                "metric", "ours", "paper", "diff", "paper_row", "no_paper_row"]
+        cols += [c for c in SEM_SEG_EXTRA_COLUMNS if any(r.get(c) is not None for r in cmp_rows)]
+        cols += ["partial"]
         matched = sum(r["paper"] is not None for r in cmp_rows)
         note = (f"Ours vs the paper (arXiv 2607.07135v2; numbers shipped in "
                 f"sparseclip_d2/reference/paper_results.csv). {matched} of {len(cmp_rows)} rows have a paper "

@@ -19,7 +19,9 @@ __all__ = ["TextClassifier", "max_over_synonyms", "split_synonyms", "weights_fin
 
 logger = logging.getLogger(__name__)
 
-_CACHE_FORMAT = 1
+# 2: the key also holds the tokenizer, the device type and dtype, the encoding code, and a
+# fingerprint that samples every text-side parameter.
+_CACHE_FORMAT = 2
 _ENV = "SPARSECLIP_TEXT_CACHE"
 
 
@@ -73,13 +75,14 @@ def max_over_synonyms(logits: torch.Tensor, class_index: torch.Tensor, num_class
 def weights_fingerprint(model: nn.Module, max_elements: int = 65536) -> str:
     """A short hash of a model's text-side weights (names, shapes, dtypes, sampled values).
 
-    Hashes the first and last four non-visual parameters; large tensors are sampled with
-    a stride so at most ``max_elements`` values each are read. Returns 16 hex digits.
+    Hashes every non-visual parameter (two checkpoints that differ only in a middle layer of
+    the text tower must not share a text-embedding cache); large tensors are sampled with a
+    stride so at most ``max_elements`` values each are read. Returns 16 hex digits.
     """
     params = [(n, p) for n, p in model.named_parameters() if not n.startswith("visual.")]
     if not params:
         params = list(model.named_parameters())
-    chosen = params[:4] + params[-4:] if len(params) > 8 else params
+    chosen = params
     h = hashlib.sha256()
     for n, p in chosen:
         t = p.detach().reshape(-1)
@@ -88,6 +91,30 @@ def weights_fingerprint(model: nn.Module, max_elements: int = 65536) -> str:
         h.update(f"{n}:{tuple(p.shape)}:{p.dtype}".encode())
         h.update(sample.numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def _tokenizer_identity(tokenizer) -> str:
+    """What of a tokenizer changes the tokens: its class, its context length, and (Hugging Face
+    tokenizers) the checkpoint it was loaded from."""
+    kind = type(tokenizer)
+    parts = [f"{kind.__module__}.{kind.__qualname__}", str(getattr(tokenizer, "context_length", None))]
+    inner = getattr(tokenizer, "tokenizer", None)
+    if inner is not None:
+        parts.append(str(getattr(inner, "name_or_path", type(inner).__qualname__)))
+    return "|".join(parts)
+
+
+_ENCODE_CODE = None
+
+
+def _encode_code_version() -> str:
+    """Hash of the source of :meth:`TextClassifier.encode` (how prompts become embeddings)."""
+    global _ENCODE_CODE
+    if _ENCODE_CODE is None:
+        import inspect
+
+        _ENCODE_CODE = hashlib.sha256(inspect.getsource(TextClassifier.encode).encode()).hexdigest()[:16]
+    return _ENCODE_CODE
 
 
 def text_cache_dir(cache_dir: Optional[str] = None) -> Optional[str]:
@@ -163,8 +190,12 @@ class TextClassifier:
             return None
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.model)
+        param = next(self.model.parameters())
         payload = json.dumps({"format": _CACHE_FORMAT, "model": self.model_name, "weights": self._fingerprint,
-                              "synonyms": synonyms, "templates": self.templates})
+                              "synonyms": synonyms, "templates": self.templates,
+                              "tokenizer": _tokenizer_identity(self.tokenizer),
+                              "device": param.device.type, "dtype": str(param.dtype),
+                              "code": _encode_code_version()})
         key = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.model_name) or "model"
         return os.path.join(self.cache_dir, f"{safe}-{key}.pt")

@@ -21,6 +21,15 @@ __all__ = ["window_grid", "symmetric_pad", "dense_logits", "encode_window_logits
 
 Window = Tuple[int, int, int, int]
 
+# A batch of upsampled window logits above this many float32 elements (2 ** 27 = 512 MiB: e.g. one
+# 336 px window of a ~1300-synonym vocabulary is 0.6 GB) is made in groups of channels of about
+# _UPSAMPLE_GROUP_ELEMENTS (64 MiB), one window at a time. A group is a multiple of 64 channels:
+# the CPU kernel vectorises over channels, and groups that start on a multiple of the vector width
+# give the values of one call bit for bit (checked in tests/dense/test_window_channel_groups.py);
+# against a batched call of several windows they may differ in the last float32 bit.
+_UPSAMPLE_ELEMENTS = 1 << 27
+_UPSAMPLE_GROUP_ELEMENTS = 1 << 24
+
 #: How a window whose sides are not multiples of the patch size p is encoded:
 #:
 #: - ``pad_crop``: zero-pad symmetrically (extra pixel right/bottom) to multiples of p,
@@ -169,21 +178,43 @@ def dense_logits(
             raise ValueError(
                 f"logits_fn must return (N, K, h, w) with N={len(chunk)}, got {tuple(patch_logits.shape)}"
             )
-        if patch_remainder == "pad_crop":
-            logits = F.interpolate(
-                patch_logits.float(), size=crops.shape[-2:], mode="bilinear", align_corners=False
-            )[:, :, top : top + wh, left : left + ww]
-        else:  # the (truncated or corner-padded) grid stretched over the unpadded window
-            logits = F.interpolate(patch_logits.float(), size=(wh, ww), mode="bilinear", align_corners=False)
         if summed is None:
-            summed = torch.zeros((logits.shape[1], H, W), dtype=torch.float32, device=image.device)
-        for (y1, y2, x1, x2), window_logits in zip(chunk, logits):
-            summed[:, y1:y2, x1:x2] += window_logits
+            summed = torch.zeros((patch_logits.shape[1], H, W), dtype=torch.float32, device=image.device)
+        # the padded crop's size (pad_crop), else the (truncated or corner-padded) grid stretched
+        # over the unpadded window
+        target = tuple(crops.shape[-2:]) if patch_remainder == "pad_crop" else (wh, ww)
+        crop_box = (top, top + wh, left, left + ww) if patch_remainder == "pad_crop" else None
+        _add_upsampled(summed, patch_logits, chunk, target, crop_box)
+        for (y1, y2, x1, x2) in chunk:
             count[:, y1:y2, x1:x2] += 1
     if summed is None or not bool((count > 0).all()):  # window_grid covers every pixel
         raise RuntimeError(f"the window grid left pixels of the {H}x{W} image uncovered "
                            f"(crop_size={crop_size}, stride={stride})")
-    return summed / count
+    return summed.div_(count)  # in place: no second (K, H, W) tensor
+
+
+def _add_upsampled(summed: torch.Tensor, patch_logits: torch.Tensor, chunk: Sequence[Window],
+                   target: Tuple[int, int], crop_box: Optional[Tuple[int, int, int, int]]) -> None:
+    """Add each window's ``patch_logits`` upsampled (bilinear) to ``target`` and cut to ``crop_box``
+    ``(y0, y1, x0, x1)`` (None: kept whole) into ``summed`` at its window. Above
+    ``_UPSAMPLE_ELEMENTS`` the upsampling runs in groups of channels, one window at a time
+    (bilinear resizing treats each channel alone): a vocabulary of ~1300 synonyms would otherwise
+    need an ``(N, K, crop, crop)`` temporary of 0.6 GB per 336 px window."""
+    num_channels = patch_logits.shape[1]
+    area = target[0] * target[1]
+    if len(chunk) * num_channels * area <= _UPSAMPLE_ELEMENTS:
+        parts = [(patch_logits, chunk, 0, num_channels)]  # one call for the batch
+    else:
+        step = max(64, _UPSAMPLE_GROUP_ELEMENTS // area // 64 * 64)
+        parts = [(patch_logits[i:i + 1, k0:k0 + step], [window], k0, min(k0 + step, num_channels))
+                 for i, window in enumerate(chunk) for k0 in range(0, num_channels, step)]
+    for part, part_windows, k0, k1 in parts:
+        logits = F.interpolate(part.float(), size=target, mode="bilinear", align_corners=False)
+        if crop_box is not None:
+            logits = logits[:, :, crop_box[0]:crop_box[1], crop_box[2]:crop_box[3]]
+        for (y1, y2, x1, x2), window_logits in zip(part_windows, logits):
+            summed[k0:k1, y1:y2, x1:x2] += window_logits
+        del logits
 
 
 def encode_window_logits(encoder, images: torch.Tensor, text_emb: torch.Tensor, logit_scale: float, *,

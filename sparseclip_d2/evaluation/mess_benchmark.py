@@ -35,7 +35,8 @@ import torch
 from detectron2.data import MetadataCatalog
 
 from ..data.datasets.mess_benchmark import MESS_BENCHMARK, MESS_REQUIREMENT, is_mess_dataset
-from .build import BENCHMARK_EVALUATORS, SparseCLIPSemSegEvaluator
+from .build import BENCHMARK_EVALUATORS, SparseCLIPSemSegEvaluator, boundary_iou_setting
+from .sem_seg_metrics import DEFAULT_DILATION_RATIO
 
 try:
     from mess.evaluation.sem_seg_evaluation import MESSSemSegEvaluator
@@ -67,11 +68,12 @@ class SparseCLIPMESSEvaluator(SparseCLIPSemSegEvaluator, MESSSemSegEvaluator):
     this class, ours, ``MESSSemSegEvaluator``, detectron2's ``SemSegEvaluator``)."""
 
     def __init__(self, dataset_name: str, distributed: bool = True, output_dir: Optional[str] = None,
-                 center_crop: int = 0):
+                 center_crop: int = 0, boundary_iou=(DEFAULT_DILATION_RATIO, 0)):
         if not is_mess_dataset(dataset_name):
             raise ValueError(f"dataset {dataset_name!r} was not registered by MESS's package (metadata benchmark "
                              f"{MetadataCatalog.get(dataset_name).get('benchmark', None)!r}); use the sem_seg evaluator")
-        super().__init__(dataset_name, distributed=distributed, output_dir=output_dir, center_crop=center_crop)
+        super().__init__(dataset_name, distributed=distributed, output_dir=output_dir, center_crop=center_crop,
+                         boundary_iou=boundary_iou)
         self._mess_info = mess_dataset_info(dataset_name)
 
     def results_extras(self) -> Dict[str, Any]:
@@ -102,7 +104,8 @@ class SparseCLIPMESSEvaluator(SparseCLIPSemSegEvaluator, MESSSemSegEvaluator):
 def build_mess_evaluator(cfg, dataset_name: str, output_folder: Optional[str] = None) -> SparseCLIPMESSEvaluator:
     """The evaluator of a MESS dataset (called by ``build.sem_seg`` for ``benchmark`` "mess")."""
     return SparseCLIPMESSEvaluator(dataset_name, distributed=True, output_dir=output_folder,
-                                   center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0)
+                                   center_crop=cfg.INPUT.get("CENTER_CROP_TEST", 0) if cfg is not None else 0,
+                                   boundary_iou=boundary_iou_setting(cfg))
 
 
 BENCHMARK_EVALUATORS[MESS_BENCHMARK] = build_mess_evaluator

@@ -3,7 +3,8 @@
 Layout::
 
     {"<dataset>": {"mIoU": .., "fwIoU": .., "mACC": .., "pACC": .., "num_images": N,
-                   "seconds_per_image": ..},          # sem_seg datasets
+                   "seconds_per_image": .., "zero_IoU_share": .., "boundary_IoU": ..,
+                   "per_class_IoU": {..}, "per_class_boundary_IoU": {..}},  # sem_seg datasets
      "<fgovd dataset>": {"top1": .., ..., "num_images": N, "seconds_per_image": ..,
                          "num_negatives": N, "conventions": {..}},  # evaluator.results_extras()
      "config": {...}, "random_weights": bool,
@@ -31,7 +32,7 @@ from fvcore.common.registry import Registry
 from ..common.io import atomic_write_json
 from ..common.errors import explain
 
-__all__ = ["SEM_SEG_KEYS", "RESULTS_FILE", "ERROR_FILE", "SUMMARY_HOOK_REGISTRY", "dataset_summary", "finalize_summaries",
+__all__ = ["SEM_SEG_KEYS", "SEM_SEG_EXTRA_KEYS", "RESULTS_FILE", "ERROR_FILE", "SUMMARY_HOOK_REGISTRY", "dataset_summary", "finalize_summaries",
            "build_results", "write_results", "begin_results", "write_error", "RecordFailures"]
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,12 @@ ERROR_FILE = "error.json"
 _ACTIVE_OUTPUT_DIR: Optional[str] = None
 
 SEM_SEG_KEYS = ("mIoU", "fwIoU", "mACC", "pACC")
+#: Kept when the evaluator reports them (evaluation/sem_seg_metrics.py): the share of the classes
+#: present in the ground truth whose IoU is 0 (percent) and its counts, the boundary IoU (percent)
+#: and the boundary width it used.
+SEM_SEG_EXTRA_KEYS = ("zero_IoU_share", "zero_IoU_classes", "classes_present", "boundary_IoU",
+                      "boundary_dilation_ratio", "boundary_dilation_pixels", "boundary_width_min",
+                      "boundary_width_max")
 
 
 SUMMARY_HOOK_REGISTRY = Registry("SPARSECLIP_SUMMARY_HOOK")
@@ -79,9 +86,16 @@ def dataset_summary(task_results: Mapping[str, Mapping[str, Any]], num_images: i
         if task == "sem_seg":
             for k in SEM_SEG_KEYS:
                 summary[k] = _json_number(metrics[k])
+            for k in SEM_SEG_EXTRA_KEYS:
+                if k in metrics:
+                    summary[k] = _json_number(metrics[k])
             summary["per_class_IoU"] = {
                 k[len("IoU-"):]: _json_number(v) for k, v in metrics.items() if k.startswith("IoU-")
             }
+            boundary = {k[len("BoundaryIoU-"):]: _json_number(v) for k, v in metrics.items()
+                        if k.startswith("BoundaryIoU-")}
+            if boundary:
+                summary["per_class_boundary_IoU"] = boundary
         else:
             for k, v in metrics.items():
                 v = _json_number(v)

@@ -588,7 +588,12 @@ class SparseCLIP(nn.Module):
                             self.class_names, x["dataset_name"], meta.vocabulary_fixed_by)
         elif self.class_names:
             return self._upstream_vocabulary(x["dataset_name"], meta, len(classes))
-        check_vocabulary(classes, f"stuff_classes of dataset {x['dataset_name']!r}")
+        what = f"stuff_classes of dataset {x['dataset_name']!r}"
+        if not meta.get("vocabulary_as_published", False):
+            check_vocabulary(classes, what)
+        elif what not in self._checked_vocabularies:  # a published list (ADE20K-847): duplicates logged once
+            self._checked_vocabularies.add(what)
+            check_vocabulary(classes, what, allow_duplicates=True)
         return classes, meta.get("background_index", None)
 
     def _upstream_vocabulary(self, dataset_name: str, meta, num_classes: int) -> Tuple[List[str], Optional[int]]:

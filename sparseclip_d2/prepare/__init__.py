@@ -4,6 +4,7 @@ into the files sparseclip_d2 evaluates on, and the check of which datasets are r
 
 - :mod:`.convert`: the label conversions (VOC20, ADE20K, Context59, COCO-Stuff, COCO-Object,
   Cityscapes) and their id tables;
+- :mod:`.catseg`: ADE20K-847 and Pascal Context-459 as CAT-Seg prepares them (uint16 TIFFs);
 - :mod:`.context`: Pascal Context's 60-class masks from PASCAL in Detail's json;
 - :mod:`.check`: each dataset loaded as a run would, every mask checked;
 - :mod:`.cli`: the command line (``main``).

@@ -10,6 +10,8 @@ $DETECTRON2_DATASETS): label PNGs that detectron2's SemSegEvaluator reads as the
     python tools/prepare_datasets.py coco_stuff  [--root R] # stuffthingmaps -> *_labelTrainIds.png
     python tools/prepare_datasets.py coco_object [--root R] # -> *_instanceTrainIds.png (SCLIP)
     python tools/prepare_datasets.py cityscapes  [--root R] # *_gtFine_labelIds -> *_labelTrainIds
+    python tools/prepare_datasets.py ade847      [--root R] # ADE20K_2021_17_01 -> *_detectron2/validation (CAT-Seg's)
+    python tools/prepare_datasets.py context459  [--root R] # VOC2010/trainval/*.mat -> annotations_detectron2/pc459_val
 
 Pascal VOC 2012 (21 classes) needs nothing beyond the official archive; VOC20, ADE20K and
 Pascal Context 59 drop a class (MMSeg's ``reduce_zero_label``: 0 -> 255, v -> v - 1), which is
@@ -29,6 +31,11 @@ val images in coco/train2017 and coco/val2017 (the files' file_name is relative 
 Pascal Context: put trainval_merged.json (PASCAL in Detail) in VOCdevkit/VOC2010 next to
 JPEGImages (VOCtrainval_03-May-2010.tar); the val masks are built as MMSeg's
 pascal_context.py does, with pycocotools instead of the Detail API.
+ADE20K-847 and Pascal Context-459 are prepared as CAT-Seg (cvlab-kaist/CAT-Seg @ 6d3a188,
+datasets/prepare_ade20k_full.py and prepare_pascal_context_459.py) prepares them: uint16 TIFF
+labels, 65535 = ignore (sparseclip_d2/prepare/catseg.py). ADE20K-847: the ADE20K 2021 release
+(ADE20K_2021_17_01/ with index_ade20k.pkl). Context-459: trainval.tar.gz's .mat files in
+VOCdevkit/VOC2010/trainval/ and CAT-Seg's datasets/pascalcontext_val.txt in VOCdevkit/VOC2010/.
 `check` reads every mask of each segmentation dataset (mode, size against its image, label
 range over the histogram), as train_net.py does before inference.
 """
@@ -37,6 +44,7 @@ import argparse
 
 from ..common.errors import run_cli
 
+from .catseg import ade847, context459
 from .check import check
 from .context import context
 from .convert import ade20k, cityscapes, coco_object, coco_stuff, context59, voc20
@@ -53,7 +61,7 @@ def main(argv=None):
 def _main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=["check", "voc20", "ade20k", "context", "context59", "coco_stuff", "coco_object",
-                                    "cityscapes"])
+                                    "cityscapes", "ade847", "context459"])
     p.add_argument("names", nargs="*", help="check: dataset names or patterns (default: all)")
     p.add_argument("--root", default=None, help="datasets root (default: $DETECTRON2_DATASETS, else ./datasets)")
     p.add_argument("--from-instances", action="store_true", help="coco_object from instances_val2017.json")
@@ -77,5 +85,5 @@ def _main(argv=None):
         check(a.root, a.names, a.sample)
     else:
         {"voc20": voc20, "ade20k": ade20k, "context59": context59, "coco_stuff": coco_stuff,
-         "cityscapes": cityscapes}[a.task](a.root)
+         "cityscapes": cityscapes, "ade847": ade847, "context459": context459}[a.task](a.root)
 

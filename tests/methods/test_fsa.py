@@ -280,8 +280,9 @@ def test_fsa_configs_select_upstreams_values():
         assert (sc.ATTENTION.NORMALIZER, sc.BLOCK.RESIDUAL, sc.BLOCK.FFN, sc.PROXY.BETA, sc.PROXY.GAMMA) == (
             "softmax", False, False, 1.2, 3.0)
         assert (fsa.top_p, fsa.patch_scale, fsa.uniform_scale, fsa.normalizer) == (0.45, 20.0, 35.0, "")
+        names = "" if path.endswith("_ade847.yaml") else "proxyclip"  # ade847: the project's names
         assert (sc.LOGIT_SCALE, sc.TEXT.TEMPLATES, sc.CLASS_NAMES, sc.PIXEL_NORM) == (
-            40.0, "openai_imagenet", "proxyclip", "clip_mmseg")
+            40.0, "openai_imagenet", names, "clip_mmseg")
         got[os.path.basename(path)[len("fsa_b16"):-5] or "base"] = (
             opts.name, fsa.lamda, sc.PROB_THRESHOLD, cfg.INPUT.MIN_SIZE_TEST, sw.CROP_SIZE, sw.STRIDE)
     dino = "vit_base_patch8_224.dino"
@@ -291,6 +292,8 @@ def test_fsa_configs_select_upstreams_values():
         "_context60": (dino, 3.0, 0.14, 336, 336, 112),
         "_coco_object": (dino, 3.0, 0.3, 336, 336, 112),
         "_ade20k": (dino, 3.0, 0.0, 448, 336, 112),
+        "_ade847": (dino, 3.0, 0.0, 448, 336, 112),       # cfg_ade847.py
+        "_context459": (dino, 3.0, 0.0, 448, 336, 112),   # cfg_context459.py
         "_cityscapes": (dino, 3.0, 0.0, 448, 224, 80),
         "_dinov2": ("vit_base_patch14_reg4_dinov2", 3.0, 0.0, 336, 336, 112),
         "_mae": ("vit_base_patch16_224.mae", 4.5, 0.0, 336, 336, 112),

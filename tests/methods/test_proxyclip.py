@@ -365,8 +365,10 @@ def test_proxyclip_configs_select_upstreams_values():
         sc, sw = cfg.MODEL.SPARSECLIP, cfg.TEST.SLIDING_WINDOW
         assert (sc.ATTENTION.SOURCE, sc.ATTENTION.NORMALIZER, sc.BLOCK.RESIDUAL, sc.BLOCK.FFN) == (
             "qk", "softmax", False, False)
+        # ade847: the project's names (upstream's cls_ade20k847.txt keeps commas inside one prompt)
+        names = "" if path.endswith("_ade847.yaml") else "proxyclip"
         assert (sc.PROXY.BETA, sc.PROXY.GAMMA, sc.LOGIT_SCALE, sc.TEXT.TEMPLATES, sc.CLASS_NAMES, sc.PIXEL_NORM) == (
-            1.2, 3.0, 40.0, "openai_imagenet", "proxyclip", "clip_mmseg")
+            1.2, 3.0, 40.0, "openai_imagenet", names, "clip_mmseg")
         got[os.path.basename(path)[len("proxyclip_b16"):-5] or "base"] = (
             opts.name, opts.input_size, opts.pos_embed_interp, sc.PROB_THRESHOLD, cfg.INPUT.MIN_SIZE_TEST,
             sw.CROP_SIZE, sw.STRIDE)
@@ -377,6 +379,8 @@ def test_proxyclip_configs_select_upstreams_values():
         "_context60": (dino, 0, "scale_factor", 0.15, 336, 336, 112),
         "_coco_object": (dino, 0, "scale_factor", 0.25, 336, 336, 112),
         "_ade20k": (dino, 0, "scale_factor", 0.0, 448, 336, 112),
+        "_ade847": (dino, 0, "scale_factor", 0.0, 448, 336, 112),       # cfg_ade847.py
+        "_context459": (dino, 0, "scale_factor", 0.0, 448, 336, 112),   # cfg_context459.py
         "_cityscapes": (dino, 0, "scale_factor", 0.0, 448, 224, 112),
         "_dinov2": ("vit_base_patch14_reg4_dinov2", 0, "size_antialias", 0.0, 336, 336, 112),
         "_mae": ("vit_base_patch16_224.mae", -1, "size", 0.0, 336, 336, 112),

@@ -437,8 +437,9 @@ def test_trident_configs_select_upstreams_values():
             "qk", "softmax", False, False)
         assert (sc.PROXY.NAME, sc.PROXY.INPUT_SIZE, sc.PROXY.POS_EMBED_INTERP, sc.PROXY.BETA, sc.PROXY.GAMMA) == (
             "vit_base_patch16_224.dino", 0, "scale_factor", 1.2, 3.0)
+        names = "" if path.endswith("_ade847.yaml") else "proxyclip"  # ade847: the project's names
         assert (sc.LOGIT_SCALE, sc.TEXT.TEMPLATES, sc.CLASS_NAMES, sc.PIXEL_NORM, sc.CLIP.POS_EMBED_INTERP) == (
-            40.0, "openai_imagenet", "proxyclip", "clip_mmseg", "scale_factor")
+            40.0, "openai_imagenet", names, "clip_mmseg", "scale_factor")
         assert (t.ENABLED, t.SAM_NAME, t.CROP_SIZE, cfg.TEST.SLIDING_WINDOW.ENABLED, cfg.INPUT.RESIZE_MODE) == (
             True, "samvit_base_patch16", 336, False, "mmseg")
         assert (sc.PROXY.PRECISION, sc.CLIP.PRECISION, t.SAM_PRECISION) == ("fp32", "fp32", "fp32")
@@ -453,6 +454,8 @@ def test_trident_configs_select_upstreams_values():
         "_context59": (("sparseclip_context59_val",), 0.0, 576, 224, 1.2, True, 1),
         "_coco_object": (("sparseclip_coco_object_val",), 0.25, 448, 224, 1.2, True, 1),
         "_ade20k": (("sparseclip_ade20k_val",), 0.0, 576, 224, 1.2, False, 1),
+        "_ade847": (("sparseclip_ade847_val",), 0.0, 448, 224, 1.2, True, 1),  # cfg_ade847.py: base_config.py
+        "_context459": (("sparseclip_context459_val",), 0.0, 448, 224, 1.2, True, 1),  # cfg_context459.py
         "_cityscapes": (("sparseclip_cityscapes_val",), 0.0, 688, 224, 3.0, False, 2),
     }
 

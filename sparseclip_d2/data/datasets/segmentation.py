@@ -21,17 +21,25 @@ sparseclip_ade20k_val          ADEChallengeData2016/images/validation, masks in
 sparseclip_coco_stuff_val      coco_stuff164k/{images,annotations}/val2017, *_labelTrainIds.png
 sparseclip_coco_object_val     coco_stuff164k/{images,annotations}/val2017, *_instanceTrainIds.png
 sparseclip_cityscapes_val      cityscapes/{leftImg8bit,gtFine}/val, *_gtFine_labelTrainIds.png
+sparseclip_ade847_val          ADE20K_2021_17_01/{images,annotations}_detectron2/validation
+                               (*.jpg, *.tif; ``prepare_datasets.py ade847``, CAT-Seg's layout)
+sparseclip_context459_val      VOCdevkit/VOC2010/JPEGImages, masks in
+                               VOC2010/annotations_detectron2/pc459_val/*.tif
+                               (``prepare_datasets.py context459``, CAT-Seg's layout)
 =============================  ==========================================================
 
 Every ``sem_seg_file_name`` holds the dataset's class indices as they are (255 = ignore),
 which is what detectron2's ``SemSegEvaluator`` reads: label maps that differ from the
 official files (MMSeg's ``reduce_zero_label`` for VOC20, Context59, ADE20K; train ids) are
-converted once, offline, by ``tools/prepare_datasets.py`` (``data/ground_truth.py``). A
+converted once, offline, by ``tools/prepare_datasets.py`` (``data/ground_truth.py``). The two
+large vocabularies (847 and 459 classes) are uint16 TIFFs with ``ignore_label`` 65535
+(``sparseclip_d2/prepare/catseg.py`` says why for Context-459). A
 missing or stale conversion (a converted mask older than its source) is an error that names
 the command to run. Metadata: ``stuff_classes`` (class names with synonyms), ``ignore_label``
 255, ``evaluator_type`` "sem_seg", ``background_index`` (int or None), ``class_names_file``
 (the packaged class-name file, e.g. ``voc21``, also the key of the upstream class-name
-sets), ``dataset_root``, ``prepare_command``.
+sets), ``dataset_root``, ``prepare_command``; ADE20K-847 also ``vocabulary_as_published`` (its
+published names repeat synonyms across classes: kept, logged once, instead of refused).
 """
 import glob
 import logging
@@ -56,6 +64,9 @@ __all__ = [
     "register_ade20k",
     "register_coco_stuff",
     "register_cityscapes",
+    "register_ade847",
+    "register_context459",
+    "load_gt_listed_dataset",
     "register_all_sparseclip_segmentation",
 ]
 
@@ -184,12 +195,13 @@ def load_paired_dataset(
 def register_sem_seg_dataset(
     name: str, loader: Callable[[], List[Dict]], *, class_names: List[str],
     background_index: Optional[int], dataset_root: str, prepare_command: str,
-    reduce_zero_label: bool = False, **extra_metadata,
+    reduce_zero_label: bool = False, ignore_label: int = IGNORE_LABEL, **extra_metadata,
 ) -> None:
     """Register one semantic-segmentation dataset and its metadata.
 
     The loader's ``sem_seg_file_name`` files must hold the class indices of ``class_names``
-    (255 = ignore) as they are: detectron2's ``SemSegEvaluator`` reads them unchanged.
+    (``ignore_label``, default 255, = ignore) as they are: detectron2's ``SemSegEvaluator``
+    reads them unchanged.
 
     Raises:
         ValueError: ``reduce_zero_label=True``: label maps are converted offline, not at
@@ -202,10 +214,13 @@ def register_sem_seg_dataset(
             "once with sparseclip_d2.data.ground_truth.convert_sem_seg_gt(src, dst, num_classes=..., "
             "reduce_zero_label=True) and register the converted files"
         )
+    if 0 <= int(ignore_label) < len(class_names):
+        raise ValueError(f"dataset {name!r}: ignore_label {ignore_label} is a class index (of {len(class_names)} "
+                         "classes); use a value outside [0, number of classes), e.g. 65535 for uint16 masks")
     DatasetCatalog.register(name, loader)
     MetadataCatalog.get(name).set(
         stuff_classes=list(class_names),
-        ignore_label=IGNORE_LABEL,
+        ignore_label=int(ignore_label),
         evaluator_type="sem_seg",
         background_index=background_index,
         dataset_root=dataset_root,
@@ -313,6 +328,81 @@ def register_cityscapes(root: str) -> None:
     )
 
 
+#: ADE20K-847's ignore label (cvlab-kaist/CAT-Seg @ 6d3a188 cat_seg/data/datasets/register_ade20k_847.py
+#: ``ignore_label=65535``; the value prepare/catseg.py writes).
+ADE847_IGNORE = 65535
+#: Context-459's: CAT-Seg @ 6d3a188 registers 459 (register_pascal_context.py), MESS (blumenstiel/MESS
+#: cc701b5) 65535, for the same files; no prepared mask holds either (every pixel is ``LabelMap - 1``,
+#: 0..458), so the metrics agree; 65535 is the value no uint16 class index takes, as for ADE-847.
+CONTEXT459_IGNORE = 65535
+
+
+def load_gt_listed_dataset(name: str, image_dir: str, gt_dir: str, *, image_ext: str, gt_ext: str,
+                           prepare_command: str) -> List[Dict]:
+    """Dataset dicts of every ``<stem><gt_ext>`` mask in ``gt_dir`` with its image
+    ``image_dir/<stem><image_ext>``, sorted by stem: the masks choose the images (as detectron2's
+    ``load_sem_seg`` pairs CAT-Seg's Context-459 masks with the 10k images of JPEGImages).
+
+    Raises:
+        DatasetNotFoundError: a folder is missing, it holds no mask, or a mask has no image.
+    """
+    for path in (image_dir, gt_dir):
+        if not os.path.isdir(path):
+            raise _missing(name, path, prepare_command)
+    masks = sorted(f for f in os.listdir(gt_dir) if f.endswith(gt_ext))
+    if not masks:
+        raise DatasetNotFoundError(f"dataset {name!r}: no '*{gt_ext}' masks in {gt_dir!r}; {prepare_command}")
+    dicts = []
+    for mask in masks:
+        stem = mask[: -len(gt_ext)]
+        image = os.path.join(image_dir, stem + image_ext)
+        if not os.path.isfile(image):
+            raise _missing(name, image, prepare_command, f"the image of mask {mask} in {gt_dir},")
+        dicts.append({"file_name": image, "sem_seg_file_name": os.path.join(gt_dir, mask), "image_id": stem})
+    return dicts
+
+
+def register_ade847(root: str) -> None:
+    """``sparseclip_ade847_val``: ADE20K-847 as CAT-Seg prepares it (847 classes, uint16 TIFF
+    labels, 65535 = ignore; cvlab-kaist/CAT-Seg @ 6d3a188 cat_seg/data/datasets/register_ade20k_847.py:
+    images_detectron2/validation *.jpg, annotations_detectron2/validation *.tif)."""
+    base = os.path.join(root, "ADE20K_2021_17_01")
+    prep = (f"download ADE20K_2021_17_01.zip (ADE20K full) and extract it under {root}/, then: "
+            f"{PREPARE} ade847 --root {root}")
+    name = "sparseclip_ade847_val"
+    register_sem_seg_dataset(
+        name,
+        lambda: load_paired_dataset(
+            name, os.path.join(base, "images_detectron2", "validation"),
+            os.path.join(base, CONVERTED_GT, "validation"), image_suffix=".jpg", gt_suffix=".tif",
+            prepare_command=prep),
+        class_names=load_class_names("ade847"), background_index=None, ignore_label=ADE847_IGNORE,
+        dataset_root=base, prepare_command=prep, class_names_file="ade847",
+        # CAT-Seg's WordNet names as published: 41 synonyms name two classes ("screen" in "blind,
+        # screen" and "screen door, screen"); they tie and the lower class index wins (logged once)
+        vocabulary_as_published=True,
+    )
+
+
+def register_context459(root: str) -> None:
+    """``sparseclip_context459_val``: Pascal Context-459 as CAT-Seg prepares it (459 classes,
+    ``LabelMap - 1`` as uint16 TIFFs in VOC2010/annotations_detectron2/pc459_val, paired with
+    VOC2010/JPEGImages; cat_seg/data/datasets/register_pascal_context.py). Ignore label 65535
+    (:data:`CONTEXT459_IGNORE` says why)."""
+    base = os.path.join(root, "VOCdevkit", "VOC2010")
+    prep = (f"download VOCtrainval_03-May-2010.tar and trainval.tar.gz (Pascal Context) and extract them in "
+            f"{base}/ with CAT-Seg's datasets/pascalcontext_val.txt, then: {PREPARE} context459 --root {root}")
+    name = "sparseclip_context459_val"
+    register_sem_seg_dataset(
+        name,
+        lambda: load_gt_listed_dataset(
+            name, os.path.join(base, "JPEGImages"), os.path.join(base, CONVERTED_GT, "pc459_val"),
+            image_ext=".jpg", gt_ext=".tif", prepare_command=prep),
+        class_names=load_class_names("context459"), background_index=None, ignore_label=CONTEXT459_IGNORE,
+        dataset_root=base, prepare_command=prep, class_names_file="context459",
+    )
+
+
 def register_all_sparseclip_segmentation(root: str) -> None:
     """Register every benchmark above under ``root``."""
     register_pascal_voc(root)
@@ -320,6 +410,8 @@ def register_all_sparseclip_segmentation(root: str) -> None:
     register_ade20k(root)
     register_coco_stuff(root)
     register_cityscapes(root)
+    register_ade847(root)
+    register_context459(root)
 
 
 register_all_sparseclip_segmentation(datasets_root())
