@@ -48,6 +48,11 @@ def worker_main(spec_json: str) -> None:
 
     spec = json.loads(spec_json)
     torch.set_num_threads(spec["threads"])
+    if spec.get("mode") == "labels":  # the agreement driver's worker: one label map, written to a file
+        from .agreement import side_labels
+
+        side_labels(spec)
+        return
     out = sys.stdout
     sys.stdout = sys.stderr  # the side's prints go to stderr; stdout carries the protocol
     if spec["side"] == "project":

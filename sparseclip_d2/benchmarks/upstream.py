@@ -85,10 +85,11 @@ def template_segmentor(spec, image, path: str, entry, segmentor: str, **args):
     import prompts.imagenet_template as templates
     if spec["templates"] == "single":
         templates.openai_imagenet_template = templates.openai_imagenet_template[:1]
-    model = upstream_config(path, entry.upstream_config)
+    model = upstream_config(path, entry.upstream_config_of(spec))
     model.pop("type", None)
-    model.update(name_path=os.path.join(path, entry.class_file), device=torch.device("cpu"))
+    model.update(name_path=os.path.join(path, entry.class_file_of(spec)), device=torch.device("cpu"))
     model.update(args)
+    model.update(entry.settings_of(spec))
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
     seg_module.openai_imagenet_template = templates.openai_imagenet_template
