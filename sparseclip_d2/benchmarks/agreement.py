@@ -263,6 +263,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                          "segmentation; the agreement of label maps needs a segmentor or folder entry")
     up_spec = dict(side="upstream", mode="labels", method=method, entry=entry.__module__, path=checkout,
                    weights=weights, threads=args.threads, templates=args.templates, image=spec["image"],
+                   template=TEMPLATE if args.templates == "single" else "",
                    out_size=[h, w], dino=args.dino, vfm_weights=entry.vfm_file(workdir),
                    folder=os.path.join(mdir, "folder"), mask_dir=os.path.join(mdir, "masks"),
                    image_file=spec.get("image_file"), upstream_config=up_config, class_file=class_file,
@@ -335,7 +336,7 @@ def _parser(methods):
     p.add_argument("--dino", default=None, metavar="PATH",
                    help="a facebookresearch/dino checkout (7c446df), for the methods whose upstream loads DINO")
     p.add_argument("--templates", choices=["single", "config"], default="single",
-                   help="prompt templates of both sides: the first only (default) or each config's own")
+                   help="prompt templates of both sides: the project's one, a photo of a {}. (default), or each side's own list")
     p.add_argument("--seed", type=int, default=0, help="torch seed of the random CLIP weights")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--upstream-python", default=sys.executable, help="interpreter of the upstream worker")

@@ -35,8 +35,7 @@ class CASSUpstream(UpstreamEntry):
         torch.hub.load_state_dict_from_url = lambda url, *a, **k: torch.load(dino_file, map_location="cpu")
         kit.tensor_cuda_standin()
         import cass_segmentor as seg_module
-        if spec["templates"] == "single":
-            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         for k in ("type", "clip_path", "name_path"):
             model.pop(k, None)

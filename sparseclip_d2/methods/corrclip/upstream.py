@@ -45,8 +45,7 @@ class CorrCLIPUpstream(UpstreamEntry):
         kit.install_standins()
         kit.random_dino(spec, cls.vfm)
         import corrclip_segmentor as seg_module
-        if spec["templates"] == "single":
-            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         model.update(clip_type=spec["weights"], name_path=os.path.join(path, cls.class_file_of(spec)), device="cpu",

@@ -36,8 +36,7 @@ def build_proxy_segmentor(spec, image, path, kit, entry, segmentor: str):
     torch.hub.load = local_hub_load
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
-    if spec["templates"] == "single":
-        seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+    seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
     model = kit.upstream_config(path, entry.upstream_config_of(spec))
     model.pop("type", None)
     model.update(name_path=os.path.join(path, entry.class_file_of(spec)), device="cpu",

@@ -48,8 +48,7 @@ class TridentUpstream(UpstreamEntry):
             torch.manual_seed(0)
             torch.save(sam_model_registry["vit_b"](checkpoint=None).state_dict(), sam_file)
         import trident as seg_module
-        if spec["templates"] == "single":
-            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
+        seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
