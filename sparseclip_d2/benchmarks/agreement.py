@@ -217,7 +217,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
 
     from .project import _folder_input, _method_opts, project_cfg, rescale_size
 
-    forcing_opts, upstream_settings = [], {}
+    forcing_opts, upstream_settings = [], dict(entry.config_settings.get(config, {}))
     for name in args.force:
         opts, settings = entry.forcing[name]
         forcing_opts += list(opts)

@@ -299,7 +299,9 @@ class UpstreamEntry:
     - ``configs``: ``{project config: upstream config}`` of the rows (the upstream file relative to
       ``subdir``); a project config not in it is compared with the SCLIP family's
       ``configs/cfg_<dataset>.py`` (``sparseclip_d2.benchmarks.agreement.upstream_config_for``);
-      :meth:`agreement_configs` lists the rows' configs;
+      :meth:`agreement_configs` lists the rows' configs; ``config_settings``: ``{project config:
+      {name: value}}``, upstream settings a project config implies beyond its upstream file (PEARL's
+      TLP-off config: ``use_prop="off"``);
     - ``forcing``: ``{variant: (project overrides [KEY, VALUE, ...], upstream settings {name: value})}``,
       the stage-forcing variants (``--force``): a stage that random weights leave flat (a first
       segmentation with one label, a probability threshold that sends every pixel to the
@@ -337,6 +339,7 @@ class UpstreamEntry:
     dino_aliases: Tuple[str, ...] = ()
     sample_reads_file = False
     configs: Dict[str, str] = {}
+    config_settings: Dict[str, Dict[str, Any]] = {}
     forcing: Dict[str, Tuple[Tuple[str, ...], Dict[str, Any]]] = {}
 
     @classmethod
