@@ -495,6 +495,9 @@ class SparseCLIP(nn.Module):
                          out_size=inputs.out_size)
         if recording and self.prob_threshold > 0 and inputs.background_index is not None:
             _report_threshold(maps, self.prob_threshold)
+        if recording and self.area_threshold > 0:
+            n = int(maps.suppressed().sum())
+            report("area threshold", n > 0, suppressed_classes=n)
         labels = None
         for st in self.stages:
             if st.kind == "labels":

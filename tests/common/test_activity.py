@@ -97,12 +97,15 @@ def test_tiny_model_reports_windows_remainder_and_threshold():
     assert d["probability threshold"]["active"]
 
 
-def test_tiny_model_whole_image_with_a_patch_remainder():
-    model = _tiny_model()
+def test_tiny_model_whole_image_with_a_patch_remainder_and_the_area_threshold():
+    # AREA_THRESHOLD 1.0: no class's arg-max area exceeds the whole image, so every foreground class
+    # (2 of 3, background 0 kept) is suppressed
+    model = _tiny_model(**{"MODEL.SPARSECLIP.AREA_THRESHOLD": 1.0})
     image = torch.zeros(3, 40, 60, dtype=torch.uint8)
     with recording() as rec, torch.no_grad():
-        model.predict({"image": image, "vocabulary": ["a", "b"]})
+        model.predict({"image": image, "vocabulary": ["sky", "cat", "road"], "background_index": 0})
     d = rec.as_dict()
     assert d["patch remainder"]["active"] and d["patch remainder"]["figures"]["remainder"] == [[8, 12]]
     assert d["windows"]["figures"]["windows"] == [1]
     assert "probability threshold" not in d  # PROB_THRESHOLD 0: no such stage
+    assert d["area threshold"] == {"active": True, "calls": 1, "figures": {"suppressed_classes": [2]}}
