@@ -51,7 +51,7 @@ INPUTS = {
 DEFAULT_INPUTS = ("voc", "arc2017", "voc_odd", "voc_wide")
 
 #: the project dataset (``DATASETS.TEST[0]`` without ``sparseclip_`` and ``_val``) -> the mmseg-style
-#: upstream config of the SCLIP family of checkouts (ResCLIP, SC-CLIP, ProxyCLIP, ... ``configs/``)
+#: upstream config file where its name is not ``configs/cfg_<dataset>.py``
 MMSEG_CONFIGS = {"cityscapes": "configs/cfg_city_scapes.py", "coco_stuff": "configs/cfg_coco_stuff164k.py"}
 
 
@@ -104,7 +104,7 @@ def check_checkout(method: str, path: str, entry):
 
 def upstream_config_for(entry, config: str, dataset: str) -> str:
     """The upstream config file (relative to the entry's ``subdir``) that project ``config`` is compared
-    with: the entry's ``configs`` mapping, else the SCLIP family's ``configs/cfg_<dataset>.py``."""
+    with: the entry's ``configs`` mapping, else the mmseg-style ``configs/cfg_<dataset>.py``."""
     if config in entry.configs:
         return entry.configs[config]
     if config == entry.config:

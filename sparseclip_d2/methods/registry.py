@@ -35,7 +35,7 @@ from ..common.needs import Needs
 
 __all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "UPSTREAM",
            "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "EncoderFamily", "UpstreamEntry", "ImageInputs",
-           "PipelinePlan", "check_parts", "sclip_family_configs"]
+           "PipelinePlan", "check_parts", "mmseg_dataset_configs"]
 
 
 class Registry:
@@ -297,7 +297,7 @@ class UpstreamEntry:
     Declarations read by the agreement driver (``tools/agreement.py``, docs/agreement/README.md):
 
     - ``configs``: ``{project config: upstream config}`` of the rows (the upstream file relative to
-      ``subdir``); a project config not in it is compared with the SCLIP family's
+      ``subdir``); a project config not in it is compared with the mmseg-style
       ``configs/cfg_<dataset>.py`` (``sparseclip_d2.benchmarks.agreement.upstream_config_for``);
       :meth:`agreement_configs` lists the rows' configs; ``config_settings``: ``{project config:
       {name: value}}``, upstream settings a project config implies beyond its upstream file (PEARL's
@@ -388,20 +388,20 @@ class UpstreamEntry:
         raise NotImplementedError
 
 
-#: dataset of a project config name's suffix -> the upstream config of the SCLIP family of checkouts
-#: (wangf3014/SCLIP's ``configs/cfg_*.py`` names, kept by ResCLIP, SC-CLIP, SFP, ProxyCLIP, ...)
-_SCLIP_FAMILY_CONFIGS = {
+#: dataset of a project config name's suffix -> the mmseg-style upstream config file name that many
+#: training-free checkouts share (``configs/cfg_<dataset>.py``; COCO-Stuff 164k, Cityscapes spelt their way)
+_MMSEG_DATASET_CONFIGS = {
     "voc21": "configs/cfg_voc21.py", "voc20": "configs/cfg_voc20.py", "context60": "configs/cfg_context60.py",
     "context59": "configs/cfg_context59.py", "coco_object": "configs/cfg_coco_object.py",
     "coco_stuff": "configs/cfg_coco_stuff164k.py", "cityscapes": "configs/cfg_city_scapes.py",
     "ade20k": "configs/cfg_ade20k.py"}
 
 
-def sclip_family_configs(prefix: str, bare: str, suffixes: Sequence[str]) -> Dict[str, str]:
-    """``{project config: upstream config}`` of a method whose checkout keeps SCLIP's config names:
+def mmseg_dataset_configs(prefix: str, bare: str, suffixes: Sequence[str]) -> Dict[str, str]:
+    """``{project config: upstream config}`` of a method whose checkout keeps those config names:
     ``<prefix>.yaml`` is the ``bare`` dataset's, ``<prefix>_<suffix>.yaml`` each suffix's."""
-    out = {f"{prefix}_{sfx}.yaml": _SCLIP_FAMILY_CONFIGS[sfx] for sfx in suffixes}
-    out[f"{prefix}.yaml"] = _SCLIP_FAMILY_CONFIGS[bare]
+    out = {f"{prefix}_{sfx}.yaml": _MMSEG_DATASET_CONFIGS[sfx] for sfx in suffixes}
+    out[f"{prefix}.yaml"] = _MMSEG_DATASET_CONFIGS[bare]
     return out
 
 

@@ -1,7 +1,7 @@
 """PEARL's entry in the upstream benchmark and the agreement driver (``tools/agreement.py --method
 pearl``): its segmentor (``pearl_ovss.py``, PGSmall/PEARL at c26062b) from ``configs/cfg_<dataset>.py``,
 the text-aware Laplacian propagation on (``use_prop="on"``, as its ``run.sh``) or off."""
-from ..registry import UPSTREAM, UpstreamEntry, sclip_family_configs
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 @UPSTREAM.register("pearl")
@@ -12,7 +12,7 @@ class PEARLUpstream(UpstreamEntry):
     repo, commit, marker = "PGSmall/PEARL", "c26062b", "pearl/prop.py"
     config = "pearl_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
-    configs = dict(sclip_family_configs("pearl_b16", "context59", ("voc21", "voc20", "context60", "coco_object",
+    configs = dict(mmseg_dataset_configs("pearl_b16", "context59", ("voc21", "voc20", "context60", "coco_object",
                                                                    "coco_stuff", "cityscapes", "ade20k")),
                    **{"pearl_b16_voc21_no_tlp.yaml": "configs/cfg_voc21.py"})
     # pearl_ovss.py PEARL(use_prop=...): "on" runs TLP after the logits (run.sh passes --prop on)

@@ -3,7 +3,7 @@
 answered from the ``--dino`` checkout; :func:`build_proxy_segmentor` drives FSA's too."""
 import os
 
-from ..registry import UPSTREAM, UpstreamEntry, sclip_family_configs
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 def proxy_project_opts(entry, path, workdir):
@@ -55,7 +55,7 @@ class ProxyCLIPUpstream(UpstreamEntry):
     repo, commit, marker = "mc-lan/ProxyCLIP", "e7b767f", "proxyclip_segmentor.py"
     config = "proxyclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
-    configs = sclip_family_configs("proxyclip_b16", "voc20", ("voc21", "context60", "coco_object", "cityscapes",
+    configs = mmseg_dataset_configs("proxyclip_b16", "voc20", ("voc21", "context60", "coco_object", "cityscapes",
                                                               "ade20k"))
     # its segmentor's prob_thd (PROB_THRESHOLD here) at 0
     forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}

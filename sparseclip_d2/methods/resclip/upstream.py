@@ -1,6 +1,6 @@
 """ResCLIP's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
 (``resclip_segmentor.py``, yvhangyang/ResCLIP at 0e085f7) from ``configs/cfg_voc21.py``."""
-from ..registry import UPSTREAM, UpstreamEntry, sclip_family_configs
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 @UPSTREAM.register("resclip")
@@ -12,7 +12,7 @@ class ResCLIPUpstream(UpstreamEntry):
     repo, commit, marker = "yvhangyang/ResCLIP", "0e085f7", "resclip_segmentor.py"
     config = "resclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
-    configs = sclip_family_configs("resclip_b16", "ade20k", ("voc21", "voc20", "context60", "context59", "coco_object",
+    configs = mmseg_dataset_configs("resclip_b16", "ade20k", ("voc21", "voc20", "context60", "context59", "coco_object",
                                                             "coco_stuff", "cityscapes"))
     # SFR's first segmentation: temp_thd of resclip_segmentor.py (FEEDBACK.THRESHOLD here) at 0 gives
     # it real labels with random weights; prob_thd (PROB_THRESHOLD) at 0 keeps the classes' argmax
