@@ -199,9 +199,11 @@ def side_labels(spec: dict) -> None:
         json.dump(got, f)
 
 
-def _run_worker(python: str, spec: dict, threads: int) -> None:
-    from .harness import WORKER_SCRIPT
+#: the worker process's file (``harness.WORKER_SCRIPT``; named here, as the harness imports this module)
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
+
+def _run_worker(python: str, spec: dict, threads: int) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = subprocess.run([python, WORKER_SCRIPT, json.dumps(spec)], env=env)
     if r.returncode != 0:
