@@ -510,11 +510,12 @@ class SparseCLIP(nn.Module):
         return PipelineOutput(maps, labels, record, inputs.vocabulary)
 
     def _report_remainder(self, size: Tuple[int, int]) -> None:
-        """Stage activity: whether the working image's sides leave a patch remainder (the
-        ``PATCH_REMAINDER`` path runs: padding or truncation), the size and the mode."""
+        """Stage activity: the working size, its remainder modulo the patch (non-zero: the
+        ``PATCH_REMAINDER`` path runs, padding or truncation) and the mode. A property of the
+        input, not a stage of the method: never flagged flat."""
         p = int(self.encoder.patch_size)
         rem = [size[0] % p, size[1] % p]
-        report("patch remainder", any(rem), size=list(size), remainder=rem, mode=self.patch_remainder)
+        report("patch remainder", True, size=list(size), remainder=rem, mode=self.patch_remainder)
 
     def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, torch.Tensor]]:
         """

@@ -87,7 +87,7 @@ def test_tiny_model_reports_windows_remainder_and_threshold():
     d = rec.as_dict()
     # mmseg's grid of a 48 x 64 image, crop 32, stride 16: 2 rows x 3 columns of windows
     assert sum(d["windows"]["figures"]["windows"]) == 6
-    assert d["patch remainder"] == {"active": False, "calls": 1,
+    assert d["patch remainder"] == {"active": True, "calls": 1,  # reported, never flat (an input property)
                                     "figures": {"size": [[48, 64]], "remainder": [[0, 0]], "mode": ["pad_crop"]}}
     # the scores put 1.0 on the background class where the threshold applied (probabilities are < 1)
     below = int((out.score_maps.scores()[0] == 1.0).sum())
