@@ -13,6 +13,11 @@ random tensors::
 
 Upstream's ``clip``, ``pearl`` and ``prompts`` packages are imported by those names from the checkout.
 
+The label-map rows alone, on the three inputs of docs/agreement/README.md and with the stage-activity
+record, come from the generic driver: ``python tools/agreement.py --method pearl --upstream /tmp/PEARL``
+(PEARL's entry, ``sparseclip_d2/methods/pearl/upstream.py``); this tool adds the TLP on / off pair of
+every config and the pure-torch parts.
+
 Upstream's side: ``pearl_ovss.py`` ``PEARL`` (its segmentor: slide / whole image, ``predict``,
 ``postprocess_result``), its ``clip`` package (``clip.load``; the ``reduced`` last block calling
 ``pearl/attn.py`` ``pa_attn``) and ``pearl/prop.py`` ``TLP``, unchanged. mmseg / mmengine are not

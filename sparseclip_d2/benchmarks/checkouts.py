@@ -53,6 +53,20 @@ def upstream_config(path: str, rel: str) -> dict:
     return model
 
 
+def upstream_short_side(path: str, rel: str):
+    """The short side of the ``Resize`` step of an mmseg-style config's ``test_pipeline``
+    (``scale=(long, short)``), or None when it has none."""
+    def read(p):
+        ns = {"dict": dict}
+        exec(compile(open(p).read(), p, "exec"), ns)
+        return ns
+    ns = read(os.path.join(path, rel))
+    for step in ns.get("test_pipeline", []) or []:
+        if isinstance(step, dict) and step.get("type") == "Resize" and "scale" in step:
+            return int(min(step["scale"]))
+    return None
+
+
 def dataset_classes(path: str, rel: str, cls: str):
     """``CLASSES`` of class ``cls`` in the checkout's ``rel`` file, read without importing it."""
     import ast

@@ -66,6 +66,8 @@ What each side times (what the upstream repository calls one image):
   Vocabulary: ``PascalVOCDataset.CLASSES`` of ``segmentation/datasets/pascal_voc.py`` on both
   sides. The CLIP weights are a ``ViT-B-16-quickgelu`` state dict loaded into LPOSS's
   ``ViT-B-16`` (the same tensors; the activation differs, the cost does not).
+- ``pearl`` (``pearl_b16_voc21.yaml`` against PEARL's ``configs/cfg_voc21.py``): its segmentor
+  (``pearl_ovss.py`` ``PEARL``, TLP on as its ``run.sh``) driven as ResCLIP's.
 - ``trident`` (``trident_b16_voc21.yaml`` against Trident's ``configs/cfg_voc21.py``: short side
   448, 336 / 224 sub-windows, DINO ViT-B/16, SAM ViT-B): ``Trident(clip_type='openai',
   model_type=<the weights file, by a name ending in 16: Trident reads CLIP's stride from it>,
@@ -89,6 +91,7 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/zdk258/CorrCLIP       && git -C CorrCLIP checkout 103bc18
     git clone https://github.com/vladan-stojnic/LPOSS  && git -C LPOSS checkout e489a74
     git clone https://github.com/YuHengsss/Trident     && git -C Trident checkout a93b346
+    git clone https://github.com/PGSmall/PEARL         && git -C PEARL checkout c26062b
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
 ``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;

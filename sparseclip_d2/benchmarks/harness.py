@@ -54,6 +54,11 @@ def worker_main(spec_json: str) -> None:
 
     spec = json.loads(spec_json)
     torch.set_num_threads(spec["threads"])
+    if spec.get("mode") == "labels":  # the agreement driver's worker: one label map, written to a file
+        from .agreement import side_labels
+
+        side_labels(spec)
+        return
     device = spec.get("device", "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"the {spec['side']} worker of {spec['method']}: --device cuda but torch.cuda.is_available() "

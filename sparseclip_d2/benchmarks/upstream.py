@@ -32,6 +32,16 @@ def upstream_to_fp32(seg, vfm) -> None:
     seg.eval()
 
 
+def cut_templates(templates, spec):
+    """The prompt templates an upstream side uses: with ``spec['template']`` (the agreement driver:
+    the project's one template, ``a photo of a {}.``) that one, in the form of upstream's list
+    (callables or format strings); with ``--templates single`` the list's first; else all of them."""
+    if spec.get("template"):
+        one = spec["template"]
+        return [(lambda c: one.format(c)) if callable(templates[0]) else one]
+    return list(templates[:1]) if spec["templates"] == "single" else list(templates)
+
+
 def segmentor_run(seg, image, spec):
     """``run()``: the segmentor's data preprocessor and ``predict`` on the resized photo."""
     import numpy as np
@@ -84,12 +94,12 @@ def template_segmentor(spec, image, path: str, entry, segmentor: str, **args):
     device = spec.get("device", "cpu")
     install_standins(device)
     import prompts.imagenet_template as templates
-    if spec["templates"] == "single":
-        templates.openai_imagenet_template = templates.openai_imagenet_template[:1]
-    model = upstream_config(path, entry.upstream_config)
+    templates.openai_imagenet_template = cut_templates(templates.openai_imagenet_template, spec)
+    model = upstream_config(path, entry.upstream_config_of(spec))
     model.pop("type", None)
-    model.update(name_path=os.path.join(path, entry.class_file), device=torch.device(device))
+    model.update(name_path=os.path.join(path, entry.class_file_of(spec)), device=torch.device(device))
     model.update(args)
+    model.update(entry.settings_of(spec))
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
     seg_module.openai_imagenet_template = templates.openai_imagenet_template
@@ -106,7 +116,8 @@ def upstream_kit() -> types.SimpleNamespace:
         install_standins=install_standins, cpu_cuda_standins=cpu_cuda_standins,
         tensor_cuda_standin=tensor_cuda_standin, random_dino=random_dino, upstream_config=upstream_config,
         dataset_classes=dataset_classes, segmentor_run=segmentor_run, path_segmentor_run=path_segmentor_run,
-        upstream_to_fp32=upstream_to_fp32, template_segmentor=template_segmentor)
+        upstream_to_fp32=upstream_to_fp32, template_segmentor=template_segmentor,
+        cut_templates=cut_templates)
 
 
 def _bare_package(name: str, folder: str) -> None:

@@ -44,6 +44,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ..common.activity import report
 from ..attention import apply_attention, attention_weights, build_prior, get_normalizer
 from ..attention.outliers import detect_outliers, needs_attention, repair_outliers
 from ..attention.similarity import cosine_similarity_map, similarity_aggregate, similarity_scores
@@ -173,6 +174,9 @@ def run_calibrated(tower, spec, blocks: Sequence, x: torch.Tensor, rope, grid: T
                                contamination=cal.outlier_contamination, count=cal.outlier_count,
                                cls_scale=cal.outlier_cls_scale, attention=producing, num_prefix_tokens=P)
         patches = repair_outliers(patches, mask, grid)
+        for window in mask:  # the stage-activity record: outlier tokens repaired in each window
+            n = int(window.sum())
+            report("outliers repaired", n > 0, outliers=n)
     sim = None
     if cal.similarity_layer >= 0:
         ref = taps[cal.similarity_layer][:, P:]

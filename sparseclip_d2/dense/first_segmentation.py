@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.feedback import feedback_prior, patch_labels
+from ..common.activity import active_record, report
 from ..common.keys import Key, Section, key_field
 from .pamr import pamr
 
@@ -125,4 +126,8 @@ def first_segmentation_prior(feats: torch.Tensor, images: torch.Tensor, text_emb
         cos = pamr(images.float(), cos, settings.pamr_steps, settings.pamr_dilations)
     probs = torch.softmax(cos * float(logit_scale), dim=1)
     labels = patch_labels(probs, patch, settings.threshold)
+    if active_record() is not None:  # the stage-activity record: distinct patch labels of each window
+        for window in labels:
+            n = int(window.unique().numel())
+            report("first segmentation", n > 1, labels=n)
     return feedback_prior(labels, settings.smooth_std, settings.connectivity, num_prefix_tokens)

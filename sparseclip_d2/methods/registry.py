@@ -35,7 +35,7 @@ from ..common.needs import Needs
 
 __all__ = ["Registry", "Part", "LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "UPSTREAM",
            "STAGE_KINDS", "LogitHead", "Stage", "SideInput", "EncoderFamily", "UpstreamEntry", "ImageInputs",
-           "PipelinePlan", "check_parts"]
+           "PipelinePlan", "check_parts", "mmseg_dataset_configs"]
 
 
 class Registry:
@@ -297,6 +297,23 @@ class UpstreamEntry:
       ``tools/benchmark_methods_gpu.sh``); False: the CPU only, and the GPU table has no upstream
       figure for it.
 
+    Declarations read by the agreement driver (``tools/agreement.py``, docs/agreement/README.md):
+
+    - ``configs``: ``{project config: upstream config}`` of the rows (the upstream file relative to
+      ``subdir``); a project config not in it is compared with the mmseg-style
+      ``configs/cfg_<dataset>.py`` (``sparseclip_d2.benchmarks.agreement.upstream_config_for``);
+      :meth:`agreement_configs` lists the rows' configs; ``config_settings``: ``{project config:
+      {name: value}}``, upstream settings a project config implies beyond its upstream file (PEARL's
+      TLP-off config: ``use_prop="off"``);
+    - ``forcing``: ``{variant: (project overrides [KEY, VALUE, ...], upstream settings {name: value})}``,
+      the stage-forcing variants (``--force``): a stage that random weights leave flat (a first
+      segmentation with one label, a probability threshold that sends every pixel to the
+      background) made to act, the same way on both sides.
+
+    A ``build`` reads the row's upstream config, class file and settings with
+    :meth:`upstream_config_of`, :meth:`class_file_of` and :meth:`settings_of` (the entry's own
+    when the spec does not name them: the timing benchmark).
+
     Hooks (class methods):
 
     - ``project_opts(path, workdir, drawn)``: the project side's config overrides beyond the
@@ -325,6 +342,41 @@ class UpstreamEntry:
     dino_aliases: Tuple[str, ...] = ()
     sample_reads_file = False
     cuda = False
+    configs: Dict[str, str] = {}
+    config_settings: Dict[str, Dict[str, Any]] = {}
+    forcing: Dict[str, Tuple[Tuple[str, ...], Dict[str, Any]]] = {}
+
+    @classmethod
+    def agreement_configs(cls) -> List[str]:
+        """The project configs of the agreement rows: ``configs``' keys, else ``config``."""
+        return list(cls.configs) or [cls.config]
+
+    @classmethod
+    def upstream_config_of(cls, spec: Dict) -> str:
+        """The upstream config file of this run: the spec's (an agreement row's), else ``upstream_config``."""
+        return spec.get("upstream_config") or cls.upstream_config
+
+    @classmethod
+    def class_file_of(cls, spec: Dict) -> str:
+        """The class file of this run: the spec's (the row's upstream config's ``name_path``), else ``class_file``."""
+        return spec.get("class_file") or cls.class_file
+
+    @classmethod
+    def settings_of(cls, spec: Dict) -> Dict[str, Any]:
+        """Upstream settings that override the config's model dict (a stage-forcing variant's), else none."""
+        return dict(spec.get("upstream_settings") or {})
+
+    @classmethod
+    def labels(cls, output, spec: Dict):
+        """The ``(H, W)`` label map of what ``build``'s ``run()`` returned: the first data sample's
+        ``pred_sem_seg`` (an mmseg-style segmentor's ``predict``) or an ``(H, W)`` / ``(1, H, W)``
+        tensor; an entry whose run returns something else overrides this."""
+        if isinstance(output, (list, tuple)) and output and hasattr(output[0], "pred_sem_seg"):
+            output = output[0].pred_sem_seg.data
+        if isinstance(output, torch.Tensor) and output.dim() in (2, 3):
+            return output.reshape(output.shape[-2:]).cpu().numpy()
+        raise TypeError(f"{cls.__name__}: its run() returned {type(output).__name__}, not a label map; "
+                        "the entry needs a labels() hook for the agreement driver")
 
     @classmethod
     def vfm_file(cls, workdir: str) -> str:
@@ -338,6 +390,23 @@ class UpstreamEntry:
     @classmethod
     def build(cls, spec: Dict, image, path: str, kit):
         raise NotImplementedError
+
+
+#: dataset of a project config name's suffix -> the mmseg-style upstream config file name that many
+#: training-free checkouts share (``configs/cfg_<dataset>.py``; COCO-Stuff 164k, Cityscapes spelt their way)
+_MMSEG_DATASET_CONFIGS = {
+    "voc21": "configs/cfg_voc21.py", "voc20": "configs/cfg_voc20.py", "context60": "configs/cfg_context60.py",
+    "context59": "configs/cfg_context59.py", "coco_object": "configs/cfg_coco_object.py",
+    "coco_stuff": "configs/cfg_coco_stuff164k.py", "cityscapes": "configs/cfg_city_scapes.py",
+    "ade20k": "configs/cfg_ade20k.py"}
+
+
+def mmseg_dataset_configs(prefix: str, bare: str, suffixes: Sequence[str]) -> Dict[str, str]:
+    """``{project config: upstream config}`` of a method whose checkout keeps those config names:
+    ``<prefix>.yaml`` is the ``bare`` dataset's, ``<prefix>_<suffix>.yaml`` each suffix's."""
+    out = {f"{prefix}_{sfx}.yaml": _MMSEG_DATASET_CONFIGS[sfx] for sfx in suffixes}
+    out[f"{prefix}.yaml"] = _MMSEG_DATASET_CONFIGS[bare]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

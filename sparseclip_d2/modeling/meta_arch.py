@@ -38,6 +38,7 @@ from detectron2.modeling import META_ARCH_REGISTRY
 from detectron2.structures import ImageList
 
 from ..data.image_io import check_input_format
+from ..common.activity import active_record, report
 from ..common.cache import LRUCache
 from ..common.needs import Needs
 from ..common.synonyms import split_class_name
@@ -383,6 +384,9 @@ class SparseCLIP(nn.Module):
             full = side.full(self, x, out_size).to(image.device)
             inputs.side_full[name] = full
             inputs.side[name] = side.working(full, tuple(image.shape[-2:]))
+            if active_record() is not None:  # regions (or values) of the side input on this image
+                n = int(full.unique().numel())
+                report(f"side input {name}", n > 1, regions=n)
         return inputs
 
     def encoder_inputs(self, images: torch.Tensor, text_emb: torch.Tensor, side: Optional[torch.Tensor] = None,
@@ -419,6 +423,7 @@ class SparseCLIP(nn.Module):
         def logits_fn(crops: torch.Tensor, side: Optional[torch.Tensor] = None,
                       windows: Optional[torch.Tensor] = None) -> torch.Tensor:
             kwargs = self.encoder_inputs(crops, text_emb, side, windows)
+            report("windows", True, windows=int(crops.shape[0]), size=list(crops.shape[-2:]))
             if layer is not None:
                 logits, corr = self.head.with_correlation(self, crops, text_emb, kwargs, layer)
                 inputs.correlation.extend(corr.unbind(0))
@@ -472,22 +477,45 @@ class SparseCLIP(nn.Module):
         block's attention record (None when the head or a stage does not record it, see
         :attr:`records_attention`)."""
         inputs = self.image_inputs(x)
+        recording = active_record() is not None
+        if recording:
+            self._report_remainder(tuple(inputs.image.shape[-2:]))
         sink: Optional[List[torch.Tensor]] = [] if attention and self.records_attention else None
         logits, class_index = self.working_logits(inputs, sink)
         if self.prob_threshold > 0 and inputs.background_index is None:
             self._warn_threshold_ignored(x)
         for st in self.stages:
             if st.kind == "logits":
+                before = logits
                 logits = st(self, inputs, logits)
+                if recording:
+                    _report_logits_change(STAGES.name_of(st), before, logits)
         maps = ScoreMaps(logits, class_index, len(inputs.vocabulary), prob_threshold=self.prob_threshold,
                          area_threshold=self.area_threshold, background_index=inputs.background_index,
                          out_size=inputs.out_size)
+        if recording and self.prob_threshold > 0 and inputs.background_index is not None:
+            _report_threshold(maps, self.prob_threshold)
+        if recording and self.area_threshold > 0:
+            n = int(maps.suppressed().sum())
+            report("area threshold", n > 0, suppressed_classes=n)
         labels = None
         for st in self.stages:
             if st.kind == "labels":
-                labels = st(self, inputs, maps.labels() if labels is None else labels)
+                before = maps.labels() if labels is None else labels
+                labels = st(self, inputs, before)
+                if recording:
+                    changed = int((labels != before).sum())
+                    report(STAGES.name_of(st), changed > 0, changed_pixels=changed)
         record = self.attention_record(sink, tuple(x["image"].shape[-2:])) if sink is not None else None
         return PipelineOutput(maps, labels, record, inputs.vocabulary)
+
+    def _report_remainder(self, size: Tuple[int, int]) -> None:
+        """Stage activity: the working size, its remainder modulo the patch (non-zero: the
+        ``PATCH_REMAINDER`` path runs, padding or truncation) and the mode. A property of the
+        input, not a stage of the method: never flagged flat."""
+        p = int(self.encoder.patch_size)
+        rem = [size[0] % p, size[1] % p]
+        report("patch remainder", True, size=list(size), remainder=rem, mode=self.patch_remainder)
 
     def forward(self, batched_inputs: List[Dict]) -> List[Dict[str, torch.Tensor]]:
         """
@@ -622,6 +650,27 @@ class SparseCLIP(nn.Module):
             logger.info(
                 "PROB_THRESHOLD=%s not applied to %s: it has no background class.", self.prob_threshold, key
             )
+
+
+def _report_logits_change(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
+    """Stage activity of a logits stage: pixels whose arg-max synonym it changed (``before``
+    resized bilinearly to ``after``'s size when the stage resized)."""
+    if before.shape[-2:] != after.shape[-2:]:
+        before = torch.nn.functional.interpolate(before[None].float(), size=tuple(after.shape[-2:]),
+                                                 mode="bilinear", align_corners=False)[0]
+    changed = int((before.argmax(0) != after.argmax(0)).sum())
+    report(name, changed > 0, changed_pixels=changed)
+
+
+def _report_threshold(maps: ScoreMaps, threshold: float) -> None:
+    """Stage activity of the probability threshold: pixels whose top class probability is below
+    it (sent to the background) and above it; active when it sends some but not all pixels."""
+    below = total = 0
+    for r0, r1, probs, _ in maps.bands():
+        best = probs.max(dim=0).values
+        below += int((best < threshold).sum())
+        total += best.numel()
+    report("probability threshold", 0 < below < total, below=below, above=total - below)
 
 
 def check_vocabulary(vocabulary: Sequence[str], what: str, allow_duplicates: bool = False) -> None:

@@ -1,10 +1,9 @@
-"""tools/agreement_resclip.py without an upstream checkout: the message that says how to get one,
-and the random weights both sides read (float16-rounded, loaded by the project as a file)."""
+"""tools/agreement_resclip.py's former command line, now run by tools/agreement.py; and the random
+weights both sides read (float16-rounded, loaded by the project as a file)."""
 import importlib.util
 import os
-import subprocess
-import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,22 +17,32 @@ def _tool_module():
     return mod
 
 
+def test_former_command_line_becomes_the_generic_one():
+    argv = _tool_module().translate(["--upstream", "/up", "--config", "configs/baselines/resclip_b16_voc21.yaml",
+                                     "--size", "336", "504", "--feedback-threshold", "0", "--output", "/o"])
+    assert argv == ["--method", "resclip", "--upstream", "/up", "--configs", "resclip_b16_voc21.yaml", "--inputs",
+                    "voc@336x504", "--seed", "0", "--threads", "2", "--workdir", "/o", "--force", "feedback0"]
+    with pytest.raises(SystemExit):
+        _tool_module().translate(["--upstream", "/up", "--config", "c.yaml", "--prob-threshold", "0.2",
+                                  "--output", "/o"])
+
+
 def test_a_missing_checkout_names_the_clone_and_the_commit(tmp_path):
-    proc = subprocess.run([sys.executable, TOOL, "--upstream", str(tmp_path / "nope"), "--config",
-                           "configs/baselines/resclip_b16_voc21.yaml", "--output", str(tmp_path / "out")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "no such directory" in proc.stderr and "git clone https://github.com/yvhangyang/ResCLIP" in proc.stderr
-    assert "checkout 0e085f7" in proc.stderr
+    from sparseclip_d2.benchmarks.agreement import main
+
+    with pytest.raises(SystemExit, match="no such directory; fetch it with: git clone "
+                                         "https://github.com/yvhangyang/ResCLIP && git -C ResCLIP checkout 0e085f7"):
+        main(["--method", "resclip", "--upstream", str(tmp_path / "nope")])
 
 
 def test_random_weights_are_float16_values_the_project_loads(tmp_path):
+    from sparseclip_d2.benchmarks.agreement import random_clip_weights
     from sparseclip_d2.clip import build_clip
 
     from conftest import TINY_CLIP_NAME
 
     path = str(tmp_path / "w.pt")
-    _tool_module().random_weights(TINY_CLIP_NAME, 3, path)
+    random_clip_weights(TINY_CLIP_NAME, 3, path)
     state = torch.load(path)
     assert all(torch.equal(v, v.half().float()) for v in state.values() if v.is_floating_point())
     with torch.random.fork_rng(devices=[]):

@@ -4,7 +4,7 @@ Scans README.md and docs/*.md for repository paths (``configs/...yaml``, ``tools
 ``scripts/*.sh``, ``tests/*.py``, ``docs/...``, ``sparseclip_d2/...``), expanding the brace
 patterns the docs use (``configs/paper/{b16,l14}_{qkv,qqv}_softmax.yaml``), and checks each
 one exists; ``--flags`` of the commands the docs show must be options their tool accepts.
-``docs/upstream_agreement.md`` and ``docs/methods.md`` also name the upstream repositories' own files
+``docs/upstream_agreement.md``, ``docs/methods.md`` and the pages of ``docs/agreement/`` also name the upstream repositories' own files
 (``configs/cfg_voc21.py`` of SCLIP, mmseg's ``tools/test.py``): there only this project's
 kinds of file are checked (``.yaml`` configs, ``docs/``, ``sparseclip_d2/``, ``tests/``).
 An output stem a command writes (``-o docs/figures/NAME``) must exist with some suffix.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "agreement").glob("*.md"))
 _PATH = re.compile(r"(?<![\w./-])((?:configs|tools|scripts|tests|docs|sparseclip_d2)/[\w./{},+*-]*[\w}*])")
 # Paths the docs name on purpose that are not in a clean checkout.
 _MADE_BY_RUNS = ("output/", "datasets/")
@@ -31,7 +31,7 @@ def _expand(pattern: str):
 
 
 def _ours(doc: Path, path: str) -> bool:
-    if doc.name not in ("upstream_agreement.md", "methods.md"):
+    if doc.name not in ("upstream_agreement.md", "methods.md") and doc.parent.name != "agreement":
         return True
     return path.endswith(".yaml") or path.startswith(("docs/", "sparseclip_d2/", "tests/"))
 

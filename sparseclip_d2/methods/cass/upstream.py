@@ -35,12 +35,12 @@ class CASSUpstream(UpstreamEntry):
         torch.hub.load_state_dict_from_url = lambda url, *a, **k: torch.load(dino_file, map_location="cpu")
         kit.tensor_cuda_standin()
         import cass_segmentor as seg_module
-        if spec["templates"] == "single":
-            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
-        model = kit.upstream_config(path, cls.upstream_config)
+        seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+        model = kit.upstream_config(path, cls.upstream_config_of(spec))
         for k in ("type", "clip_path", "name_path"):
             model.pop(k, None)
-        seg = seg_module.CASS_segmentor(clip_path=spec["weights"], name_path=os.path.join(path, cls.class_file),
-                                        device="cpu", dataset="./" + cls.upstream_config, pamr_steps=0, **model)
+        seg = seg_module.CASS_segmentor(clip_path=spec["weights"], name_path=os.path.join(path, cls.class_file_of(spec)),
+                                        device="cpu", dataset="./" + cls.upstream_config_of(spec), pamr_steps=0,
+                                        **dict(model, **cls.settings_of(spec)))
         seg.eval()
         return kit.segmentor_run(seg, image, spec)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...common.activity import report
 from ...common.keys import Key, Section, key_field
 from ..registry import CONFIG_SECTIONS
 
@@ -126,6 +127,7 @@ def cluster_assignment(corr: torch.Tensor, grid: Tuple[int, int], settings: Clus
     rows = corr.detach().float()
     labels = DBSCAN(eps=float(settings.eps), min_samples=int(settings.min_samples)).fit_predict(rows.cpu().numpy())
     clusters = sorted(int(c) for c in np.unique(labels) if c >= 0)
+    report("clusters", len(clusters) > 1, clusters=len(clusters))  # the stage-activity record
     if not clusters:
         return None
     labels_t = torch.from_numpy(labels).to(rows.device)

@@ -21,8 +21,7 @@ class CLIPtraseUpstream(UpstreamEntry):
 
         cs.device = "cpu"  # clip_self_correlation.py: device = "cuda"
         cs.scores = lambda gts, preds, n: {}  # its metric over one image is not what is timed
-        if spec["templates"] == "single":
-            cs.prompt_templates = cs.prompt_templates[:1]
+        cs.prompt_templates = kit.cut_templates(cs.prompt_templates, spec)
         text_cache, encode_text = {}, cs.get_text_features
 
         def cached_text_features(clip, labels):

@@ -45,12 +45,12 @@ class CorrCLIPUpstream(UpstreamEntry):
         kit.install_standins()
         kit.random_dino(spec, cls.vfm)
         import corrclip_segmentor as seg_module
-        if spec["templates"] == "single":
-            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
-        model = kit.upstream_config(path, cls.upstream_config)
+        seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+        model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
-        model.update(clip_type=spec["weights"], name_path=os.path.join(path, cls.class_file), device="cpu",
+        model.update(clip_type=spec["weights"], name_path=os.path.join(path, cls.class_file_of(spec)), device="cpu",
                      instance_mask_path=spec["mask_dir"], mask_generator=None)
+        model.update(cls.settings_of(spec))
         seg = seg_module.CorrCLIPSegmentation(**model)
         kit.upstream_to_fp32(seg, seg.dino)
         return kit.path_segmentor_run(seg, image, spec)

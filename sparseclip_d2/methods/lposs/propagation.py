@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from fvcore.common.registry import Registry
 from torch import nn
 
+from ...common.activity import active_record, report
 from ...common.keys import key_field
 from ...proxy.second_backbone import ProxyBackbone, lcm, to_proxy_input
 from ...propagation.graph import (conjugate_gradient, knn_affinity, normalized_affinity, patch_centres, pixel_affinity,
@@ -268,7 +269,11 @@ class LabelPropagation(nn.Module):
         top, left = pad_origin
         origins = [(y1 - top, x1 - left) for (y1, _, x1, _) in windows]
         cells = [(hh / l.shape[-2], ww / l.shape[-1]) for l, (hh, ww) in zip(logits_w, sizes)]
-        out = iter(propagate_patches(logits_w, feats_w, origins, cells, s))
+        propagated = propagate_patches(logits_w, feats_w, origins, cells, s)
+        if active_record() is not None:  # the stage-activity record: patches whose arg-max class changed
+            changed = sum(int((a.argmax(0) != b.argmax(0)).sum()) for a, b in zip(logits_w, propagated))
+            report("label propagation (patches)", changed > 0, changed_patches=changed)
+        out = iter(propagated)
 
         def replay(crops: torch.Tensor) -> torch.Tensor:
             return torch.stack([next(out) for _ in range(crops.shape[0])])
@@ -277,5 +282,9 @@ class LabelPropagation(nn.Module):
         if "pixel_lab" in s.stages:
             if rgb is None:
                 raise ValueError(f"{KEY}.KIND {s.kind!r} needs the RGB image for its pixel stage")
+            before = full
             full = propagate_pixels(full, rgb, s)
+            if active_record() is not None:
+                changed = int((before.argmax(0) != full.argmax(0)).sum())
+                report("label propagation (pixels)", changed > 0, changed_pixels=changed)
         return full

@@ -48,9 +48,8 @@ class LPOSSUpstream(UpstreamEntry):
         up_cfg.model.clip_backbone = "maskclip_bench"
         os.chdir(workdir)  # LPOSS reads configs/{clip_backbone}.yaml from the working directory
         import models  # noqa: F401  (the checkout's models/)
-        if spec["templates"] == "single":
-            mcm = sys.modules["models.maskclip.maskclip"]
-            mcm.imagenet_templates = mcm.imagenet_templates[:1]
+        mcm = sys.modules["models.maskclip.maskclip"]
+        mcm.imagenet_templates = kit.cut_templates(mcm.imagenet_templates, spec)
         from models.builder import build_model
         classes = kit.dataset_classes(path, *cls.class_tuple)
         lspec = importlib.util.spec_from_file_location("lposs_eval", os.path.join(path, "segmentation", "evaluation",

@@ -1,20 +1,25 @@
-"""PEARL's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
-(``pearl_ovss.py`` ``PEARL``, PGSmall/PEARL at c26062b), driven as ``tools/agreement_pearl.py``
-drives it: the model dict of ``configs/cfg_voc21.py`` (whole image, ``prob_thd`` 0.1), the CLIP
-weights file as ``clip_path``, and the text-aware Laplacian propagation on (``use_prop='on'``, as
-upstream's ``run.sh`` passes ``--prop on``, the setting of the paper's numbers)."""
-from ..registry import UPSTREAM, UpstreamEntry
+"""PEARL's entry in the upstream benchmark and the agreement driver (``tools/agreement.py --method
+pearl``): its segmentor (``pearl_ovss.py``, PGSmall/PEARL at c26062b) from ``configs/cfg_<dataset>.py``,
+the text-aware Laplacian propagation on (``use_prop="on"``, as its ``run.sh``) or off."""
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 @UPSTREAM.register("pearl")
 class PEARLUpstream(UpstreamEntry):
-    """PEARL built from configs/base_config.py + cfg_voc21.py with clip_path = the weights file,
-    device='cpu' and use_prop='on'; its data preprocessor and predict (whole image, TLP,
-    postprocess)."""
+    """PEARL(clip_path=<weights file>, name_path, device='cpu', **model dict of the dataset config,
+    use_prop); its data preprocessor and predict (whole image or slide, TLP, postprocess)."""
 
-    repo, commit, marker = "PGSmall/PEARL", "c26062b", "pearl_ovss.py"
+    repo, commit, marker = "PGSmall/PEARL", "c26062b", "pearl/prop.py"
     config = "pearl_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    configs = dict(mmseg_dataset_configs("pearl_b16", "context59", ("voc21", "voc20", "context60", "coco_object",
+                                                                   "coco_stuff", "cityscapes", "ade20k")),
+                   **{"pearl_b16_voc21_no_tlp.yaml": "configs/cfg_voc21.py"})
+    # pearl_ovss.py PEARL(use_prop=...): "on" runs TLP after the logits (run.sh passes --prop on)
+    config_settings = {"pearl_b16_voc21_no_tlp.yaml": {"use_prop": "off"}}
+    # its prob_thd (PROB_THRESHOLD here) at 0: random weights' near-uniform scores send most pixels
+    # to class 0 (configs/cfg_voc21.py, cfg_context60.py, cfg_coco_object.py set 0.1)
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
 
     @classmethod
     def build(cls, spec, image, path, kit):

@@ -3,7 +3,7 @@
 answered from the ``--dino`` checkout; :func:`build_proxy_segmentor` drives FSA's too."""
 import os
 
-from ..registry import UPSTREAM, UpstreamEntry
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 def proxy_project_opts(entry, path, workdir):
@@ -36,11 +36,12 @@ def build_proxy_segmentor(spec, image, path, kit, entry, segmentor: str):
     torch.hub.load = local_hub_load
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
-    if spec["templates"] == "single":
-        seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
-    model = kit.upstream_config(path, entry.upstream_config)
+    seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+    model = kit.upstream_config(path, entry.upstream_config_of(spec))
     model.pop("type", None)
-    model.update(name_path=os.path.join(path, entry.class_file), device="cpu", model_type=os.path.basename(weights))
+    model.update(name_path=os.path.join(path, entry.class_file_of(spec)), device="cpu",
+                 model_type=os.path.basename(weights))
+    model.update(entry.settings_of(spec))
     os.chdir(os.path.dirname(weights))  # its create_model turns "/" of a name into "-": the bare file name
     seg = getattr(seg_module, cls)(**model)
     kit.upstream_to_fp32(seg, seg.vfm)
@@ -54,6 +55,10 @@ class ProxyCLIPUpstream(UpstreamEntry):
     repo, commit, marker = "mc-lan/ProxyCLIP", "e7b767f", "proxyclip_segmentor.py"
     config = "proxyclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    configs = mmseg_dataset_configs("proxyclip_b16", "voc20", ("voc21", "context60", "coco_object", "cityscapes",
+                                                              "ade20k"))
+    # its segmentor's prob_thd (PROB_THRESHOLD here) at 0
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
     # its segmentor loads its VFM with torch.hub.load('facebookresearch/dino:main', 'dino_vitb8')
     needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb8"
     dino_aliases = ("--proxyclip-dino",)  # the option's first name

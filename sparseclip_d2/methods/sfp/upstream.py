@@ -1,7 +1,7 @@
 """SFP's entry in the upstream timing benchmark (``tools/benchmark_methods.py``): its segmentor
 (``SFP_ICCV/SFP_segmentor.py``, Kimsure/SFP at 2804f5b), driven as SC-CLIP's (docs/upstream_agreement.md,
 "SC-CLIP and SFP")."""
-from ..registry import UPSTREAM, UpstreamEntry
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 @UPSTREAM.register("sfp")
@@ -14,6 +14,11 @@ class SFPUpstream(UpstreamEntry):
     cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "sfp_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    configs = mmseg_dataset_configs("sfp_b16", "ade20k", ("voc21", "voc20", "context60", "context59", "coco_object",
+                                                         "coco_stuff", "cityscapes"))
+    # its segmentor's prob_thd (PROB_THRESHOLD here) at 0: random weights' near-uniform scores
+    # would send every pixel to the background
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
 
     @classmethod
     def build(cls, spec, image, path, kit):

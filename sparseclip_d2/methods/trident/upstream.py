@@ -48,16 +48,16 @@ class TridentUpstream(UpstreamEntry):
             torch.manual_seed(0)
             torch.save(sam_model_registry["vit_b"](checkpoint=None).state_dict(), sam_file)
         import trident as seg_module
-        if spec["templates"] == "single":
-            seg_module.openai_imagenet_template = seg_module.openai_imagenet_template[:1]
-        model = kit.upstream_config(path, cls.upstream_config)
+        seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+        model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
         if not os.path.exists(link):
             os.symlink(weights, link)
         model.update(clip_type="openai", model_type=os.path.basename(link), vfm_model="dino",
-                     name_path=os.path.join(path, cls.class_file), device="cpu", sam_ckpt=sam_file,
+                     name_path=os.path.join(path, cls.class_file_of(spec)), device="cpu", sam_ckpt=sam_file,
                      sam_refinement=False)
+        model.update(cls.settings_of(spec))
         os.chdir(os.path.dirname(link))  # its create_model takes the weights file by its bare name
         seg = seg_module.Trident(**model)
         seg.clip.float()
