@@ -4,7 +4,6 @@ from .maths import (PROJECTION_KEYS, TextProjection, clean_background, cls_atten
                     random_projection, sigmoid_masks)
 from .encoder import Talk2DINOEncoder
 from . import parts  # noqa: F401  (registers the family, its head and its config section)
-from . import upstream  # noqa: F401  (registers its upstream benchmark entry)
 
 __all__ = ["TextProjection", "load_projection", "random_projection", "PROJECTION_KEYS", "cls_attention_maps",
            "sigmoid_masks", "clean_background", "Talk2DINOEncoder"]
