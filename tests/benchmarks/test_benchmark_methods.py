@@ -76,7 +76,7 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--methods", "sclip", "--project-only"], ["unknown method", "'sclip'", "proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, "
-                                                     "clipsurgery, resclip, gem, scclip, sfp"]),
+                                                     "clipsurgery, talk2dino, resclip, gem, scclip, sfp"]),
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
     (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
@@ -229,7 +229,7 @@ def test_every_entry_names_its_checkout_config_and_kind():
     from sparseclip_d2.model_zoo import get_config_file
 
     assert sorted(entries()) == ["cass", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "itaclip", "lposs",
-                                 "proxyclip", "resclip", "scclip", "sfp", "trident"]
+                                 "proxyclip", "resclip", "scclip", "sfp", "talk2dino", "trident"]
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
         assert e.marker.startswith(e.subdir), method

@@ -159,10 +159,19 @@ def test_keys_are_refused_while_off_and_checked():
     from sparseclip_d2.methods import plan_from_config
     from sparseclip_d2.methods.encoders import check_proxy_config
 
-    with pytest.raises(ValueError, match=r"TALK2DINO.LAMBDA_BG = 0.5 changes nothing"):
-        check_proxy_config(_cfg(**{"MODEL.SPARSECLIP.PROXY.TALK2DINO.ENABLED": False,
-                                   "MODEL.SPARSECLIP.PROXY.TALK2DINO.LAMBDA_BG": 0.5}))
+    with pytest.raises(ValueError, match=r"TALK2DINO.LAMBDA_BG = 0.5 changes nothing while .*TALK2DINO.ENABLED is False"):
+        check_proxy_config(tiny_cfg(**{"MODEL.SPARSECLIP.PROXY.NAME": DINOV2,
+                                       "MODEL.SPARSECLIP.PROXY.TALK2DINO.LAMBDA_BG": 0.5}))
     with pytest.raises(ValueError, match=r"PAMR_DILATIONS = \[0\] is invalid"):
         plan_from_config(_cfg(**{"MODEL.SPARSECLIP.PROXY.TALK2DINO.PAMR_DILATIONS": [0]}))
     with pytest.raises(ValueError, match=r"PROB_THRESHOLD"):
         check_proxy_config(_cfg(**{"MODEL.SPARSECLIP.PROB_THRESHOLD": 0.3}))
+
+
+def test_the_benchmark_entry_draws_the_projection_random_projection_draws(tmp_path):
+    from sparseclip_d2.methods.talk2dino.upstream import write_random_projection
+
+    path = write_random_projection(str(tmp_path / "p.pth"), seed=4, clip_dim=8, dino_dim=6)
+    ours = random_projection(4, 8, 6)
+    theirs = load_projection(path)
+    assert all(torch.equal(ours.state_dict()[k], theirs.state_dict()[k]) for k in PROJECTION_KEYS)

@@ -7,3 +7,4 @@ from . import parts  # noqa: F401  (registers the family, its head and its confi
 
 __all__ = ["TextProjection", "load_projection", "random_projection", "PROJECTION_KEYS", "cls_attention_maps",
            "sigmoid_masks", "clean_background", "Talk2DINOEncoder"]
+from . import upstream  # noqa: F401  (registers its upstream benchmark entry; the agreement driver's helpers)
