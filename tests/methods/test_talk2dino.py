@@ -166,6 +166,8 @@ def test_keys_are_refused_while_off_and_checked():
         plan_from_config(_cfg(**{"MODEL.SPARSECLIP.PROXY.TALK2DINO.PAMR_DILATIONS": [0]}))
     with pytest.raises(ValueError, match=r"PROB_THRESHOLD"):
         check_proxy_config(_cfg(**{"MODEL.SPARSECLIP.PROB_THRESHOLD": 0.3}))
+    with pytest.raises(ValueError, match=r"ATTENTION / BLOCK keys .*entmax"):
+        check_proxy_config(_cfg(**{"MODEL.SPARSECLIP.ATTENTION.NORMALIZER": "entmax"}))
 
 
 def test_the_benchmark_entry_draws_the_projection_random_projection_draws(tmp_path):

@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ...clip.spec import AttentionSpec, describe_spec
 from ...clip.text import split_synonyms
 from ...common.keys import Key, Section, changed_section_keys, check_number, key_field, refuse_keys_while_off
 from ...dense.pamr import pamr
@@ -111,6 +112,10 @@ class Talk2DINOFamily(EncoderFamily):
         if sc.PIXEL_NORM != "clip":
             bad.append(f"MODEL.SPARSECLIP.PIXEL_NORM {sc.PIXEL_NORM!r} (valid: clip, which is the encoder's ImageNet "
                        "mean / std)")
+        spec = AttentionSpec.from_config(cfg, warn=False)
+        if spec != AttentionSpec():
+            bad.append(f"MODEL.SPARSECLIP.ATTENTION / BLOCK keys ({describe_spec(spec)}; valid: their defaults, "
+                       "there is no CLIP attention to change)")
         if bad:
             raise ValueError(f"{cls.key} True refuses: " + "; ".join(bad))
 

@@ -79,6 +79,7 @@ def install_upstream_standins(dinov2: str, dino_file: str, clip_file: str) -> No
         return x.reshape(sizes["n"], sizes["t"], *x.shape[1:])  # '(n t) c -> n t c'
     einops = types.ModuleType("einops")
     einops.rearrange = rearrange
+    einops.repeat = None  # masker.py imports it; no inference path calls it
 
     def load(name, device="cpu", jit=False):
         model = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None)
