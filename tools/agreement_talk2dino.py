@@ -141,8 +141,15 @@ def agreement_rows(checkout: str, dinov2: str, workdir: str, configs=None, on_ro
     rows = []
     for config in configs or list(UPSTREAM_CONFIGS):
         out = os.path.join(workdir, config.replace(".yaml", "_upstream.npz"))
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--upstream", checkout, "--dinov2", dinov2,
-                        "--workdir", workdir, "--upstream-side", config, out], check=True)
+        if not os.path.exists(out):
+            for attempt in range(3):  # a shared machine's OOM killer may take the upstream process: run it again
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--upstream", checkout, "--dinov2", dinov2,
+                                    "--workdir", workdir, "--upstream-side", config, out])
+                if r.returncode == 0:
+                    break
+                print(f"upstream side of {config} exited with {r.returncode} (attempt {attempt + 1})", flush=True)
+            else:
+                raise SystemExit(f"the upstream side of {config} failed 3 times")
         up = np.load(out)
         vocab, with_bg = [str(n) for n in up["names"]], bool(up["with_bg"])
         cfg, ours = build_project(config, dino_file, clip_file, proj_file)

@@ -5,7 +5,8 @@ Upstream's ``DINOText`` (``src/open_vocabulary_segmentation/models/dinotext/dino
 ``DINOTextSegInference.encode_decode`` (``segmentation/evaluation/dinotext_seg.py``) run unchanged; what
 this environment lacks is replaced by the stand-ins of :func:`install_upstream_standins` (ours, named in
 docs/upstream_agreement.md): OpenAI's ``clip`` (``clip.load`` -> an open_clip ``ViT-B-16-quickgelu`` from
-the shared weights file, fp32; ``clip.tokenize`` -> open_clip's tokenizer, the same BPE and 77 tokens),
+the shared weights file, fp32, without its
+vision tower, which ``DINOText`` never calls; ``clip.tokenize`` -> open_clip's tokenizer, the same BPE and 77 tokens),
 ``einops.rearrange`` (the three patterns ``build_text_embedding`` uses, as reshapes), the ``mmcv`` /
 ``mmseg`` / ``termcolor`` names its modules import, and ``torch.hub.load`` of ``dinov2_vitb14_reg``
 answered by a local facebookresearch/dinov2 checkout with a weights file. mmseg's slide inference is
@@ -84,6 +85,7 @@ def install_upstream_standins(dinov2: str, dino_file: str, clip_file: str) -> No
     def load(name, device="cpu", jit=False):
         model = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None)
         model.load_state_dict(torch.load(clip_file, map_location="cpu"), strict=True)
+        model.visual = None  # DINOText calls encode_text only; the vision tower would hold 350 MB for nothing
         return model.eval(), None
     clip = types.ModuleType("clip")
     clip.load = load
