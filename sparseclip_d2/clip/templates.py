@@ -117,11 +117,11 @@ SUB_IMAGENET_TEMPLATES: Tuple[str, ...] = (
 )
 
 TEMPLATE_SETS: Dict[str, Tuple[str, ...]] = {
-    "sub_imagenet": SUB_IMAGENET_TEMPLATES,
     "openai_imagenet": OPENAI_IMAGENET_TEMPLATES,
     "maskclip": MASKCLIP_TEMPLATES,
     "single": ("a photo of a {}.",),
     "none": ("{}",),
+    "sub_imagenet": SUB_IMAGENET_TEMPLATES,
 }
 
 
