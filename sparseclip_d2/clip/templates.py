@@ -103,11 +103,25 @@ MASKCLIP_TEMPLATES: Tuple[str, ...] = OPENAI_IMAGENET_TEMPLATES + (
     "this is one {} in the scene.",
 )
 
+#: The seven "sub ImageNet" templates of TCL / FreeDA, as lorebianchi98/Talk2DINO @ 4918c2d
+#: ``src/open_vocabulary_segmentation/datasets/templates.py`` ``sub_imagenet_template`` holds them
+#: (its ``eval*.yml`` ``template: sub_imagenet_template``).
+SUB_IMAGENET_TEMPLATES: Tuple[str, ...] = (
+    "itap of a {}.",
+    "a bad photo of a {}.",
+    "a origami {}.",
+    "a photo of the large {}.",
+    "a {} in a video game.",
+    "art of the {}.",
+    "a photo of the small {}.",
+)
+
 TEMPLATE_SETS: Dict[str, Tuple[str, ...]] = {
     "openai_imagenet": OPENAI_IMAGENET_TEMPLATES,
     "maskclip": MASKCLIP_TEMPLATES,
     "single": ("a photo of a {}.",),
     "none": ("{}",),
+    "sub_imagenet": SUB_IMAGENET_TEMPLATES,
 }
 
 

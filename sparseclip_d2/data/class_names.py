@@ -20,7 +20,7 @@ _FOLDER = "classnames"
 
 #: Upstream vocabularies shipped as data (``MODEL.SPARSECLIP.CLASS_NAMES``); "" = the project's.
 CLASS_NAME_SETS = ("sclip", "clearclip", "naclip", "maskclip", "itaclip", "proxyclip", "cliptrase", "sfp",
-                   "lposs", "corrclip")
+                   "lposs", "corrclip", "talk2dino")
 
 
 def _check_set(class_set: Optional[str]) -> Optional[str]:

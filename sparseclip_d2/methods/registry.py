@@ -172,6 +172,12 @@ class LogitHead(Part):
     records_attention = False
     reads_correlation = False
 
+    def text_embeddings(self, classifier, vocabulary: Sequence[str], background_index: Optional[int]):
+        """``(emb (S, D) float32, class_index (S,) long)`` of a vocabulary, which :meth:`forward` gets as
+        ``text_emb``: the text classifier's unit embeddings by default; a head that compares in another
+        space (a learned text projection) gives its own."""
+        return classifier(list(vocabulary))
+
     def image_context(self, model, image: torch.Tensor, text_emb: torch.Tensor) -> Any:
         """What the head needs once per image (``(3, H, W)`` normalised), passed to every window."""
         return None

@@ -311,11 +311,11 @@ class SparseCLIP(nn.Module):
             ``(emb (S, D) float32 L2-normalised, class_index (S,) long)`` on ``self.device``.
         """
         templates = self.templates if templates is None else templates
-        key = (tuple(vocabulary), templates, str(self.device), background_index if self.definitions else None)
+        key = (tuple(vocabulary), templates, str(self.device), background_index)
 
         def make() -> Tuple[torch.Tensor, torch.Tensor]:
             classifier = self.text_classifier(templates)
-            emb, class_index = classifier(list(vocabulary))
+            emb, class_index = self.head.text_embeddings(classifier, list(vocabulary), background_index)
             if self.definitions:
                 texts = [text for _, text in self.definitions]
                 emb = mix_definitions(emb, class_index, classifier.encode(texts).to(emb.device),

@@ -76,7 +76,7 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--methods", "nosuch", "--project-only"], ["unknown method", "'nosuch'", "proxyclip", "fsa", "cass", "trident", "corrclip",
-                                                      "lposs", "itaclip", "cliptrase", "clipsurgery", "pearl", "resclip", "gem", "scclip",
+                                                      "lposs", "itaclip", "cliptrase", "clipsurgery", "talk2dino", "pearl", "resclip", "gem", "scclip",
                                                       "sfp", "sclip", "clearclip", "naclip"]),
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
@@ -234,7 +234,7 @@ def test_every_entry_names_its_checkout_config_and_kind():
     from sparseclip_d2.model_zoo import get_config_file
 
     assert {"cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "gla_clip", "itaclip", "lposs", "naclip",
-            "pearl", "proxyclip", "resclip", "scclip", "sclip", "sfp", "trident"} <= set(entries())
+            "pearl", "proxyclip", "resclip", "scclip", "sclip", "sfp", "talk2dino", "trident"} <= set(entries())
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
         assert e.marker.startswith(e.subdir), method

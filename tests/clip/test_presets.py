@@ -307,7 +307,8 @@ def test_upstream_class_name_sets_load_with_the_right_counts(class_set):
     files = available_class_name_files(class_set)
     missing = {"maskclip": {"voc21", "context60", "coco_object"},  # lists MaskCLIP does not publish
                "itaclip": {"voc20", "context59", "ade150"},  # datasets ITACLIP has no config for
-               "cliptrase": {"cityscapes19"}}  # CLIPtrase's configs/dataset_cfg.py has no Cityscapes entry
+               "cliptrase": {"cityscapes19"},  # CLIPtrase's configs/dataset_cfg.py has no Cityscapes entry
+               "talk2dino": set(COUNTS) - {"voc21", "voc20"}}  # only the VOC configs are held yet
     expected = set(COUNTS) - missing.get(class_set, set())
     assert set(files) == expected
     for name in files:

@@ -49,7 +49,7 @@ def test_named_and_file_templates(tmp_path):
     bad.write_text("no placeholder\n", encoding="utf-8")
     with pytest.raises(ValueError, match="'no placeholder'.*placeholder"):
         get_templates(str(bad))
-    with pytest.raises(ValueError, match=r"unknown prompt template set 'imagenet80'; valid: openai_imagenet, maskclip, single, none, or the path"):
+    with pytest.raises(ValueError, match=r"unknown prompt template set 'imagenet80'; valid: openai_imagenet, maskclip, single, none, sub_imagenet, or the path"):
         get_templates("imagenet80")
 
 

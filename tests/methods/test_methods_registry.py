@@ -16,15 +16,15 @@ from sparseclip_d2.methods.registry import Registry
 
 
 def test_registries_hold_every_part_once():
-    assert sorted(n for n, _ in LOGIT_HEADS) == ["cls_product", "cosine", "feature_surgery", "object_presence", "tta"]
-    assert sorted(n for n, _ in ENCODERS) == ["cass", "corrclip", "fsa", "gla_clip", "proxyclip", "trident"]
+    assert sorted(n for n, _ in LOGIT_HEADS) == ["cls_product", "cosine", "feature_surgery", "object_presence", "talk2dino", "tta"]
+    assert sorted(n for n, _ in ENCODERS) == ["cass", "corrclip", "fsa", "gla_clip", "proxyclip", "talk2dino", "trident"]
     assert [n for n, c in ENCODERS if c.default] == ["proxyclip"]
     assert sorted(n for n, _ in STAGES) == ["cluster_vote", "label_closing", "label_propagation", "pamr",
                                             "region_vote", "text_laplacian", "window_set"]
     assert [n for n, _ in SIDE_INPUTS] == ["region_mask"]
     assert sorted(n for n, _ in UPSTREAM) == ["cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem",
                                               "gla_clip", "itaclip", "lposs", "naclip", "pearl", "proxyclip", "resclip",
-                                              "scclip", "sclip", "sfp", "trident"]
+                                              "scclip", "sclip", "sfp", "talk2dino", "trident"]
     with pytest.raises(KeyError, match=r"unknown post-processing stage 'pamrr'; valid: .*pamr"):
         STAGES.get("pamrr")
     r = Registry("thing")
