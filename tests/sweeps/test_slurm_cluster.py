@@ -102,8 +102,10 @@ class Cluster:
         return [tuple(line.split("|")) for line in out.splitlines() if line.strip()]
 
     def job_processes(self):
+        """The cluster's processes but its daemons and slurmctld's helper (slurmscriptd)."""
         daemons = {local_slurm._read_pid(os.path.join(self.folder, pf)) for pf, _ in local_slurm.DAEMONS.values()}
-        return [p for p in local_slurm.leftover_processes(self.folder) if p not in daemons]
+        ctld = local_slurm._read_pid(os.path.join(self.folder, local_slurm.DAEMONS["slurmctld"][0]))
+        return [p for p in local_slurm.leftover_processes(self.folder) if p not in daemons and _parent(p) != ctld]
 
     def clear(self):
         """Cancel every job and wait until none is listed and no job process is left."""
@@ -150,6 +152,14 @@ def _state(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return None
 
