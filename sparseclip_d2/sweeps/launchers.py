@@ -502,7 +502,7 @@ def _job_record(task: RunTask, job, ended: str) -> Dict[str, Any]:
     error: Optional[BaseException] = None
     if ended == "":
         try:
-            record = job.result()
+            record = job.task(0).result()  # rank 0's record (the only one) when the job has several tasks
             if record is not None:
                 return record
         except Exception as e:  # submitit's FailedJobError / UncompletedJobError: no record from the job
