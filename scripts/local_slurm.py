@@ -23,6 +23,11 @@ process still left of this cluster: a job step daemon (``slurmstepd``, started b
 that no such process remains and that the two ports are free, and exits 1 naming what is left
 otherwise. ``status`` prints the daemons' pids and ``sinfo``.
 
+``start --owner PID`` (the tests: ``start(folder, owner=os.getpid())``) also starts a
+watchdog, a small process in its own session that stops the cluster (as ``stop`` does) as
+soon as process PID has ended, however it ended: a test process killed with SIGKILL, or a
+suite stopped by hand, leaves no daemon behind. ``stop`` ends the watchdog too.
+
 The module is also imported by the tests (``start``, ``stop``, ``cluster_env``).
 """
 import argparse
@@ -36,7 +41,8 @@ import time
 import zlib
 from typing import Dict, List, Optional
 
-__all__ = ["start", "stop", "status", "cluster_env", "leftover_processes", "DAEMONS", "REQUIRED_PROGRAMS"]
+__all__ = ["start", "stop", "status", "cluster_env", "leftover_processes", "watchdog_pid", "DAEMONS",
+           "REQUIRED_PROGRAMS"]
 
 #: name -> (pid file, log file) inside the cluster folder, in start order.
 DAEMONS = {"munged": ("munged.pid", "munged.log"), "slurmctld": ("slurmctld.pid", "slurmctld.log"),
@@ -45,6 +51,11 @@ REQUIRED_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scanc
 NODE = "localnode"
 PARTITION = "local"
 MARKER = "SPARSECLIP_SLURM_DIR"
+WATCHDOG_PID = "watchdog.pid"
+WATCHDOG_POLL_S = 0.5
+# start() tries again with two other ports when a daemon cannot start (a port taken between the
+# choice and the daemon's bind, by any process of the machine)
+START_ATTEMPTS = 3
 
 SLURM_CONF = """\
 # Written by scripts/local_slurm.py: a single-node cluster living in {folder}
@@ -209,12 +220,14 @@ def _log_tail(folder: str, name: str) -> str:
         return "(no log)"
 
 
-def start(folder: str, cpus: Optional[int] = None, timeout: float = 60.0) -> Dict[str, str]:
+def start(folder: str, cpus: Optional[int] = None, timeout: float = 60.0, owner: Optional[int] = None) -> Dict[str, str]:
     """Start a cluster in ``folder`` (created; it must not hold a running cluster) and return
     the environment to reach it (:func:`cluster_env`). ``cpus``: CPUs the node declares
     (default: at least 4, so that a test can run several one-CPU jobs at once on a 2-core
-    machine). On failure every daemon started is stopped and ``RuntimeError`` names the
-    daemon and the tail of its log."""
+    machine). ``owner``: a pid; a watchdog stops the cluster once that process has ended
+    (:func:`watch`). On failure every daemon started is stopped and ``RuntimeError`` names the
+    daemon and the tail of its log; a daemon that cannot start is tried again on two other
+    ports (``START_ATTEMPTS`` in all)."""
     missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
     if missing:
         raise RuntimeError(f"local Slurm cluster: {', '.join(missing)} not found; install Debian's slurm-wlm and "
@@ -232,6 +245,29 @@ def start(folder: str, cpus: Optional[int] = None, timeout: float = 60.0) -> Dic
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
     os.chmod(key, 0o400)
+    try:
+        if owner is not None:
+            _start_watchdog(folder, owner)  # first: whatever happens to the owner from now on, it cleans up
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                _start_daemons(folder, cpus, timeout)
+                break
+            except _DaemonFailed as e:
+                _stop_daemons(folder)
+                if attempt == START_ATTEMPTS:
+                    raise RuntimeError(str(e)) from None
+    except BaseException:
+        stop(folder, check=False)
+        raise
+    return cluster_env(folder)
+
+
+class _DaemonFailed(RuntimeError):
+    pass
+
+
+def _start_daemons(folder: str, cpus: Optional[int], timeout: float) -> None:
+    key = os.path.join(folder, "munge.key")
     ctld_port, slurmd_port = _free_ports(2)
     host = socket.gethostname().split(".")[0]
     with open(_conf_path(folder), "w") as f:
@@ -247,22 +283,80 @@ def start(folder: str, cpus: Optional[int] = None, timeout: float = 60.0) -> Dic
         "slurmctld": ["slurmctld", "-f", _conf_path(folder), "-i"],
         "slurmd": ["slurmd", "-f", _conf_path(folder), "-N", NODE],
     }
+    for name, cmd in commands.items():
+        pid_file = os.path.join(folder, DAEMONS[name][0])
+        if name == "munged" and _read_pid(pid_file) and _alive(_read_pid(pid_file)):
+            continue  # kept from a failed attempt (it has no TCP port)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=folder, timeout=timeout)
+        if proc.returncode != 0 or not _wait(lambda: (_read_pid(pid_file) or 0) > 0
+                                             and _alive(_read_pid(pid_file)), timeout):
+            raise _DaemonFailed(f"local Slurm cluster: {name} did not start (exit {proc.returncode}): "
+                                f"{(proc.stderr or proc.stdout).strip()}\n{_log_tail(folder, name)}")
+    if not _wait(lambda: _run(["sinfo", "-h", "-N", "-o", "%T"], folder).stdout.strip() == "idle", timeout, 0.5):
+        raise _DaemonFailed(f"local Slurm cluster: node {NODE} not idle after {timeout:g} s (sinfo: "
+                            f"{_run(['sinfo', '-h', '-N', '-o', '%T'], folder).stdout.strip()!r})\n"
+                            f"{_log_tail(folder, 'slurmctld')}{_log_tail(folder, 'slurmd')}")
+
+
+def _stop_daemons(folder: str) -> None:
+    """Stop slurmd and slurmctld of a failed start attempt (munged stays for the next one)."""
+    for name in ("slurmd", "slurmctld"):
+        pid = _read_pid(os.path.join(folder, DAEMONS[name][0]))
+        if pid and _alive(pid):
+            _terminate([pid], 10.0)
+        try:
+            os.remove(os.path.join(folder, DAEMONS[name][0]))
+        except OSError:
+            pass
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (``/proc/<pid>/stat`` field 22), None when it is gone
+    or a zombie: with the pid it names one process, whatever pid reuse follows."""
     try:
-        for name, cmd in commands.items():
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=folder, timeout=timeout)
-            pid_file = os.path.join(folder, DAEMONS[name][0])
-            if proc.returncode != 0 or not _wait(lambda: (_read_pid(pid_file) or 0) > 0
-                                                 and _alive(_read_pid(pid_file)), timeout):
-                raise RuntimeError(f"local Slurm cluster: {name} did not start (exit {proc.returncode}): "
-                                   f"{(proc.stderr or proc.stdout).strip()}\n{_log_tail(folder, name)}")
-        if not _wait(lambda: _run(["sinfo", "-h", "-N", "-o", "%T"], folder).stdout.strip() == "idle", timeout, 0.5):
-            raise RuntimeError(f"local Slurm cluster: node {NODE} not idle after {timeout:g} s (sinfo: "
-                               f"{_run(['sinfo', '-h', '-N', '-o', '%T'], folder).stdout.strip()!r})\n"
-                               f"{_log_tail(folder, 'slurmctld')}{_log_tail(folder, 'slurmd')}")
-    except BaseException:
-        stop(folder, check=False)
-        raise
-    return cluster_env(folder)
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def watchdog_pid(folder: str) -> Optional[int]:
+    """The pid of the cluster's watchdog when it runs, else None."""
+    pid = _read_pid(os.path.join(os.path.abspath(folder), WATCHDOG_PID))
+    return pid if pid and _alive(pid) else None
+
+
+def _start_watchdog(folder: str, owner: int) -> None:
+    stamp = _start_time(owner)
+    if stamp is None:
+        raise RuntimeError(f"local Slurm cluster: owner process {owner} does not run")
+    env = {k: v for k, v in os.environ.items() if k not in (MARKER, "SLURM_CONF")}
+    with open(os.path.join(folder, "watchdog.log"), "a") as log:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "watch", folder, "--owner", str(owner),
+                                 "--owner-start", stamp], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=log, env=env, start_new_session=True, close_fds=True)
+    if not _wait(lambda: _read_pid(os.path.join(folder, WATCHDOG_PID)) == proc.pid, 30.0, 0.05):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"local Slurm cluster: the watchdog did not start (log: {folder}/watchdog.log)")
+
+
+def watch(folder: str, owner: int, owner_start: str) -> int:
+    """The watchdog's loop (``local_slurm.py watch``): once process ``owner`` (started at
+    ``owner_start``) has ended, stop the cluster; SIGTERM (from :func:`stop`) ends it quietly."""
+    folder = os.path.abspath(folder)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(os.path.join(folder, WATCHDOG_PID + ".tmp"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.replace(os.path.join(folder, WATCHDOG_PID + ".tmp"), os.path.join(folder, WATCHDOG_PID))
+    while _start_time(owner) == owner_start:
+        time.sleep(WATCHDOG_POLL_S)
+    print(f"{time.strftime('%H:%M:%S')} owner {owner} ended: stopping the cluster in {folder}", file=sys.stderr)
+    left = stop(folder, check=False)
+    print(f"{time.strftime('%H:%M:%S')} stopped; left: {left or 'nothing'}", file=sys.stderr)
+    return 1 if left else 0
 
 
 def _terminate(pids: List[int], grace: float) -> None:
@@ -296,7 +390,13 @@ def stop(folder: str, check: bool = True, grace: float = 10.0) -> List[str]:
     rest = leftover_processes(folder)
     if rest:
         _terminate(rest, 2.0)
+    dog = watchdog_pid(folder)
+    if dog and dog != os.getpid():
+        _terminate([dog], 5.0)
     left = [f"process {p} ({_cmdline(p)})" for p in leftover_processes(folder)]
+    dog = watchdog_pid(folder)
+    if dog and dog != os.getpid():
+        left.append(f"watchdog {dog}")
     ports = _ports(folder)
     if ports:
         _wait(lambda: not any(_port_bound(p) for p in ports), 10.0, 0.2)
@@ -320,6 +420,8 @@ def status(folder: str) -> str:
     for name, (pid_file, _) in DAEMONS.items():
         pid = _read_pid(os.path.join(folder, pid_file))
         lines.append(f"{name}: {'pid ' + str(pid) if pid and _alive(pid) else 'not running'}")
+    dog = watchdog_pid(folder)
+    lines.append(f"watchdog: {'pid ' + str(dog) if dog else 'none'}")
     if os.path.isfile(_conf_path(folder)):
         lines.append(_run(["sinfo"], folder).stdout.rstrip())
     return "\n".join(lines)
@@ -327,13 +429,18 @@ def status(folder: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("action", choices=("start", "stop", "status", "watch"))
     p.add_argument("folder", help="the cluster's folder (state, config, logs, munge key and socket)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs the node declares (default: at least 4)")
+    p.add_argument("--owner", type=int, default=None, metavar="PID",
+                   help="start: stop the cluster as soon as process PID ends (a watchdog process)")
+    p.add_argument("--owner-start", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.action == "watch":
+        return watch(args.folder, args.owner, args.owner_start)
     try:
         if args.action == "start":
-            start(args.folder, cpus=args.cpus)
+            start(args.folder, cpus=args.cpus, owner=args.owner)
             print(f"cluster up in {os.path.abspath(args.folder)}; reach it with:\n"
                   f"export SLURM_CONF={_conf_path(os.path.abspath(args.folder))}")
         elif args.action == "stop":

@@ -89,6 +89,8 @@ def build_parser():
     g.add_argument("--gpus-per-run", type=int, default=None, help="GPUs per node of a run (default 1; >1 uses "
                    "detectron2's launch inside the job)")
     g.add_argument("--nodes", type=int, default=None, help="nodes per run (multi-node detectron2 launch)")
+    g.add_argument("--tasks-per-node", type=int, default=None,
+                   help="Slurm tasks per node of a run, each one train_net process (> 1: CPU runs, gloo; default 1)")
     g.add_argument("--cpus-per-run", type=int, default=None, help="CPUs per node of a run")
     g.add_argument("--mem-gb", type=float, default=None, help="memory per node of a run, GB")
     g.add_argument("--array-parallelism", type=int, default=None,
@@ -107,7 +109,7 @@ def launch_settings(sweep, args):
     """The sweep file's launcher settings, overridden by the command line."""
     settings = LaunchSettings.from_mapping(sweep.launcher, f"sweep file {sweep.path!r} launcher")
     flags = {"partition": args.partition, "time": args.time, "gpus_per_run": args.gpus_per_run,
-             "nodes": args.nodes, "cpus_per_run": args.cpus_per_run, "mem_gb": args.mem_gb,
+             "nodes": args.nodes, "tasks_per_node": args.tasks_per_node, "cpus_per_run": args.cpus_per_run, "mem_gb": args.mem_gb,
              "array_parallelism": args.array_parallelism, "signal_delay_s": args.signal_delay}
     for key, value in flags.items():
         settings.set(key, value, f"--{key.replace('_', '-')}")

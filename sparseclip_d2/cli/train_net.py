@@ -14,7 +14,9 @@ summaries (``finalize_summaries``, e.g. FG-OVD mHME) and ``OUTPUT_DIR/results.js
 Every dataset (files, images, and every segmentation mask: mode, size, label range) is
 checked before the model is built. The method has nothing
 to train: without ``--eval-only`` the script exits with a message. ``--num-gpus N`` runs N
-processes through detectron2's ``launch``. ``--max-images N`` = ``TEST.MAX_IMAGES N``.
+processes through detectron2's ``launch``; on machines without CUDA, ``--num-machines M``
+(one process per machine, e.g. the tasks of a Slurm job) joins the M processes with gloo
+(``sparseclip_d2.cli.launch``). ``--max-images N`` = ``TEST.MAX_IMAGES N``.
 
 The terminal shows what the run was given (the keys that differ from the defaults, the
 weights, the datasets, the method), progress and results; the environment and the full
@@ -43,7 +45,7 @@ from sparseclip_d2.common.logs import console_level, dropping_log_records, quiet
 with quiet_library_imports():
     from detectron2.config import get_cfg
     from detectron2.data import DatasetCatalog
-    from detectron2.engine import default_argument_parser, launch
+    from detectron2.engine import default_argument_parser
     from detectron2.evaluation import DatasetEvaluators, inference_on_dataset, print_csv_format
     from detectron2.modeling import build_model
     from detectron2.utils import comm
@@ -53,6 +55,7 @@ with quiet_library_imports():
     from detectron2.utils.logger import setup_logger
 
 from sparseclip_d2 import add_sparseclip_config
+from sparseclip_d2.cli.launch import launch
 from sparseclip_d2.user_config import merge_user_config, run_summary
 from sparseclip_d2.data import build_test_loader, check_meta_architecture
 from sparseclip_d2.data.datasets import DatasetNotFoundError
@@ -359,6 +362,10 @@ def cli_main(argv=None) -> None:
         print(f"train_net.py: error: --num-gpus {args.num_gpus} needs {args.num_gpus} GPUs on this machine; it has "
               f"{torch.cuda.device_count()}{' (CUDA is not available)' if not torch.cuda.is_available() else ''}: "
               "use --num-gpus 1 (one process, on the CPU when there is no GPU)", file=sys.stderr)
+        sys.exit(2)
+    if args.num_machines > 1 and not 0 <= args.machine_rank < args.num_machines:
+        print(f"train_net.py: error: --machine-rank {args.machine_rank} is not in 0..{args.num_machines - 1} "
+              f"(--num-machines {args.num_machines})", file=sys.stderr)
         sys.exit(2)
     launch(
         run,

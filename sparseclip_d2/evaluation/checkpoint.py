@@ -26,7 +26,8 @@ Single process only: with several processes the folder is not used (logged).
 ``SPARSECLIP_FAULT_KILL_AFTER=N`` (fault injection for the tests) ends the process with
 SIGKILL right after its N-th record is written; ``SPARSECLIP_FAULT_STOP_AT=I`` stops it
 (SIGSTOP) right after the record of dataset index I, so that a test can interrupt a run at a
-known image (a resumed attempt starts after I and does not stop again).
+known image; it does so once per run (a ``fault_stopped_<I>`` file beside the checkpoint
+folder): a resumed attempt starts after I, and an attempt that starts over goes on too.
 """
 import hashlib
 import json
@@ -197,7 +198,12 @@ class ResumableEvaluator(DatasetEvaluator):
         if limit and self._written >= int(limit):
             os.kill(os.getpid(), signal.SIGKILL)
         if os.environ.get(_FAULT_STOP_ENV) == str(index):
-            os.kill(os.getpid(), signal.SIGSTOP)  # frozen until SIGCONT (a scheduler's kill sends it first)
+            # once per run: a later attempt goes on (even one that starts over), so that a test
+            # whose resume fails gets a wrong result at once instead of waiting on a stopped run
+            marker = os.path.join(os.path.dirname(self.folder), f"fault_stopped_{index}")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen until SIGCONT (a scheduler's kill sends it first)
 
     def record_skipped(self, index: int, message: str) -> None:
         entry = {"file": str(self.dicts[index].get("file_name")), "error": " ".join(str(message).split())}

@@ -66,7 +66,8 @@ class LaunchSettings:
 
     ``time`` minutes per run (Slurm ``--time``; required on Slurm); ``gpus_per_run`` GPUs
     per node of a run (detectron2 ``launch`` inside the job when > 1); ``nodes`` machines
-    per run; ``cpus_per_run``, ``mem_gb`` per node; ``array_parallelism`` runs at a time;
+    per run; ``tasks_per_node`` Slurm tasks per node, each one train_net process of the run
+    (> 1: CPU runs only, the processes joined with gloo); ``cpus_per_run``, ``mem_gb`` per node; ``array_parallelism`` runs at a time;
     ``slurm_options`` extra ``#SBATCH`` options (``{account: x, qos: y}``); ``setup`` shell
     lines run in the job before Python (``module load cuda``); ``signal_delay_s`` seconds
     before the time limit at which Slurm signals the job to checkpoint and requeue (submitit's
@@ -78,6 +79,7 @@ class LaunchSettings:
     cpus_per_run: Optional[int] = None
     mem_gb: Optional[float] = None
     nodes: int = 1
+    tasks_per_node: int = 1
     array_parallelism: Optional[int] = None
     slurm_options: Dict[str, Any] = field(default_factory=dict)
     setup: List[str] = field(default_factory=list)
@@ -103,7 +105,8 @@ class LaunchSettings:
         name = where if where.startswith("--") else f"{where} {key}"
         if key == "time":
             value = parse_minutes(value, name)
-        elif key in ("gpus_per_run", "cpus_per_run", "nodes", "array_parallelism", "signal_delay_s"):
+        elif key in ("gpus_per_run", "cpus_per_run", "nodes", "tasks_per_node", "array_parallelism",
+                     "signal_delay_s"):
             low = 0 if key == "gpus_per_run" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
@@ -123,16 +126,25 @@ class LaunchSettings:
 
 
 def submitit_parameters(settings: LaunchSettings, executor: str, name: str) -> Dict[str, Any]:
-    """``AutoExecutor.update_parameters`` keywords for ``settings`` on ``executor``: one task
-    per node (its train_net starts the node's GPU processes with detectron2's launch)."""
+    """``AutoExecutor.update_parameters`` keywords for ``settings`` on ``executor``:
+    ``tasks_per_node`` tasks per node (default one, whose train_net starts the node's GPU
+    processes with detectron2's launch; several: one CPU train_net process each)."""
     if executor not in SUBMITIT_EXECUTORS:
         raise ValueError(f"unknown submitit executor {executor!r}; valid: {', '.join(SUBMITIT_EXECUTORS)}")
     if executor == "slurm" and settings.time is None:
         raise ValueError("the Slurm executor needs a time limit per run: --time MINUTES (or launcher: {time: ...} "
                          "in the sweep file)")
+    if settings.tasks_per_node > 1:
+        if executor != "slurm":
+            raise ValueError(f"tasks_per_node {settings.tasks_per_node}: several tasks of one run need the Slurm "
+                             f"executor (its tasks get their rank from Slurm); the {executor} executor runs one")
+        if settings.gpus_per_run:
+            raise ValueError(f"tasks_per_node {settings.tasks_per_node} with gpus_per_run {settings.gpus_per_run}: "
+                             "several tasks per node are CPU processes (gloo); give --gpus-per-run 0, or use "
+                             "gpus_per_run for several GPU processes per node")
     params: Dict[str, Any] = dict(
         name=name, timeout_min=settings.time or LOCAL_NO_LIMIT_MIN, gpus_per_node=settings.gpus_per_run,
-        nodes=settings.nodes, tasks_per_node=1, cpus_per_task=settings.cpus_per_run, mem_gb=settings.mem_gb)
+        nodes=settings.nodes, tasks_per_node=settings.tasks_per_node, cpus_per_task=settings.cpus_per_run, mem_gb=settings.mem_gb)
     if executor == "slurm":
         params.update(slurm_partition=settings.partition, slurm_array_parallelism=settings.array_parallelism,
                       slurm_additional_parameters=dict(settings.slurm_options) or None,
@@ -490,7 +502,7 @@ def _job_record(task: RunTask, job, ended: str) -> Dict[str, Any]:
     error: Optional[BaseException] = None
     if ended == "":
         try:
-            record = job.result()
+            record = job.task(0).result()  # rank 0's record (the only one) when the job has several tasks
             if record is not None:
                 return record
         except Exception as e:  # submitit's FailedJobError / UncompletedJobError: no record from the job

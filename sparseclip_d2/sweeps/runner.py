@@ -8,9 +8,10 @@ Slurm node, in a local submitit process, or in-process for submitit's debug exec
 never raises for a failing run; the failure is the record.
 
 A run with ``gpus > 1`` uses detectron2's ``launch`` inside train_net (``--num-gpus``); in a
-Slurm allocation of several nodes, :func:`distributed_args` adds ``--num-machines``,
-``--machine-rank`` and ``--dist-url`` from the Slurm environment, and only machine rank 0
-writes the record.
+Slurm job of several tasks (one per node, or several CPU tasks on one node), each task runs
+one train_net and :func:`distributed_args` adds ``--num-machines`` (the tasks),
+``--machine-rank`` (the task's rank) and ``--dist-url`` (rank 0's address, handed over in the
+run folder); only rank 0 writes the record.
 
 Interruptions. train_net never outlives the process that runs it: it is started through a
 small exec wrapper that asks the kernel to SIGKILL it when its parent thread ends
@@ -27,12 +28,13 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..common.io import atomic_write_text
 from ..common.progress_file import PROGRESS_FILE, finish_progress
@@ -40,13 +42,16 @@ from .records import base_record, error_summary, ok_record, run_error
 from .sweep_file import SweepRun, cli_value
 from .store import RESULTS_FILE, append_jsonl
 
-__all__ = ["RunTask", "execute_run", "run_dir", "default_train_net", "distributed_args", "first_slurm_host",
+__all__ = ["RunTask", "execute_run", "run_dir", "default_train_net", "distributed_args", "process_layout",
+           "rendezvous_url",
            "wait_with_timeout", "allow_runs", "stop_all_runs", "clear_attempt", "INTERRUPTED"]
 
 logger = logging.getLogger(__name__)
 
-# Slurm's first port for the rendezvous of a multi-node run; the job id picks one of 10000.
-DIST_PORT_BASE = 29500
+# The rendezvous of a multi-process run: rank 0's address in <run folder>/dist_url.<job>.<attempt>,
+# and how long the other ranks wait for it (rank 0 may start later than they do).
+RENDEZVOUS_FILE = "dist_url"
+RENDEZVOUS_WAIT_S = 600.0
 #: progress.json state of an attempt stopped from outside (no record is written for it).
 INTERRUPTED = "interrupted"
 # Seconds between SIGTERM and SIGKILL when a runner stops its train_net.
@@ -151,37 +156,79 @@ class RunTask:
     tensorboard: bool = True
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """The first host name of a Slurm node list (``gpu[003-005,9],cpu1`` -> ``gpu003``)."""
-    m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
-    if not m:
-        raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
-    prefix, ranges = m.group(1), m.group(3)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
-
-
-def distributed_args(gpus: int, environ: Mapping[str, str]) -> List[str]:
-    """train_net's detectron2 ``launch`` arguments for a run of ``gpus`` GPUs per machine:
-    ``--num-gpus`` when > 1, and in a Slurm job of several nodes ``--num-machines``
-    (``SLURM_JOB_NUM_NODES``), ``--machine-rank`` (``SLURM_NODEID``) and ``--dist-url``
-    (``tcp://<first node of SLURM_JOB_NODELIST>:<29500 + job id mod 10000>``)."""
-    args = ["--num-gpus", str(gpus)] if gpus > 1 else []
+def process_layout(environ: Mapping[str, str]) -> Tuple[int, int]:
+    """``(processes, rank)`` of a run: the job's Slurm tasks, each running one train_net
+    (``SLURM_NTASKS`` and ``SLURM_PROCID``; without ``SLURM_NTASKS``, one task per node:
+    ``SLURM_JOB_NUM_NODES`` and ``SLURM_NODEID``); ``(1, 0)`` outside Slurm."""
     nodes = int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1")) or 1)
-    if nodes > 1:
-        host = first_slurm_host(environ["SLURM_JOB_NODELIST"])
-        job_id = re.sub(r"\D", "", environ.get("SLURM_JOB_ID", "0")) or "0"
-        port = DIST_PORT_BASE + int(job_id) % 10000
+    tasks = int(environ.get("SLURM_NTASKS", "0") or 0) or nodes
+    if tasks <= 1:
+        return 1, 0
+    return tasks, int(environ.get("SLURM_PROCID", environ.get("SLURM_NODEID", "0")) or 0)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous_url(folder: str, environ: Mapping[str, str], rank: int, wait: Optional[float] = None) -> str:
+    """The ``--dist-url`` of this attempt of a multi-process run: rank 0 takes a port that is
+    free on its machine and writes ``tcp://<its host name>:<port>`` into the run folder
+    (``dist_url.<job id>.<restart count>``, one file per attempt, earlier attempts' files
+    removed); the other ranks wait up to ``wait`` s (default ``RENDEZVOUS_WAIT_S``) for it. The run folder is on the
+    filesystem every node shares (the sweep's output folder must be), so no fixed port is
+    needed: two clusters, or two runs on one node, never meet on one port."""
+    job = re.sub(r"[^\w.-]", "_", environ.get("SLURM_JOB_ID", "0") or "0")
+    attempt = re.sub(r"\D", "", environ.get("SLURM_RESTART_COUNT", "0") or "0") or "0"
+    name = f"{RENDEZVOUS_FILE}.{job}.{attempt}"
+    path = os.path.join(folder, name)
+    if rank == 0:
+        os.makedirs(folder, exist_ok=True)
+        for old in os.listdir(folder):
+            if old.startswith(RENDEZVOUS_FILE + ".") and old != name:
+                try:
+                    os.remove(os.path.join(folder, old))
+                except OSError:
+                    pass
+        url = f"tcp://{socket.gethostname()}:{_free_port()}"
+        atomic_write_text(path, url + "\n")
+        return url
+    wait = RENDEZVOUS_WAIT_S if wait is None else wait
+    deadline = time.time() + wait
+    while True:
+        try:
+            with open(path) as f:
+                url = f.read().strip()
+            if url:
+                return url
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"machine rank {rank}: rank 0 wrote no rendezvous address ({path}) in {wait:g} s")
+        time.sleep(0.1)
+
+
+def distributed_args(gpus: int, environ: Mapping[str, str], folder: Optional[str] = None) -> List[str]:
+    """train_net's launch arguments for a run of ``gpus`` GPUs per process group member:
+    ``--num-gpus`` when > 1, and in a Slurm job of several tasks (several nodes, or several
+    CPU tasks on one node: :func:`process_layout`) ``--num-machines`` (the tasks),
+    ``--machine-rank`` (this task's rank) and ``--dist-url`` (:func:`rendezvous_url` in the
+    run ``folder``)."""
+    args = ["--num-gpus", str(gpus)] if gpus > 1 else []
+    machines, rank = process_layout(environ)
+    if machines > 1:
+        if folder is None:
+            raise ValueError("a run of several processes needs its run folder for the rendezvous")
         args += ["--num-gpus", str(max(1, gpus))] if gpus <= 1 else []
-        args += ["--num-machines", str(nodes), "--machine-rank", environ.get("SLURM_NODEID", "0"),
-                 "--dist-url", f"tcp://{host}:{port}"]
+        args += ["--num-machines", str(machines), "--machine-rank", str(rank),
+                 "--dist-url", rendezvous_url(folder, environ, rank)]
     return args
 
 
 def machine_rank(environ: Mapping[str, str]) -> int:
-    nodes = int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1")) or 1)
-    return int(environ.get("SLURM_NODEID", "0")) if nodes > 1 else 0
+    return process_layout(environ)[1]
 
 
 def wait_with_timeout(proc: "subprocess.Popen", timeout: Optional[float]) -> Optional[int]:
@@ -197,7 +244,7 @@ def wait_with_timeout(proc: "subprocess.Popen", timeout: Optional[float]) -> Opt
 
 def _command(task: RunTask, folder: str, environ: Mapping[str, str]) -> List[str]:
     cmd = [sys.executable, task.train_net or default_train_net(), "--eval-only", "--config-file", task.base]
-    cmd += distributed_args(task.gpus, environ)
+    cmd += distributed_args(task.gpus, environ, folder)
     for k, v in task.run.opts:
         cmd += [k, cli_value(v)]
     return cmd + ["OUTPUT_DIR", folder]

@@ -90,19 +90,44 @@ def test_launch_settings_from_the_sweep_file_and_flags():
         submitit_parameters(LaunchSettings(), "slurm", "x")
     with pytest.raises(ValueError, match="unknown submitit executor 'pbs'; valid: slurm, local, debug"):
         submitit_parameters(s, "pbs", "x")
+    cpu = LaunchSettings.from_mapping({"time": 5, "gpus_per_run": 0, "tasks_per_node": 2}, "f.yaml launcher")
+    assert submitit_parameters(cpu, "slurm", "x")["tasks_per_node"] == 2 and "gpus_per_node" not in \
+        submitit_parameters(cpu, "slurm", "x")
+    with pytest.raises(ValueError, match="tasks_per_node 2 with gpus_per_run 4: several tasks per node are CPU"):
+        s.set("tasks_per_node", 2, "--tasks-per-node") or submitit_parameters(s, "slurm", "x")
+    with pytest.raises(ValueError, match="tasks_per_node 2: several tasks of one run need the Slurm executor"):
+        submitit_parameters(cpu, "local", "x")
 
 
-def test_multi_node_launch_arguments_from_the_slurm_environment():
-    from sparseclip_d2.sweeps.runner import distributed_args, first_slurm_host
+def test_multi_process_launch_arguments_from_the_slurm_environment(tmp_path, monkeypatch):
+    """One task per node (GPU runs) or several CPU tasks on one node: the task count and rank
+    come from Slurm, and rank 0 hands its address to the others through the run folder, one
+    file per attempt (job id, restart count), earlier attempts' files removed."""
+    import socket
 
-    assert first_slurm_host("gpu[003-005,9],cpu1") == "gpu003"
-    assert first_slurm_host("node17") == "node17"
+    from sparseclip_d2.sweeps import runner
+    from sparseclip_d2.sweeps.runner import distributed_args, process_layout
+
     assert distributed_args(1, {}) == []
     assert distributed_args(4, {}) == ["--num-gpus", "4"]
-    env = {"SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[011-012]",
-           "SLURM_JOB_ID": "123456"}
-    assert distributed_args(8, env) == ["--num-gpus", "8", "--num-machines", "2", "--machine-rank", "1",
-                                        "--dist-url", "tcp://gpu011:32956"]  # 29500 + 123456 % 10000
+    assert process_layout({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == (1, 0)
+    assert process_layout({"SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}) == (2, 1)  # no task count: per node
+    assert process_layout({"SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "3", "SLURM_PROCID": "2"}) == (3, 2)
+    (tmp_path / "dist_url.7.0").write_text("tcp://old:1\n")  # an earlier attempt's
+    node = {"SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    rank0 = distributed_args(8, node, str(tmp_path))
+    assert rank0[:6] == ["--num-gpus", "8", "--num-machines", "2", "--machine-rank", "0"] and rank0[6] == "--dist-url"
+    host, port = rank0[7][len("tcp://"):].rsplit(":", 1)
+    assert host == socket.gethostname() and 0 < int(port) < 65536
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist_url.7.1"]
+    assert (tmp_path / "dist_url.7.1").read_text() == rank0[7] + "\n"
+    cpu = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_JOB_ID": "7",
+           "SLURM_RESTART_COUNT": "1"}
+    assert distributed_args(0, cpu, str(tmp_path)) == ["--num-gpus", "1", "--num-machines", "2", "--machine-rank", "1",
+                                                       "--dist-url", rank0[7]]
+    monkeypatch.setattr(runner, "RENDEZVOUS_WAIT_S", 0.3)
+    with pytest.raises(RuntimeError, match=r"machine rank 1: rank 0 wrote no rendezvous address .*dist_url\.7\.2.* 0.3 s"):
+        distributed_args(0, dict(cpu, SLURM_RESTART_COUNT="2"), str(tmp_path))
 
 
 FAKE_SBATCH = """#!/bin/sh
