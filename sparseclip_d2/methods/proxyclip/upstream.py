@@ -16,7 +16,8 @@ def build_proxy_segmentor(spec, image, path, kit, entry, segmentor: str):
     """A ProxyCLIP-style segmentor (``segmentor``: ``"module:Class"``) of ``entry.upstream_config``
     with ``name_path``, ``device='cpu'``, ``model_type`` = the weights file (by its bare name: its
     create_model turns "/" of a name into "-"); ``torch.hub.load`` of DINO answered from the
-    ``--dino`` checkout with random weights (seed 0, drawn once), its fp16 casts in float32."""
+    ``--dino`` checkout with random weights (seed 0, drawn once), its fp16 casts in float32 (its CLIP
+    built in float32, so that the text features its constructor encodes are float32 ones)."""
     import importlib
 
     import torch
@@ -37,6 +38,7 @@ def build_proxy_segmentor(spec, image, path, kit, entry, segmentor: str):
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
     seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+    kit.fp32_create_model(seg_module)  # its constructor encodes the class names: in float32, as the project
     model = kit.upstream_config(path, entry.upstream_config_of(spec))
     model.pop("type", None)
     model.update(name_path=os.path.join(path, entry.class_file_of(spec)), device="cpu",
