@@ -28,7 +28,10 @@ def fp32_create_model(module) -> None:
     queries), which :func:`upstream_to_fp32`'s later cast cannot undo. The weights are rounded to
     float16 already (the drivers' random weights), so the float32 tower computes with the same
     numbers."""
-    create = module.create_model
+    create = getattr(module, "create_model", None)
+    if not callable(create):
+        raise SystemExit(f"{getattr(module, '__name__', repr(module))} has no create_model to build "
+                         "its CLIP in float32 with: not the segmentor module of the cited upstream commit")
 
     def create_model(*args, **kwargs):
         kwargs["precision"] = "fp32"

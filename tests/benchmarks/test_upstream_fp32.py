@@ -70,3 +70,13 @@ def test_the_proxyclip_entry_builds_its_segmentor_with_a_float32_clip(tmp_path, 
     assert seg.args == dict(clip_type="openai", model_type="clip_seed0.pt", name_path=str(tmp_path / "configs/cls_voc21.txt"),
                             device="cpu", prob_thd=0.0)
     assert casts == [seg.vfm]
+
+
+def test_a_segmentor_module_without_create_model_is_refused_by_name():
+    module = types.ModuleType("not_a_segmentor")
+    try:
+        fp32_create_model(module)
+    except SystemExit as e:
+        assert "not_a_segmentor has no create_model" in str(e)
+    else:
+        raise AssertionError("a module without create_model was accepted")
