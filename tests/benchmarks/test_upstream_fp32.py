@@ -1,11 +1,13 @@
-"""The upstream side of ProxyCLIP-style rows builds its CLIP in float32 (issue 41): a segmentor whose
+"""The upstream side of ProxyCLIP-style rows (issue 41): its CLIP is built in float32 (a segmentor whose
 constructor encodes the class names with ``create_model(..., precision='fp16')`` would otherwise hand
-fp16-computed text features to a float32 comparison."""
+fp16-computed text features to a float32 comparison), and the VFM weights both sides load are float16
+numbers (its constructor casts the VFM to fp16)."""
 import sys
 import types
 
 import torch
 
+from sparseclip_d2.benchmarks.standins import fp16_exact_state_file
 from sparseclip_d2.benchmarks.upstream import fp32_create_model
 from sparseclip_d2.methods.proxyclip.upstream import ProxyCLIPUpstream, build_proxy_segmentor
 
@@ -49,10 +51,10 @@ def test_the_proxyclip_entry_builds_its_segmentor_with_a_float32_clip(tmp_path, 
     sys.modules.pop("fake_proxy_segmentor", None)
     weights = tmp_path / "clip_seed0.pt"
     vfm_file = tmp_path / "dino_seed0.pth"
-    vfm_file.write_bytes(b"")  # present: the build draws no VFM
-    casts = []
+    casts, drawn = [], []
     kit = types.SimpleNamespace(
         install_standins=lambda: None,
+        random_dino=lambda spec, hub_entry: drawn.append((spec["vfm_weights"], hub_entry)),
         cut_templates=lambda templates, spec: templates,
         upstream_config=lambda path, name: {"type": "Seg", "clip_type": "openai", "prob_thd": 0.2},
         fp32_create_model=fp32_create_model,
@@ -69,7 +71,7 @@ def test_the_proxyclip_entry_builds_its_segmentor_with_a_float32_clip(tmp_path, 
     assert torch.allclose(seg.query_features.double(), want, rtol=0, atol=1e-7)
     assert seg.args == dict(clip_type="openai", model_type="clip_seed0.pt", name_path=str(tmp_path / "configs/cls_voc21.txt"),
                             device="cpu", prob_thd=0.0)
-    assert casts == [seg.vfm]
+    assert casts == [seg.vfm] and drawn == [(str(vfm_file), "dino_vitb8")]
 
 
 def test_a_segmentor_module_without_create_model_is_refused_by_name():
@@ -80,3 +82,14 @@ def test_a_segmentor_module_without_create_model_is_refused_by_name():
         assert "not_a_segmentor has no create_model" in str(e)
     else:
         raise AssertionError("a module without create_model was accepted")
+
+
+def test_vfm_state_file_is_rounded_to_float16_numbers_once(tmp_path):
+    path = str(tmp_path / "vfm.pth")
+    third = torch.full((2, 3), 1 / 3)  # float32 0.33333334; the float16 number nearest 1/3 is 0.333251953125 (1365 / 4096)
+    torch.save({"w": third, "b": torch.tensor([0.5, -2.0]), "steps": torch.tensor([7])}, path)
+    assert fp16_exact_state_file(path) is True
+    state = torch.load(path)
+    assert state["w"].dtype == torch.float32 and bool((state["w"] == 1365 / 4096).all())
+    assert state["b"].tolist() == [0.5, -2.0] and state["steps"].tolist() == [7]  # exact already / not floating
+    assert fp16_exact_state_file(path) is False  # nothing left to round: the file is not rewritten
