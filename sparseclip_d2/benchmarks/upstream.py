@@ -15,7 +15,7 @@ import sys
 import types
 
 from .checkouts import dataset_classes, upstream_config
-from .standins import cpu_cuda_standins, install_standins, random_dino, tensor_cuda_standin
+from .standins import cpu_cuda_standins, fp16_exact_state_file, install_standins, random_dino, tensor_cuda_standin
 
 
 def fp32_create_model(module) -> None:
@@ -140,6 +140,7 @@ def upstream_kit() -> types.SimpleNamespace:
         tensor_cuda_standin=tensor_cuda_standin, random_dino=random_dino, upstream_config=upstream_config,
         dataset_classes=dataset_classes, segmentor_run=segmentor_run, path_segmentor_run=path_segmentor_run,
         upstream_to_fp32=upstream_to_fp32, fp32_create_model=fp32_create_model,
+        fp16_exact_state_file=fp16_exact_state_file,
         template_segmentor=template_segmentor,
         cut_templates=cut_templates)
 
