@@ -104,10 +104,30 @@ def tensor_cuda_standin():
     torch.Tensor.to = to
 
 
+def fp16_exact_state_file(path: str) -> bool:
+    """Round every floating tensor of the state dict in ``path`` to float16, stored in float32 (as the
+    drivers' CLIP weights), rewriting the file when a value changes; True when it was rewritten.
+
+    ProxyCLIP-style segmentors cast their VFM to fp16 in the constructor (mc-lan/ProxyCLIP @ e7b767f
+    ``proxyclip_segmentor.py``: ``self.vfm = self.vfm.half()``), which the later cast back to float32
+    cannot undo: with weights that are not float16 numbers the two sides would run different DINOs
+    (issue 41: features 2.9e-3 apart, of 4.7)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu")
+    rounded = {k: (v.half().float() if v.is_floating_point() else v) for k, v in state.items()}
+    if all(torch.equal(rounded[k], v) for k, v in state.items()):
+        return False
+    torch.save(rounded, path)
+    return True
+
+
 def random_dino(spec: dict, entry: str) -> str:
     """The random DINO state dict of ``spec['vfm_weights']`` (drawn once by DINO's own hub code,
-    ``torch.manual_seed(0)``), and ``torch.hub.load('facebookresearch/dino:main', entry)`` answered
-    from the ``--dino`` checkout with it (``source='local'``, ``pretrained=False``, strict load)."""
+    ``torch.manual_seed(0)``, every floating tensor rounded to float16: :func:`fp16_exact_state_file`),
+    and ``torch.hub.load('facebookresearch/dino:main', entry)`` answered from the ``--dino`` checkout
+    with it (``source='local'``, ``pretrained=False``, strict load). A file drawn before the rounding
+    is rounded in place (a note says so); the project side, which runs after this worker, loads it."""
     import torch
 
     dino, vfm_file = spec["dino"], spec["vfm_weights"]
@@ -119,6 +139,10 @@ def random_dino(spec: dict, entry: str) -> str:
         for name in set(sys.modules) - before:  # the hub's vision_transformer / utils: an upstream may vendor its own
             if os.path.abspath(getattr(sys.modules[name], "__file__", "") or "").startswith(os.path.abspath(dino) + os.sep):
                 del sys.modules[name]
+        fp16_exact_state_file(vfm_file)
+    elif fp16_exact_state_file(vfm_file):
+        print(f"note: {vfm_file}: its floating tensors were not float16 numbers; rounded to float16 in place "
+              "(both sides load this file)", file=sys.stderr)
 
     def local_hub_load(repo, e, *a, **k):
         vfm = hub_load(dino, e, source="local", pretrained=False)

@@ -15,13 +15,36 @@ import sys
 import types
 
 from .checkouts import dataset_classes, upstream_config
-from .standins import cpu_cuda_standins, install_standins, random_dino, tensor_cuda_standin
+from .standins import cpu_cuda_standins, fp16_exact_state_file, install_standins, random_dino, tensor_cuda_standin
+
+
+def fp32_create_model(module) -> None:
+    """``module.create_model`` (open_clip's, as a ProxyCLIP-style segmentor module imports it) with
+    ``precision`` forced to ``'fp32'``, installed before the segmentor is built. Such a segmentor
+    encodes its class names in its constructor (mc-lan/ProxyCLIP @ e7b767f ``proxyclip_segmentor.py``
+    ``ProxyCLIPSegmentation.__init__``: ``create_model(..., precision='fp16')``, then
+    ``self.clip.encode_text`` per query): an fp16 tower there gives text features that differ from
+    float32 ones by up to 2.7e-4 per component (1.5e-3 in norm; random ViT-B/16 weights, VOC21's 46
+    queries), which :func:`upstream_to_fp32`'s later cast cannot undo. The weights are rounded to
+    float16 already (the drivers' random weights), so the float32 tower computes with the same
+    numbers."""
+    create = getattr(module, "create_model", None)
+    if not callable(create):
+        raise SystemExit(f"{getattr(module, '__name__', repr(module))} has no create_model to build "
+                         "its CLIP in float32 with: not the segmentor module of the cited upstream commit")
+
+    def create_model(*args, **kwargs):
+        kwargs["precision"] = "fp32"
+        return create(*args, **kwargs)
+    module.create_model = create_model
 
 
 def upstream_to_fp32(seg, vfm) -> None:
     """float32 on the CPU for a ProxyCLIP-style upstream segmentor (ProxyCLIP, FSA, CorrCLIP), which
     casts CLIP, its VFM ``vfm`` and their inputs to fp16: both models, the text features and every
-    later ``Tensor.half`` in float32; then eval mode."""
+    later ``Tensor.half`` in float32; then eval mode. Text features computed in the constructor by an
+    fp16 tower stay fp16 values (only their dtype changes): build such a segmentor after
+    :func:`fp32_create_model`."""
     import torch
 
     seg.clip.float()
@@ -116,7 +139,9 @@ def upstream_kit() -> types.SimpleNamespace:
         install_standins=install_standins, cpu_cuda_standins=cpu_cuda_standins,
         tensor_cuda_standin=tensor_cuda_standin, random_dino=random_dino, upstream_config=upstream_config,
         dataset_classes=dataset_classes, segmentor_run=segmentor_run, path_segmentor_run=path_segmentor_run,
-        upstream_to_fp32=upstream_to_fp32, template_segmentor=template_segmentor,
+        upstream_to_fp32=upstream_to_fp32, fp32_create_model=fp32_create_model,
+        fp16_exact_state_file=fp16_exact_state_file,
+        template_segmentor=template_segmentor,
         cut_templates=cut_templates)
 
 

@@ -46,6 +46,9 @@ class CorrCLIPUpstream(UpstreamEntry):
         kit.random_dino(spec, cls.vfm)
         import corrclip_segmentor as seg_module
         seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+        # its constructor encodes the class names with create_model(..., precision='fp16') (zdk258/CorrCLIP @
+        # 103bc18 CorrCLIPv1/corrclip_segmentor.py): a float32 tower, as the project's
+        kit.fp32_create_model(seg_module)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         model.update(clip_type=spec["weights"], name_path=os.path.join(path, cls.class_file_of(spec)), device="cpu",

@@ -16,27 +16,20 @@ def build_proxy_segmentor(spec, image, path, kit, entry, segmentor: str):
     """A ProxyCLIP-style segmentor (``segmentor``: ``"module:Class"``) of ``entry.upstream_config``
     with ``name_path``, ``device='cpu'``, ``model_type`` = the weights file (by its bare name: its
     create_model turns "/" of a name into "-"); ``torch.hub.load`` of DINO answered from the
-    ``--dino`` checkout with random weights (seed 0, drawn once), its fp16 casts in float32."""
+    ``--dino`` checkout with random weights (seed 0, drawn once, float16 numbers: ``kit.random_dino``);
+    its fp16 casts in float32 (its CLIP built in float32, so that the text features its constructor
+    encodes are float32 ones)."""
     import importlib
-
-    import torch
 
     weights = spec["weights"]
     kit.install_standins()
-    dino, vfm_file = spec["dino"], spec["vfm_weights"]
-    hub_load = torch.hub.load
-    if not os.path.exists(vfm_file):  # random VFM weights, drawn by the upstream VFM code (seed 0)
-        torch.manual_seed(0)
-        torch.save(hub_load(dino, entry.vfm, source="local", pretrained=False).state_dict(), vfm_file)
-
-    def local_hub_load(repo, hub_entry, *a, **k):  # torch.hub.load('facebookresearch/dino:main', ...) offline
-        vfm = hub_load(dino, hub_entry, source="local", pretrained=False)
-        vfm.load_state_dict(torch.load(vfm_file, map_location="cpu"), strict=True)
-        return vfm
-    torch.hub.load = local_hub_load
+    # random VFM weights drawn by the upstream VFM code (seed 0), rounded to float16 (its constructor casts
+    # the VFM to fp16); torch.hub.load('facebookresearch/dino:main', ...) answered offline with them
+    kit.random_dino(spec, entry.vfm)
     module, cls = segmentor.split(":")
     seg_module = importlib.import_module(module)
     seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+    kit.fp32_create_model(seg_module)  # its constructor encodes the class names: in float32, as the project
     model = kit.upstream_config(path, entry.upstream_config_of(spec))
     model.pop("type", None)
     model.update(name_path=os.path.join(path, entry.class_file_of(spec)), device="cpu",

@@ -47,8 +47,13 @@ class TridentUpstream(UpstreamEntry):
             from segment_anything import sam_model_registry  # Trident's vendored copy
             torch.manual_seed(0)
             torch.save(sam_model_registry["vit_b"](checkpoint=None).state_dict(), sam_file)
+        # its constructor casts SAM (and DINO: kit.random_dino rounds that file) to fp16 and encodes the class
+        # names with create_model(..., precision='fp16') (YuHengsss/Trident @ a93b346 trident.py): SAM's weights
+        # as float16 numbers, which both sides load, and a float32 CLIP for the text, as the project's
+        kit.fp16_exact_state_file(sam_file)
         import trident as seg_module
         seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
+        kit.fp32_create_model(seg_module)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
