@@ -12,7 +12,7 @@ import math
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 __all__ = ["changed_keys", "refuse_keys_while_off", "key_field", "Key", "Section", "section_defaults",
-           "key_defaults", "section_help", "build_section", "changed_section_keys", "check_number"]
+           "key_defaults", "section_help", "build_section", "changed_section_keys", "switch_is_on", "check_number"]
 
 
 def _differs(value: Any, default: Any) -> bool:
@@ -138,6 +138,23 @@ def build_section(node_class: Callable[[], Any], section: Section):
 def changed_section_keys(node: Mapping, section: Section, prefix: str) -> List[str]:
     """:func:`changed_keys` of ``node`` against ``section``'s defaults (its switch excluded)."""
     return changed_keys(node, key_defaults(section), prefix)
+
+
+def switch_is_on(node: Mapping, section: Section, prefix: str) -> bool:
+    """Whether ``section``'s switch (a bool key such as ``ENABLED``) is on in ``node``, the config
+    node at ``prefix``. ``ValueError`` naming the key when the switch is not a bool, and, when it
+    is off, naming every other key of the section set away from its default (it would change
+    nothing)."""
+    if section.switch is None:
+        raise ValueError(f"the section at {prefix} has no switch")
+    key = f"{prefix}.{section.switch}"
+    value = node[section.switch]
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} = {value!r} is invalid; valid: True, False")
+    if not value:
+        refuse_keys_while_off(changed_section_keys(node, section, prefix), f"{key} is False",
+                              f"set {key} True or leave these keys at their defaults")
+    return value
 
 
 def check_number(key: str, value, low: float, high: float, *, integer: bool = False,

@@ -238,7 +238,8 @@ class EncoderFamily:
     ``default`` (built when a proxy is set and no other family is on), ``needs`` (what its
     encoder needs besides the windows, read before it is built).
 
-    ``switched_on(cfg)``: whether the config turns it on (its switch alone, nothing validated);
+    ``switched_on(cfg)``: whether the config turns it on (its switch alone, nothing validated; by
+    default the value of ``key``);
     ``settings_from_config(cfg)``: its validated settings, or None when off (then its other keys
     must keep their defaults); ``check(cfg, proxy_options, settings)``: what it needs of the rest
     of the config (a ValueError naming the key and the valid values); ``build(cfg, visual, spec,
@@ -252,7 +253,14 @@ class EncoderFamily:
 
     @classmethod
     def switched_on(cls, cfg) -> bool:
-        return False
+        """Whether the switch key ``key`` (a dotted config key) is truthy; False for the default
+        family, which has none. Families whose switch is not one key override it."""
+        if cls.default or not cls.key:
+            return False
+        node = cfg
+        for part in cls.key.split("."):
+            node = getattr(node, part)
+        return bool(node)
 
     @classmethod
     def settings_from_config(cls, cfg):

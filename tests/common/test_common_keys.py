@@ -1,4 +1,6 @@
 """The one refusal of config keys set while their section's switch is off (common/keys.py)."""
+import re
+
 import pytest
 
 from sparseclip_d2.common.keys import changed_keys, refuse_keys_while_off
@@ -123,3 +125,45 @@ def test_a_changed_dataclass_default_changes_the_section_and_the_refusal():
     assert changed_section_keys(node, sec2, "P") == ["P.TOP_P = 0.45"]
     with pytest.raises(ValueError, match="has no field nope"):
         Section(Part, defaults={"nope": 1})
+
+
+def test_switch_is_on_checks_the_switch_and_refuses_keys_while_off():
+    """The one switch reading that every ``ENABLED`` section shares (common/keys.py switch_is_on),
+    against hand-written expectations."""
+    import dataclasses
+
+    from sparseclip_d2.common.keys import Key, Section, key_field, switch_is_on
+
+    @dataclasses.dataclass(frozen=True)
+    class S:
+        a: int = key_field(1, "A")
+        c: float = key_field(0.5, "C")
+
+    section = Section(S, switch="ENABLED", before=(Key("ENABLED", False),))
+    assert switch_is_on({"ENABLED": True, "A": 7, "C": 0.5}, section, "P.Q") is True
+    assert switch_is_on({"ENABLED": False, "A": 1, "C": 0.5}, section, "P.Q") is False
+    with pytest.raises(ValueError) as e:
+        switch_is_on({"ENABLED": False, "A": 2, "C": 0.5}, section, "P.Q")
+    assert str(e.value) == ("P.Q.A = 2 changes nothing while P.Q.ENABLED is False: set P.Q.ENABLED True or leave "
+                            "these keys at their defaults")
+    for bad in (1, "True", None):
+        with pytest.raises(ValueError, match=rf"^P\.Q\.ENABLED = {re.escape(repr(bad))} is invalid; valid: True, False$"):
+            switch_is_on({"ENABLED": bad, "A": 1, "C": 0.5}, section, "P.Q")
+    with pytest.raises(ValueError, match="has no switch"):
+        switch_is_on({"A": 1, "C": 0.5}, Section(S), "P.Q")
+
+
+def test_every_encoder_family_switch_reads_its_key():
+    """Each non-default encoder family is switched on by its own key alone (the default
+    ``EncoderFamily.switched_on`` reads ``key``)."""
+    from conftest import tiny_cfg
+
+    from sparseclip_d2.methods.registry import ENCODERS
+
+    families = [(name, cls) for name, cls in ENCODERS if not cls.default]
+    assert len(families) >= 6
+    for name, cls in families:
+        assert not cls.switched_on(tiny_cfg()), name
+        cfg = tiny_cfg(**{cls.key: "True"})
+        assert cls.switched_on(cfg), name
+        assert [n for n, c in families if c.switched_on(cfg)] == [name]

@@ -4,7 +4,7 @@ object-presence keys are :mod:`.object_presence`'s."""
 from typing import Optional
 
 from ...clip.spec import AttentionSpec
-from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...common.keys import Key, Section, switch_is_on
 from ...proxy.keys import KEY as PROXY_KEY, proxy_node
 from ..proxyclip.keys import refuse_score_keys
 from ..registry import CONFIG_SECTIONS, ENCODERS, EncoderFamily
@@ -24,11 +24,7 @@ def cass_settings_from_config(cfg) -> Optional[CASSSettings]:
     """The validated :class:`~.encoder.CASSSettings` of ``cfg``, or None when ``PROXY.CASS.ENABLED``
     is False (then every other ``PROXY.CASS`` key must keep its default)."""
     c = proxy_node(cfg).CASS
-    if not isinstance(c.ENABLED, bool):
-        raise ValueError(f"{KEY}.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
-    if not c.ENABLED:
-        refuse_keys_while_off(changed_section_keys(c, CASS_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "enable CASS or leave these keys at their defaults")
+    if not switch_is_on(c, CASS_SECTION, KEY):
         return None
     scale = c.SINGULAR_SCALE
     if not isinstance(scale, (list, tuple)) or len(scale) != 2:
@@ -44,10 +40,6 @@ class CASSFamily(EncoderFamily):
     """MICV-yonsei/CASS: CLIP's and the proxy's attention graphs combined spectrally."""
 
     key = f"{KEY}.ENABLED"
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return proxy_node(cfg).CASS.ENABLED is True
 
     @classmethod
     def settings_from_config(cls, cfg):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...common.keys import Key, Section, changed_section_keys, key_field, refuse_keys_while_off
+from ...common.keys import Key, Section, key_field, switch_is_on
 from ..registry import CONFIG_SECTIONS
 
 __all__ = ["OBJECT_PRESENCE_GLOBALS", "OBJECT_PRESENCE_SECTION", "ObjectPresence", "check_object_presence",
@@ -158,11 +158,7 @@ def object_presence_from_config(cfg):
     """
     sc = cfg.MODEL.SPARSECLIP
     o = sc.OBJECT_PRESENCE
-    if not isinstance(o.ENABLED, bool):
-        raise ValueError(f"{_KEY}.ENABLED = {o.ENABLED!r} is invalid; valid: True, False")
-    if not o.ENABLED:
-        refuse_keys_while_off(changed_section_keys(o, OBJECT_PRESENCE_SECTION, _KEY), f"{_KEY}.ENABLED is False",
-                              "enable it or leave these keys at their defaults")
+    if not switch_is_on(o, OBJECT_PRESENCE_SECTION, _KEY):
         return None
     p = check_object_presence(ObjectPresence(global_weight=o.GLOBAL_WEIGHT, mean_weight=o.MEAN_WEIGHT,
                                              cluster_threshold=o.CLUSTER_THRESHOLD, top_k=o.TOP_K,

@@ -3,7 +3,7 @@ encoder family on the second backbone (duck-typed config; no detectron2 import).
 from typing import Optional
 
 from ...clip.spec import AttentionSpec
-from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...common.keys import Key, Section, switch_is_on
 from ...proxy.keys import KEY as PROXY_KEY, proxy_node
 from ..proxyclip.encoder import check_proxy_spec
 from ..proxyclip.keys import refuse_score_keys
@@ -25,11 +25,7 @@ def corrclip_settings_from_config(cfg) -> Optional[CorrCLIPSettings]:
     ``PROXY.CORRCLIP.ENABLED`` is False (then every other ``PROXY.CORRCLIP`` key must keep its
     default). ``FileNotFoundError`` names ``MASK_DIR`` and the path when it is not a directory."""
     c = proxy_node(cfg).CORRCLIP
-    if not isinstance(c.ENABLED, bool):
-        raise ValueError(f"{KEY}.ENABLED = {c.ENABLED!r} is invalid; valid: True, False")
-    if not c.ENABLED:
-        refuse_keys_while_off(changed_section_keys(c, CORRCLIP_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "enable CorrCLIP or leave these keys at their defaults")
+    if not switch_is_on(c, CORRCLIP_SECTION, KEY):
         return None
     return check_corrclip_settings(CorrCLIPSettings(
         mask_dir=c.MASK_DIR, tau=c.TAU, spatial_weight=c.SPATIAL_WEIGHT, semantic_weight=c.SEMANTIC_WEIGHT,
@@ -50,10 +46,6 @@ class CorrCLIPFamily(EncoderFamily):
 
     key = f"{KEY}.ENABLED"
     needs = CorrCLIPEncoder.needs
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return proxy_node(cfg).CORRCLIP.ENABLED is True
 
     @classmethod
     def settings_from_config(cls, cfg):

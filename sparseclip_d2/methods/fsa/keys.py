@@ -4,7 +4,7 @@ from typing import Optional
 
 from ...attention.normalizers import NORMALIZERS_WITHOUT_ALPHA
 from ...clip.spec import AttentionSpec
-from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...common.keys import Key, Section, switch_is_on
 from ...proxy.keys import KEY as PROXY_KEY, proxy_node
 from ..proxyclip.encoder import check_proxy_spec
 from ..proxyclip.keys import proxy_scores
@@ -24,9 +24,7 @@ def fsa_settings_from_config(cfg) -> Optional[FSASettings]:
     """The validated :class:`~.encoder.FSASettings` of ``cfg``, or None when ``PROXY.FSA.ENABLED`` is
     False (then every other ``PROXY.FSA`` key must keep its default)."""
     f = proxy_node(cfg).FSA
-    if not f.ENABLED:
-        refuse_keys_while_off(changed_section_keys(f, FSA_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "enable FSA or leave these keys at their defaults")
+    if not switch_is_on(f, FSA_SECTION, KEY):
         return None
     return check_fsa_settings(FSASettings(top_p=f.TOP_P, lamda=f.LAMBDA, patch_scale=f.PATCH_SCALE,
                                           uniform_scale=f.UNIFORM_SCALE, normalizer=str(f.NORMALIZER).strip().lower()),
@@ -39,10 +37,6 @@ class FSAFamily(EncoderFamily):
 
     key = f"{KEY}.ENABLED"
     needs = FSAEncoder.needs
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return bool(proxy_node(cfg).FSA.ENABLED)
 
     @classmethod
     def settings_from_config(cls, cfg):

@@ -3,7 +3,7 @@ encoder family on the second backbone (duck-typed config; no detectron2 import).
 from typing import Optional
 
 from ...clip.spec import AttentionSpec
-from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...common.keys import Key, Section, switch_is_on
 from ...proxy.keys import KEY as PROXY_KEY, proxy_node
 from ..proxyclip.encoder import check_proxy_spec
 from ..proxyclip.keys import refuse_score_keys
@@ -25,11 +25,7 @@ def window_set_settings_from_config(cfg) -> Optional[WindowSetSettings]:
     """The validated :class:`WindowSetSettings` of ``cfg``, or None when ``PROXY.GLA.ENABLED`` is False
     (then every other ``PROXY.GLA`` key must keep its default)."""
     g = proxy_node(cfg).GLA
-    if not isinstance(g.ENABLED, bool):
-        raise ValueError(f"{KEY}.ENABLED = {g.ENABLED!r} is invalid; valid: True, False")
-    if not g.ENABLED:
-        refuse_keys_while_off(changed_section_keys(g, GLA_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "enable it or leave these keys at their defaults")
+    if not switch_is_on(g, GLA_SECTION, KEY):
         return None
     return check_window_set_settings(WindowSetSettings(
         threshold=g.THRESHOLD, iterations=g.ITERATIONS, beta_alpha=g.BETA_ALPHA, gamma_alpha=g.GAMMA_ALPHA,
@@ -41,10 +37,6 @@ class GLAFamily(EncoderFamily):
     """2btlFe/GLA-CLIP: the proxy last block over the window set of the image."""
 
     key = f"{KEY}.ENABLED"
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return bool(proxy_node(cfg).GLA.ENABLED)
 
     @classmethod
     def settings_from_config(cls, cfg):

@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...common.keys import Key, Section, switch_is_on
 from ..registry import CONFIG_SECTIONS, STAGES, Stage
 from .propagation import KEY, TLPSettings, check_tlp_settings, text_affinity, text_laplacian_propagation
 
@@ -25,11 +25,7 @@ def tlp_settings_from_config(cfg) -> Optional[TLPSettings]:
         n = cfg.MODEL.SPARSECLIP.TLP
     except (AttributeError, KeyError) as e:
         raise ValueError(f"config lacks {KEY} ({e}); call sparseclip_d2.add_sparseclip_config(cfg) first") from e
-    if not isinstance(n.ENABLED, bool):
-        raise ValueError(f"{KEY}.ENABLED = {n.ENABLED!r} is invalid; valid: True, False")
-    if not n.ENABLED:
-        refuse_keys_while_off(changed_section_keys(n, TLP_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "set ENABLED True or leave these keys at their defaults")
+    if not switch_is_on(n, TLP_SECTION, KEY):
         return None
     return check_tlp_settings(TLPSettings(grid=n.GRID, text_temperature=n.TEXT_TEMPERATURE,
                                           diagonal_boost=n.DIAGONAL_BOOST, edge_constant=n.EDGE_CONSTANT,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ...clip.spec import AttentionSpec, describe_spec
 from ...clip.text import split_synonyms
-from ...common.keys import Key, Section, changed_section_keys, check_number, key_field, refuse_keys_while_off
+from ...common.keys import Key, Section, check_number, key_field, switch_is_on
 from ...dense.pamr import pamr
 from ...proxy.keys import KEY as PROXY_KEY, proxy_node
 from ..registry import CONFIG_SECTIONS, ENCODERS, LOGIT_HEADS, EncoderFamily, LogitHead
@@ -55,11 +55,7 @@ TALK2DINO_SECTION = CONFIG_SECTIONS.register(KEY)(Section(Talk2DINOSettings, swi
 def talk2dino_settings_from_config(cfg) -> Optional[Talk2DINOSettings]:
     """The validated settings, or None when ``ENABLED`` is False (then the other keys keep their defaults)."""
     n = proxy_node(cfg).TALK2DINO
-    if not isinstance(n.ENABLED, bool):
-        raise ValueError(f"{KEY}.ENABLED = {n.ENABLED!r} is invalid; valid: True, False")
-    if not n.ENABLED:
-        refuse_keys_while_off(changed_section_keys(n, TALK2DINO_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "set ENABLED True or leave these keys at their defaults")
+    if not switch_is_on(n, TALK2DINO_SECTION, KEY):
         return None
     inf = float("inf")
     check_number(f"{KEY}.PROJECTION_SEED", n.PROJECTION_SEED, 0, inf, integer=True)
@@ -86,10 +82,6 @@ class Talk2DINOFamily(EncoderFamily):
     """lorebianchi98/Talk2DINO: DINOv2-reg's patch tokens replace CLIP's dense features."""
 
     key = f"{KEY}.ENABLED"
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return bool(proxy_node(cfg).TALK2DINO.ENABLED)
 
     @classmethod
     def settings_from_config(cls, cfg):

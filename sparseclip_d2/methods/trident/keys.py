@@ -5,7 +5,7 @@ import os
 from typing import Optional
 
 from ...clip.spec import AttentionSpec
-from ...common.keys import Key, Section, changed_section_keys, refuse_keys_while_off
+from ...common.keys import Key, Section, switch_is_on
 from ...proxy.keys import KEY as PROXY_KEY
 from ...proxy.second_backbone import (PROXY_WEIGHT_TAGS, ProxyBackbone, ProxyOptions, build_proxy, check_proxy_options,
                                       is_sam_encoder, meta_model)
@@ -32,9 +32,7 @@ def trident_settings_from_config(cfg) -> Optional[TridentSettings]:
     """The validated :class:`~.trident.TridentSettings` of ``cfg``, or None when
     ``PROXY.TRIDENT.ENABLED`` is False (then every other ``PROXY.TRIDENT`` key must keep its default)."""
     t = cfg.MODEL.SPARSECLIP.PROXY.TRIDENT
-    if not t.ENABLED:
-        refuse_keys_while_off(changed_section_keys(t, TRIDENT_SECTION, KEY), f"{KEY}.ENABLED is False",
-                              "enable Trident or leave these keys at their defaults")
+    if not switch_is_on(t, TRIDENT_SECTION, KEY):
         return None
     return check_trident_settings(TridentSettings(
         cos_fac=t.COS_FAC, refine_neg_cos=t.REFINE_NEG_COS, crop_size=t.CROP_SIZE, stride=t.STRIDE,
@@ -106,10 +104,6 @@ class TridentFamily(EncoderFamily):
     attention aggregating."""
 
     key = f"{KEY}.ENABLED"
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return bool(cfg.MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED)
 
     @classmethod
     def settings_from_config(cls, cfg):
