@@ -236,7 +236,9 @@ def wait_with_timeout(proc: "subprocess.Popen", timeout: Optional[float]) -> Opt
     returned."""
     try:
         return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        if e.cmd != proc.args:  # another command's timeout, raised by a signal handler in the wait
+            raise
         proc.kill()
         proc.wait()
         return None
@@ -341,6 +343,19 @@ def _interrupted(folder: str, rank: int, why: str) -> None:
     logger.warning("run in %s interrupted (%s): no record written; the next attempt runs it again", folder, why)
 
 
+def _requeue_in_flight(e: BaseException) -> bool:
+    """Whether ``e`` is submitit's time-limit handler failing in ``scontrol requeue <job>``
+    (``SlurmJobEnvironment._requeue``, raised into our wait). slurmctld requeues the job and at
+    once signals all of its processes, the ``scontrol`` that asked included: under load the
+    signal can kill it before it exits (``CalledProcessError`` with a negative code), seen on the
+    local cluster at a load of 8. The requeue may well have happened, so this is an interrupted
+    attempt, never the run's failure record: when the job was requeued, the next attempt runs
+    the task; when it was not, the sweep finds the job ended without a record and says so."""
+    cmd = getattr(e, "cmd", None)
+    return (isinstance(e, subprocess.SubprocessError) and isinstance(cmd, (list, tuple))
+            and [str(c) for c in cmd[:2]] == ["scontrol", "requeue"])
+
+
 def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
     """Run ``task`` as a train_net subprocess (environment ``env``, default this process's)
     and return its record; machine rank 0 also appends it to ``results.jsonl`` and writes
@@ -351,7 +366,8 @@ def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional
     local launcher's :func:`stop_all_runs`) it returns None; in a process's main thread (a
     submitit job) SIGTERM makes it stop train_net and raise ``SystemExit(143)``, and what
     interrupted it otherwise (Ctrl-C, submitit's requeue ``SystemExit``) is re-raised, so
-    that submitit writes no result for it. submitit's "timed out and cannot be requeued"
+    that submitit writes no result for it; so is submitit's requeue command failing as Slurm
+    signals the job it requeues (:func:`_requeue_in_flight`). submitit's "timed out and cannot be requeued"
     error becomes the run's failure record."""
     folder = run_dir(task.out_dir, task.run)
     rank = machine_rank(env if env is not None else os.environ)
@@ -371,7 +387,13 @@ def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional
         if main:
             raise SystemExit(143)
         return None
-    except Exception as e:  # submitit's UncompletedJobError (time limit, not requeued) raised in our wait
+    except Exception as e:
+        if _requeue_in_flight(e):  # this attempt ends; the requeued one (if any) runs the task again
+            _interrupted(folder, rank, f"requeue in flight: {e}")
+            if main:
+                raise SystemExit(143)
+            return None
+        # submitit's UncompletedJobError (time limit, not requeued) raised in our wait
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         record.update(seconds=round(time.time() - start, 3), returncode=None, status="failed",
                       error={"type": type(e).__name__, "message": message, "traceback": None,

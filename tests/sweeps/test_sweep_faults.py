@@ -346,3 +346,58 @@ def test_sweep_file_mistakes_are_one_line_errors(tmp_path, capsys, content, args
     err = captured.err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(message.format(f=str(f), blocker=blocker)), err
     assert "Traceback" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("error", ["killed", "timeout"])
+def test_requeue_command_failing_in_the_time_limit_handler_is_an_interrupted_attempt(tmp_path, monkeypatch, error):
+    """submitit's time-limit handler runs ``scontrol requeue <job>`` inside the job's wait; slurmctld
+    requeues the job and signals its processes, and under load that signal can kill the scontrol
+    before it exits (seen on the local cluster: ``CalledProcessError`` with code -15). A handler
+    raising that, or scontrol's timeout, during the wait ends the attempt as interrupted:
+    train_net is stopped, SystemExit(143) (submitit then writes no result), no record. Submitit's
+    own "timed-out too many times" error stays the run's failure record."""
+    from sparseclip_d2.evaluation.progress import read_progress
+    from sparseclip_d2.sweeps import execute_run, read_jsonl
+    from sparseclip_d2.sweeps.runner import run_dir
+
+    def handler(signum, frame):  # what submitit's SlurmJobEnvironment._requeue raises
+        cmd = ["scontrol", "requeue", "7"]
+        if error == "killed":
+            raise subprocess.CalledProcessError(-signal.SIGTERM, cmd)
+        raise subprocess.TimeoutExpired(cmd, 60)
+
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    task = _task(tmp_path)
+    folder = run_dir(task.out_dir, task.run)
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        def fire(earlier=None):  # once this attempt's stand-in runs (its pid in progress.json)
+            _wait_for(lambda: (read_progress(folder) or {}).get("pid") not in (None, earlier),
+                      "the stand-in's progress")
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+        threading.Thread(target=fire, daemon=True).start()
+        with pytest.raises(SystemExit) as e:
+            execute_run(task)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert e.value.code == 143
+    p = read_progress(folder)
+    assert p["state"] == "interrupted" and "requeue in flight" in p["reason"], p
+    assert _gone(p["pid"])
+    assert not os.path.exists(os.path.join(task.out_dir, "results.jsonl"))
+
+    class UncompletedJobError(RuntimeError):  # submitit.core.utils' error: the run's failure record
+        pass
+
+    def too_many(signum, frame):
+        raise UncompletedJobError("Job not requeued because: timed-out too many times.")
+
+    previous = signal.signal(signal.SIGUSR2, too_many)
+    try:
+        threading.Thread(target=fire, args=(p["pid"],), daemon=True).start()
+        record = execute_run(task)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert record["status"] == "failed" and "timed-out too many times" in record["error"]["exit"], record
+    assert read_jsonl(os.path.join(task.out_dir, "results.jsonl")) == [record]
