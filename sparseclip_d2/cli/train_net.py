@@ -310,8 +310,11 @@ def main(args):
     if comm.is_main_process():
         path = write_results(build_results(summaries, cfg, random_weights=random_weights), cfg.OUTPUT_DIR)
         logger.info("wrote %s", path)
-        for name in datasets:  # finished: results.json holds them
-            remove_checkpoint(checkpoint_folder(cfg, name))
+        # finished: results.json holds them; under a sweep's runner, which sets
+        # SPARSECLIP_KEEP_CHECKPOINT (sweeps/runner.py), they go once its record is written
+        if os.environ.get("SPARSECLIP_KEEP_CHECKPOINT") != "1":
+            for name in datasets:
+                remove_checkpoint(checkpoint_folder(cfg, name))
         note = "  (RANDOM WEIGHTS: a smoke test, random_weights: true)" if random_weights else ""
         print(f"results.json: {os.path.abspath(path)}{note}")
     return results

@@ -61,6 +61,9 @@ STOP_GRACE_S = 5.0
 # the same stop to reach it before it records the exit as the run's failure.
 _STOP_EXITS = (-signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 STOP_SIGNAL_WAIT_S = 1.0
+#: Set for train_net by the runner: keep the per-image checkpoint after results.json is written
+#: (cli/train_net.py); the runner removes it once the run's record is in results.jsonl.
+KEEP_CHECKPOINT_ENV = "SPARSECLIP_KEEP_CHECKPOINT"
 
 # Runs the command in argv[2:] with PR_SET_PDEATHSIG = SIGKILL (prctl option 1, <linux/prctl.h>):
 # the kernel kills it when the thread that started it ends. argv[1] is that parent's pid; if the
@@ -293,7 +296,10 @@ def _run_process(task: RunTask, folder: str, env: Optional[Dict[str, str]], rank
     wrapped = [sys.executable, "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
     with open(os.path.join(folder, f"stdout{suffix}.txt"), "w") as out, \
             open(os.path.join(folder, f"stderr{suffix}.txt"), "w") as err:
-        proc = subprocess.Popen(wrapped, stdout=out, stderr=err, env=env)
+        # train_net keeps its per-image checkpoint for the runner to remove once the record is
+        # written (remove_run_checkpoints): an attempt stopped in between resumes every image
+        child_env = dict(environ, **{KEEP_CHECKPOINT_ENV: "1"})
+        proc = subprocess.Popen(wrapped, stdout=out, stderr=err, env=child_env)
         with _LIVE_LOCK:
             _LIVE[proc.pid] = proc
         try:
@@ -380,8 +386,11 @@ def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_stop_signal) if main else None
     start = time.time()
+    held = None
     try:
         record.update(_run_process(task, folder, env, rank))
+        if main:
+            held = _hold_requeue_signal()
     except _Interrupted:
         _interrupted(folder, rank, "stopped by a signal or by the sweep")
         if main:
@@ -408,8 +417,47 @@ def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-    if rank != 0:
-        return record  # the record of a multi-node run is machine rank 0's
+    try:
+        if rank != 0:
+            return record  # the record of a multi-node run is machine rank 0's
+        return _record_run(task, folder, record)
+    finally:
+        if held is not None and not os.environ.get("SUBMITIT_EXECUTOR"):
+            signal.signal(*held)  # outside a submitit job: as before
+
+
+def _preempt_signal() -> Optional[int]:
+    """submitit's pre-emption / time-limit signal ($SUBMITIT_PREEMPT_SIGNAL, default USR2)."""
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    return getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+
+
+def _hold_requeue_signal():
+    """Ignore submitit's time-limit signal once train_net has ended (main thread only); returns
+    ``(signal, previous handler)``. The run is done: a requeue now would only repeat it, and its
+    handler's ``SystemExit`` would drop the finished result before its record is written (seen on
+    the local cluster: the signal came 2 s after results.json, and the next attempt evaluated
+    every image again). Ignored, not blocked: a blocked signal sent to the process still reaches
+    any other thread. Inside a submitit job it stays ignored: the job returns the record and its
+    process ends."""
+    sig = _preempt_signal()
+    if sig is None:
+        return None
+    return sig, signal.signal(sig, signal.SIG_IGN)
+
+
+def remove_run_checkpoints(folder: str) -> None:
+    """Remove the per-image checkpoints train_net kept in the run folder (``KEEP_CHECKPOINT_ENV``)."""
+    import glob
+    import shutil
+
+    for path in glob.glob(os.path.join(folder, "inference", "*", "checkpoint")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _record_run(task: RunTask, folder: str, record: Dict[str, Any]) -> Dict[str, Any]:
+    """Machine rank 0's end of a run that ended on its own: the record finished, its TensorBoard
+    scalars, the record appended, then (an ok run) the checkpoints train_net kept removed."""
     record = _finish(task, folder, record)
     if record["status"] == "ok" and task.tensorboard:
         try:
@@ -419,4 +467,6 @@ def execute_run(task: RunTask, env: Optional[Dict[str, str]] = None) -> Optional
         except Exception as e:  # the metrics are in results.jsonl already; say why the events are not
             logger.warning("run %s: TensorBoard scalars not written: %s: %s", task.run.name, type(e).__name__, e)
     append_jsonl(os.path.join(task.out_dir, RESULTS_FILE), record)
+    if record["status"] == "ok":
+        remove_run_checkpoints(folder)
     return record

@@ -74,6 +74,29 @@ def test_killed_evaluation_resumes_with_identical_metrics(tmp_path):
     assert not ckpt.exists()  # finished: the checkpoint is gone
 
 
+def test_a_sweep_runners_train_net_keeps_its_checkpoint_and_a_rerun_resumes_every_image(tmp_path):
+    """Under a sweep's runner (SPARSECLIP_KEEP_CHECKPOINT=1, sweeps/runner.py) a finished run keeps
+    its per-image checkpoint: an attempt stopped after results.json but before its record (a
+    late requeue) is followed by one that resumes all 3 images, with the same metrics."""
+    from sparseclip_d2.sweeps.runner import KEEP_CHECKPOINT_ENV, remove_run_checkpoints
+
+    data = tmp_path / "data"
+    make_fake_root(str(data), n=3)
+    out = tmp_path / "run"
+    first = train_net(out, data, env={KEEP_CHECKPOINT_ENV: "1"})
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = out / "inference" / "sparseclip_voc21_val" / "checkpoint"
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == [f"{i:08d}.pt" for i in range(3)]
+    a = json.loads((out / "results.json").read_text())["sparseclip_voc21_val"]
+    again = train_net(out, data, env={KEEP_CHECKPOINT_ENV: "1"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "3 of 3 images already evaluated" in again.stderr + again.stdout
+    b = json.loads((out / "results.json").read_text())["sparseclip_voc21_val"]
+    assert {k: a[k] for k in METRICS} == {k: b[k] for k in METRICS} and b["resumed_images"] == 3
+    remove_run_checkpoints(str(out))  # what the runner does once the record is written
+    assert not ckpt.exists() and (out / "results.json").is_file()
+
+
 def test_checkpoint_of_another_key_is_discarded(tmp_path):
     """Only a checkpoint made with the same config, data and code is resumed."""
     import torch

@@ -212,6 +212,8 @@ time.sleep(float(os.environ.get("FAKE_SECONDS", "0")))
 progress("evaluated", 2)
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({"d": {"mIoU": 50.0}, "config": {}}, f)
+if os.environ.get("SPARSECLIP_KEEP_CHECKPOINT") == "1":  # as train_net: the runner removes it after the record
+    os.makedirs(os.path.join(out, "inference", "d", "checkpoint"))
 """
 
 
@@ -401,3 +403,38 @@ def test_requeue_command_failing_in_the_time_limit_handler_is_an_interrupted_att
         signal.signal(signal.SIGUSR2, previous)
     assert record["status"] == "failed" and "timed-out too many times" in record["error"]["exit"], record
     assert read_jsonl(os.path.join(task.out_dir, "results.jsonl")) == [record]
+
+
+def test_a_finished_run_holds_the_requeue_signal_and_its_checkpoint_goes_after_the_record(tmp_path, monkeypatch):
+    """Once train_net has ended, submitit's time-limit signal (USR2) is ignored: a requeue then would
+    drop the finished result before its record (seen on the local cluster) and repeat the run.
+    Inside a submitit job (SUBMITIT_EXECUTOR set) it stays ignored as the job returns; elsewhere the
+    handler is restored. train_net is told to keep its checkpoint, which goes once the record is written."""
+    from sparseclip_d2.sweeps import execute_run, read_jsonl
+    from sparseclip_d2.sweeps.runner import run_dir
+
+    calls = []
+
+    def handler(*a):
+        calls.append(a)
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        monkeypatch.setenv("FAKE_MODE", "ok")
+        monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+        task = _task(tmp_path, name="outside")
+        record = execute_run(task)
+        folder = run_dir(task.out_dir, task.run)
+        assert record["status"] == "ok" and os.path.isfile(os.path.join(folder, "results.json"))
+        assert not os.path.exists(os.path.join(folder, "inference", "d", "checkpoint"))
+        assert signal.getsignal(signal.SIGUSR2) is handler  # restored
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+        task = _task(tmp_path, name="inside")
+        record = execute_run(task)
+        assert record["status"] == "ok" and signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN  # to the job's end
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.2)
+        assert calls == []
+        assert [r["run_name"] for r in read_jsonl(os.path.join(task.out_dir, "results.jsonl"))] == ["outside", "inside"]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
