@@ -112,6 +112,7 @@ def window_logits(
     side: Optional[torch.Tensor] = None,
     side_pad_value: float = 0,
     with_windows: bool = False,
+    band_rows: Optional[int] = None,
 ) -> "WindowLogits":
     """Pixel logits of one image from a patch-level logits function, as a :class:`WindowLogits`
     (the windows' patch logits; rows of the image logits made on demand).
@@ -137,6 +138,8 @@ def window_logits(
             is made at this size, guided by these pixels: yvhangyang/ResCLIP @ 0e085f7
             ``clip/model.py`` ``create_logit_temp`` resizes to, and runs PAMR on, the whole input
             its truncated patch grid comes from.)
+        band_rows: rows per cached band of :meth:`WindowLogits.band`; None: about
+            ``_ROW_BAND_ELEMENTS`` float32 elements.
 
     Returns:
         :class:`WindowLogits` of ``(K, H, W)`` float32 logits: per window, patch logits are
@@ -209,7 +212,7 @@ def window_logits(
     # over the unpadded window
     target = (wh + pad[2] + pad[3], ww + pad[0] + pad[1]) if patch_remainder == "pad_crop" else (wh, ww)
     crop_box = (top, top + wh, left, left + ww) if patch_remainder == "pad_crop" else None
-    return WindowLogits(batches, count, target, crop_box)
+    return WindowLogits(batches, count, target, crop_box, band_rows)
 
 
 class WindowLogits:
