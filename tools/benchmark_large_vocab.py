@@ -8,7 +8,7 @@ Plants, in a temporary ``$DETECTRON2_DATASETS``, ``ADE20K_2021_17_01/images_dete
 with one random ``--width x --height`` JPEG and ``annotations_detectron2/validation`` with its
 uint16 TIFF labels (random 64 px blocks of the 847 classes and a band of 65535 = ignore), i.e.
 the layout ``tools/prepare_datasets.py ade847`` writes. Weights are random (``PRETRAINED none``,
-``PROXY.WEIGHTS none``): the numbers measure memory and time only.
+``PROXY.WEIGHTS none``, ``PROXY.TRIDENT.SAM_WEIGHTS none``): the numbers measure memory and time only.
 
 The text embeddings come from the project's disk cache (``SPARSECLIP_TEXT_CACHE``, a temporary
 folder): with ``--plant-text-cache`` (default) a first process builds the same model (the same
@@ -36,6 +36,7 @@ sys.path.insert(0, ROOT)
 
 DATASET = "sparseclip_ade847_val"
 RANDOM = ["MODEL.SPARSECLIP.CLIP.PRETRAINED", "none", "MODEL.SPARSECLIP.PROXY.WEIGHTS", "none",
+          "MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS", "none",  # Trident's SAM (unused by other configs)
           "MODEL.DEVICE", "cpu", "DATALOADER.NUM_WORKERS", "0"]
 
 

@@ -205,7 +205,7 @@ def _class_probabilities(score_maps: ScoreMaps, side: int) -> np.ndarray:
     C, H, W = score_maps.shape
     scale = min(1.0, side / max(H, W))
     th, tw = max(1, round(H * scale)), max(1, round(W * scale))
-    small = ScoreMaps(score_maps.logits, score_maps.class_index, score_maps.num_classes, out_size=(th, tw))
+    small = ScoreMaps(score_maps.source, score_maps.class_index, score_maps.num_classes, out_size=(th, tw))
     return torch.cat([p for _, _, p, _ in small.bands()], dim=1).cpu().numpy()
 
 

@@ -9,6 +9,12 @@ the normalised image) before encoding, its upsampled logits cropped back.
 
 All windows of one image are encoded in batches of ``batch_size`` (windows of one image
 always share one size), never one by one.
+
+Large vocabularies: :func:`window_logits` keeps only the windows' patch logits (``(N, K, h / p,
+w / p)``, small) and makes the ``(K, H, W)`` image logits in bands of rows on demand
+(:class:`WindowLogits`), each band by the same upsampling calls, sums and division as the whole
+image, so a band is bit for bit those rows of :func:`dense_logits` (which is ``window_logits(...)
+.full()``). 847 classes = 1281 synonyms at 448 x 597 would otherwise be a 1.37 GB tensor.
 """
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -17,7 +23,8 @@ import torch.nn.functional as F
 
 from ..attention.self_correlation import cls_denoised_correlation, self_correlation_map
 
-__all__ = ["window_grid", "symmetric_pad", "dense_logits", "encode_window_logits", "PATCH_REMAINDER_MODES"]
+__all__ = ["window_grid", "symmetric_pad", "dense_logits", "window_logits", "WindowLogits",
+           "encode_window_logits", "PATCH_REMAINDER_MODES"]
 
 Window = Tuple[int, int, int, int]
 
@@ -29,6 +36,10 @@ Window = Tuple[int, int, int, int]
 # against a batched call of several windows they may differ in the last float32 bit.
 _UPSAMPLE_ELEMENTS = 1 << 27
 _UPSAMPLE_GROUP_ELEMENTS = 1 << 24
+# WindowLogits.band keeps one band of image rows of about this many float32 elements (2 ** 26 =
+# 256 MiB): the (K, H, W) logits of the 150-171-class benchmarks at their working sizes fit in one
+# band (computed once, as before); 1281 synonyms at 448 x 597 take 6 bands of 87 rows.
+_ROW_BAND_ELEMENTS = 1 << 26
 
 #: How a window whose sides are not multiples of the patch size p is encoded:
 #:
@@ -83,7 +94,13 @@ def symmetric_pad(height: int, width: int, multiple: int) -> Tuple[int, int, int
     return pw // 2, pw - pw // 2, ph // 2, ph - ph // 2
 
 
-def dense_logits(
+def dense_logits(image: torch.Tensor, logits_fn: Callable[..., torch.Tensor], **kwargs) -> torch.Tensor:
+    """Pixel logits ``(K, H, W)`` float32 of one image: :func:`window_logits` (same arguments) made
+    whole (:meth:`WindowLogits.full`)."""
+    return window_logits(image, logits_fn, **kwargs).full()
+
+
+def window_logits(
     image: torch.Tensor,
     logits_fn: Callable[[torch.Tensor], torch.Tensor],
     *,
@@ -95,8 +112,10 @@ def dense_logits(
     side: Optional[torch.Tensor] = None,
     side_pad_value: float = 0,
     with_windows: bool = False,
-) -> torch.Tensor:
-    """Pixel logits of one image from a patch-level logits function.
+    band_rows: Optional[int] = None,
+) -> "WindowLogits":
+    """Pixel logits of one image from a patch-level logits function, as a :class:`WindowLogits`
+    (the windows' patch logits; rows of the image logits made on demand).
 
     Args:
         image: ``(3, H, W)`` normalised image.
@@ -119,11 +138,13 @@ def dense_logits(
             is made at this size, guided by these pixels: yvhangyang/ResCLIP @ 0e085f7
             ``clip/model.py`` ``create_logit_temp`` resizes to, and runs PAMR on, the whole input
             its truncated patch grid comes from.)
+        band_rows: rows per cached band of :meth:`WindowLogits.band`; None: about
+            ``_ROW_BAND_ELEMENTS`` float32 elements.
 
     Returns:
-        ``(K, H, W)`` float32 logits: per window, patch logits are upsampled bilinearly
-        to the padded window, cropped, summed into the image, and divided by the number
-        of windows covering each pixel.
+        :class:`WindowLogits` of ``(K, H, W)`` float32 logits: per window, patch logits are
+        upsampled bilinearly to the padded window, cropped, summed into the image, and divided by
+        the number of windows covering each pixel.
     """
     if image.dim() != 3:
         raise ValueError(f"expected a (3, H, W) image, got shape {tuple(image.shape)}")
@@ -154,7 +175,7 @@ def dense_logits(
                 f"patch_remainder='truncate' cannot encode a {wh}x{ww} window: it is smaller than one "
                 f"{patch_size}x{patch_size} patch")
 
-    summed: Optional[torch.Tensor] = None
+    batches: List[Tuple[torch.Tensor, Sequence[Window]]] = []
     count = torch.zeros((1, H, W), dtype=torch.float32, device=image.device)
     for start in range(0, len(windows), batch_size):
         chunk = windows[start : start + batch_size]
@@ -178,28 +199,96 @@ def dense_logits(
             raise ValueError(
                 f"logits_fn must return (N, K, h, w) with N={len(chunk)}, got {tuple(patch_logits.shape)}"
             )
-        if summed is None:
-            summed = torch.zeros((patch_logits.shape[1], H, W), dtype=torch.float32, device=image.device)
-        # the padded crop's size (pad_crop), else the (truncated or corner-padded) grid stretched
-        # over the unpadded window
-        target = tuple(crops.shape[-2:]) if patch_remainder == "pad_crop" else (wh, ww)
-        crop_box = (top, top + wh, left, left + ww) if patch_remainder == "pad_crop" else None
-        _add_upsampled(summed, patch_logits, chunk, target, crop_box)
+        if batches and patch_logits.shape[1] != batches[0][0].shape[1]:
+            raise ValueError(f"logits_fn returned {patch_logits.shape[1]} channels for windows {chunk}, "
+                             f"{batches[0][0].shape[1]} for the first windows")
+        batches.append((patch_logits, chunk))
         for (y1, y2, x1, x2) in chunk:
             count[:, y1:y2, x1:x2] += 1
-    if summed is None or not bool((count > 0).all()):  # window_grid covers every pixel
+    if not batches or not bool((count > 0).all()):  # window_grid covers every pixel
         raise RuntimeError(f"the window grid left pixels of the {H}x{W} image uncovered "
                            f"(crop_size={crop_size}, stride={stride})")
-    return summed.div_(count)  # in place: no second (K, H, W) tensor
+    # the padded crop's size (pad_crop), else the (truncated or corner-padded) grid stretched
+    # over the unpadded window
+    target = (wh + pad[2] + pad[3], ww + pad[0] + pad[1]) if patch_remainder == "pad_crop" else (wh, ww)
+    crop_box = (top, top + wh, left, left + ww) if patch_remainder == "pad_crop" else None
+    return WindowLogits(batches, count, target, crop_box, band_rows)
+
+
+class WindowLogits:
+    """The ``(K, H, W)`` float32 logits of :func:`window_logits`, held as the windows' patch logits.
+
+    :meth:`rows` makes rows ``start:stop`` from the windows that cover them: each window's patch
+    logits upsampled (bilinear) by the very calls the whole image uses (a batch at once, or per
+    window in groups of channels above ``_UPSAMPLE_ELEMENTS``), cropped, its rows in the band added
+    in window order to zeros, divided by the count map. Every output element is therefore the same
+    float32 operations on the same operands as in :meth:`full`: a band is bit for bit those rows.
+    Memory: the patch logits, the ``(1, H, W)`` count, the band and one upsampling temporary; the
+    price is that a window covering ``n`` bands is upsampled ``n`` times.
+
+    :meth:`band` serves rows from a cached band of about ``_ROW_BAND_ELEMENTS`` (made anew when a
+    request leaves it), for readers that walk down the image (``ScoreMaps``).
+    """
+
+    def __init__(self, batches: List[Tuple[torch.Tensor, Sequence[Window]]], count: torch.Tensor,
+                 target: Tuple[int, int], crop_box: Optional[Tuple[int, int, int, int]],
+                 band_rows: Optional[int] = None):
+        self._batches = batches
+        self._count = count
+        self._target = tuple(int(t) for t in target)
+        self._crop_box = crop_box
+        _, H, W = count.shape
+        K = int(batches[0][0].shape[1])
+        self.shape = torch.Size((K, H, W))
+        self.device = count.device
+        self.dtype = torch.float32
+        if band_rows is None:
+            band_rows = max(1, _ROW_BAND_ELEMENTS // max(1, K * W))
+        if band_rows <= 0:
+            raise ValueError(f"band_rows must be positive, got {band_rows}")
+        self.band_rows = int(band_rows)
+        self._cache: Optional[Tuple[int, int, torch.Tensor]] = None
+
+    def dim(self) -> int:
+        return 3
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """``(K, stop - start, W)`` float32: rows ``start:stop`` of the image logits (a new tensor)."""
+        K, H, W = self.shape
+        if not 0 <= start < stop <= H:
+            raise ValueError(f"rows {start}:{stop} outside the {H} rows of the window logits")
+        out = torch.zeros((K, stop - start, W), dtype=torch.float32, device=self.device)
+        for patch_logits, chunk in self._batches:
+            if any(y1 < stop and y2 > start for (y1, y2, _, _) in chunk):
+                _add_upsampled(out, patch_logits, chunk, self._target, self._crop_box, rows=(start, stop))
+        return out.div_(self._count[:, start:stop])  # in place: no second band
+
+    def full(self) -> torch.Tensor:
+        """The whole ``(K, H, W)`` float32 logits (one band)."""
+        return self.rows(0, self.shape[1])
+
+    def band(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` as a view of the cached band (at least ``band_rows`` rows from
+        ``start``, made anew when the request is not inside the cached one)."""
+        if self._cache is None or not (self._cache[0] <= start and stop <= self._cache[1]):
+            self._cache = None  # free the old band before making the next
+            stop_band = min(self.shape[1], max(stop, start + self.band_rows))
+            self._cache = (start, stop_band, self.rows(start, stop_band))
+        first, _, cached = self._cache
+        return cached[:, start - first:stop - first]
 
 
 def _add_upsampled(summed: torch.Tensor, patch_logits: torch.Tensor, chunk: Sequence[Window],
-                   target: Tuple[int, int], crop_box: Optional[Tuple[int, int, int, int]]) -> None:
+                   target: Tuple[int, int], crop_box: Optional[Tuple[int, int, int, int]],
+                   rows: Optional[Tuple[int, int]] = None) -> None:
     """Add each window's ``patch_logits`` upsampled (bilinear) to ``target`` and cut to ``crop_box``
-    ``(y0, y1, x0, x1)`` (None: kept whole) into ``summed`` at its window. Above
+    ``(y0, y1, x0, x1)`` (None: kept whole) into ``summed`` at its window; ``rows`` ``(r0, r1)``:
+    ``summed`` holds only image rows ``r0:r1`` (None: all), and only those rows are added. Above
     ``_UPSAMPLE_ELEMENTS`` the upsampling runs in groups of channels, one window at a time
     (bilinear resizing treats each channel alone): a vocabulary of ~1300 synonyms would otherwise
-    need an ``(N, K, crop, crop)`` temporary of 0.6 GB per 336 px window."""
+    need an ``(N, K, crop, crop)`` temporary of 0.6 GB per 336 px window. The calls do not depend
+    on ``rows``: a band gets the values of the whole image's calls."""
+    r0, r1 = (0, summed.shape[1]) if rows is None else rows
     num_channels = patch_logits.shape[1]
     area = target[0] * target[1]
     if len(chunk) * num_channels * area <= _UPSAMPLE_ELEMENTS:
@@ -207,13 +296,16 @@ def _add_upsampled(summed: torch.Tensor, patch_logits: torch.Tensor, chunk: Sequ
     else:
         step = max(64, _UPSAMPLE_GROUP_ELEMENTS // area // 64 * 64)
         parts = [(patch_logits[i:i + 1, k0:k0 + step], [window], k0, min(k0 + step, num_channels))
-                 for i, window in enumerate(chunk) for k0 in range(0, num_channels, step)]
+                 for i, window in enumerate(chunk) if window[0] < r1 and window[1] > r0
+                 for k0 in range(0, num_channels, step)]
     for part, part_windows, k0, k1 in parts:
         logits = F.interpolate(part.float(), size=target, mode="bilinear", align_corners=False)
         if crop_box is not None:
             logits = logits[:, :, crop_box[0]:crop_box[1], crop_box[2]:crop_box[3]]
-        for (y1, y2, x1, x2), window_logits in zip(part_windows, logits):
-            summed[k0:k1, y1:y2, x1:x2] += window_logits
+        for (y1, y2, x1, x2), up in zip(part_windows, logits):
+            a, b = max(y1, r0), min(y2, r1)
+            if a < b:
+                summed[k0:k1, a - r0:b - r0, x1:x2] += up[:, a - y1:b - y1]
         del logits
 
 

@@ -27,7 +27,7 @@ Other code reuses the parts:
 """
 import dataclasses
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -51,7 +51,7 @@ from ..methods import LOGIT_HEADS, SIDE_INPUTS, STAGE_KINDS, STAGES, ImageInputs
 from ..methods import plan_from_config
 from ..methods.cosine import CosineHead
 from .postprocess import ScoreMaps
-from ..dense.windows import PATCH_REMAINDER_MODES, dense_logits
+from ..dense.windows import PATCH_REMAINDER_MODES, WindowLogits, window_logits
 from ..clip.definitions import check_definition_options
 
 __all__ = ["SparseCLIP", "PipelineOutput"]
@@ -432,12 +432,15 @@ class SparseCLIP(nn.Module):
 
         return logits_fn
 
-    def window_loop(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+    def window_loop(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None, *,
+                    banded: bool = False) -> Union[torch.Tensor, WindowLogits]:
         """``(S, H, W)`` synonym logits of ``inputs``' image at the working size: whole-image or
-        sliding-window per the config, windows appended to ``attention_sink`` in ``window_grid`` order."""
+        sliding-window per the config, windows appended to ``attention_sink`` in ``window_grid`` order.
+        ``banded``: as a :class:`~sparseclip_d2.dense.windows.WindowLogits` (the windows' patch
+        logits, rows made in bands on demand, bit for bit those of the tensor)."""
         side_name = next(iter(self.side_inputs), None)
         side = inputs.side.get(side_name) if side_name is not None else None
-        return dense_logits(
+        logits = window_logits(
             inputs.image,
             self.window_logits_fn(inputs, attention_sink),
             patch_size=int(self.encoder.patch_size),
@@ -450,15 +453,22 @@ class SparseCLIP(nn.Module):
             # a first segmentation is made on the whole window (truncated crops: the encoded part)
             with_windows=bool(self.encoder.needs.first_segmentation),
         )
+        return logits if banded else logits.full()
 
-    def working_logits(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None
-                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def working_logits(self, inputs: ImageInputs, attention_sink: Optional[List[torch.Tensor]] = None, *,
+                       banded: bool = False) -> Tuple[Union[torch.Tensor, WindowLogits], torch.Tensor]:
         """``((S', H, W) logits at the working size, (S',) class of each row)``: the window loop, or
-        the windows stage that replaces it (which may reduce the synonyms to classes)."""
+        the windows stage that replaces it (which may reduce the synonyms to classes). ``banded``:
+        the logits may come as a ``WindowLogits`` (rows in bands, see :meth:`window_loop`)."""
         for st in self.stages:
             if st.kind == "windows":
-                return st(self, inputs, self.window_logits_fn(inputs))
-        return self.window_loop(inputs, attention_sink), inputs.class_index
+                logits, class_index = st(self, inputs, self.window_logits_fn(inputs))
+                break
+        else:
+            logits, class_index = self.window_loop(inputs, attention_sink, banded=True), inputs.class_index
+        if not banded and isinstance(logits, WindowLogits):
+            logits = logits.full()
+        return logits, class_index
 
     def image_inputs_for(self, image: torch.Tensor, text_emb: torch.Tensor) -> ImageInputs:
         """:class:`~sparseclip_d2.methods.ImageInputs` of a ``(3, H, W)`` uint8 image (``input_format``)
@@ -481,7 +491,11 @@ class SparseCLIP(nn.Module):
         if recording:
             self._report_remainder(tuple(inputs.image.shape[-2:]))
         sink: Optional[List[torch.Tensor]] = [] if attention and self.records_attention else None
-        logits, class_index = self.working_logits(inputs, sink)
+        # Without a logits stage (which needs the whole tensor) the working logits stay the windows'
+        # patch logits and ScoreMaps makes their rows band by band: no (S, h, w) tensor is held
+        # (1.37 GB for ADE20K-847's 1281 synonyms at 448 x 597), the labels bit for bit the same.
+        banded = not any(st.kind == "logits" for st in self.stages)
+        logits, class_index = self.working_logits(inputs, sink, banded=banded)
         if self.prob_threshold > 0 and inputs.background_index is None:
             self._warn_threshold_ignored(x)
         for st in self.stages:

@@ -9,13 +9,20 @@ output size on the way (``out_size``): bilinear resizing with ``align_corners=Fa
 separable, so a band of output rows needs only the two input rows around each of its rows.
 Peak extra memory is the ``(C, H, W)`` output plus ``O(S * band_rows * W)`` temporaries
 instead of several full ``(S, H, W)`` copies (resized logits, softmax, max over synonyms).
+
+The working-size logits may be a tensor or a :class:`~sparseclip_d2.dense.windows.WindowLogits`
+(the window loop's patch logits, rows made on demand in bands): then not even the ``(S, h, w)``
+working logits are held, and every band reads bit for bit the rows the whole tensor would hold.
 """
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..clip import max_over_synonyms
+from ..dense.windows import WindowLogits
+
+Logits = Union[torch.Tensor, WindowLogits]
 
 __all__ = ["ScoreMaps", "class_scores", "bilinear_rows"]
 
@@ -48,20 +55,25 @@ def bilinear_rows(in_size: int, out_size: int, start: int, stop: int,
     return i0.to(device), i1.to(device), lam.to(device)
 
 
-def _resized_band(logits: torch.Tensor, out_size: Tuple[int, int], start: int, stop: int) -> torch.Tensor:
+def _logit_rows(logits: Logits, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``(S, h, w)`` logits (a tensor's view, or a band of a ``WindowLogits``)."""
+    return logits.band(start, stop) if isinstance(logits, WindowLogits) else logits[:, start:stop]
+
+
+def _resized_band(logits: Logits, out_size: Tuple[int, int], start: int, stop: int) -> torch.Tensor:
     """Rows ``start:stop`` of ``F.interpolate(logits[None], out_size, mode="bilinear",
     align_corners=False)[0]`` for ``(S, h, w)`` logits, from at most ``2 * (stop - start)``
     input rows. Returns ``(S, stop - start, W)`` in the dtype of ``logits``."""
     h, w = logits.shape[-2:]
     out_h, out_w = out_size
     if h == out_h:
-        rows = logits[:, start:stop]
+        rows = _logit_rows(logits, start, stop)
         return rows if w == out_w else F.interpolate(rows[None], size=(stop - start, out_w), mode="bilinear",
                                                      align_corners=False)[0]
     i0, i1, lam = bilinear_rows(h, out_h, start, stop, logits.device)
     first = int(i0[0])
     last = int(i1[-1])  # i0, i1 are non-decreasing in the output row
-    rows = logits[:, first:last + 1]
+    rows = _logit_rows(logits, first, last + 1)
     if w != out_w:
         # Width only: the height is kept (scale 1, src = dst exactly, lambda 0), so this is
         # the horizontal pass of the full-size resize on these rows.
@@ -73,9 +85,10 @@ def _resized_band(logits: torch.Tensor, out_size: Tuple[int, int], start: int, s
 class ScoreMaps:
     """The class scores of one image at its output size, produced in bands of output rows.
 
-    Holds only the working-resolution ``(S, h, w)`` synonym logits; every full-size result is
-    computed band by band (see the module docstring), so memory stays
-    ``O(S * band_rows * W)`` plus what the caller keeps:
+    Holds only the working-resolution ``(S, h, w)`` synonym logits (a tensor, or a
+    ``WindowLogits`` that makes their rows in bands); every full-size result is computed band by
+    band (see the module docstring), so memory stays ``O(S * band_rows * W)`` plus what the
+    caller keeps:
 
     - :meth:`bands` yields ``(r0, r1, probs, labels)``: the class probabilities of output
       rows ``r0:r1`` (max over synonyms of the softmax over synonyms; no background rule)
@@ -88,7 +101,7 @@ class ScoreMaps:
 
     def __init__(
         self,
-        synonym_logits: torch.Tensor,
+        synonym_logits: Logits,
         class_index: torch.Tensor,
         num_classes: int,
         *,
@@ -114,7 +127,7 @@ class ScoreMaps:
             band_rows = max(1, _BAND_ELEMENTS // max(1, S * out_w))
         if band_rows <= 0:
             raise ValueError(f"band_rows must be positive, got {band_rows}")
-        self.logits = synonym_logits
+        self.source = synonym_logits
         self.class_index = class_index.to(synonym_logits.device)
         self.num_classes = int(num_classes)
         self.prob_threshold = float(prob_threshold) if background_index is not None else 0.0
@@ -123,6 +136,12 @@ class ScoreMaps:
         self.out_size = (out_h, out_w)
         self.band_rows = int(band_rows)
         self._suppressed: Optional[torch.Tensor] = None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """The ``(S, h, w)`` working-size logits as one tensor (a ``WindowLogits`` source is made
+        whole: for small images and tests; the bands never need it)."""
+        return self.source.full() if isinstance(self.source, WindowLogits) else self.source
 
     @property
     def shape(self) -> Tuple[int, int, int]:
@@ -140,7 +159,7 @@ class ScoreMaps:
 
     def _probabilities(self, r0: int, r1: int) -> torch.Tensor:
         """``(C, r1 - r0, W)`` float32 class probabilities of output rows ``r0:r1``."""
-        probs = _resized_band(self.logits, self.out_size, r0, r1).float().softmax(dim=0)
+        probs = _resized_band(self.source, self.out_size, r0, r1).float().softmax(dim=0)
         return max_over_synonyms(probs, self.class_index, self.num_classes, dim=0)
 
     def _suppression_from_area(self, area: torch.Tensor) -> torch.Tensor:
@@ -156,9 +175,9 @@ class ScoreMaps:
         whole-image histogram of the argmax; all False without the rule)."""
         if self._suppressed is None:
             if self.area_threshold <= 0:
-                self._suppressed = torch.zeros(self.num_classes, dtype=torch.bool, device=self.logits.device)
+                self._suppressed = torch.zeros(self.num_classes, dtype=torch.bool, device=self.source.device)
             else:
-                area = torch.zeros(self.num_classes, dtype=torch.long, device=self.logits.device)
+                area = torch.zeros(self.num_classes, dtype=torch.long, device=self.source.device)
                 for r0, r1 in self._bands():
                     area += torch.bincount(self._probabilities(r0, r1).argmax(dim=0).flatten(),
                                            minlength=self.num_classes)
@@ -185,7 +204,7 @@ class ScoreMaps:
 
     def labels(self) -> torch.Tensor:
         """``(H, W)`` long label map (the argmax of :meth:`scores`), computed in bands."""
-        out = torch.empty(self.out_size, dtype=torch.long, device=self.logits.device)
+        out = torch.empty(self.out_size, dtype=torch.long, device=self.source.device)
         for r0, r1, _, labels in self.bands():
             out[r0:r1] = labels
         return out
@@ -208,8 +227,8 @@ class ScoreMaps:
     def scores(self) -> torch.Tensor:
         """The full ``(C, H, W)`` float32 scores of :func:`class_scores`."""
         out_h, out_w = self.out_size
-        scores = torch.empty(self.num_classes, out_h, out_w, dtype=torch.float32, device=self.logits.device)
-        area = (torch.zeros(self.num_classes, dtype=torch.long, device=self.logits.device)
+        scores = torch.empty(self.num_classes, out_h, out_w, dtype=torch.float32, device=self.source.device)
+        area = (torch.zeros(self.num_classes, dtype=torch.long, device=self.source.device)
                 if self.area_threshold > 0 else None)
         bands = self._bands()
         # Pass 1: softmax and max over synonyms per band (+ the argmax histogram for the area rule).
@@ -232,7 +251,7 @@ class ScoreMaps:
 
 
 def class_scores(
-    synonym_logits: torch.Tensor,
+    synonym_logits: Logits,
     class_index: torch.Tensor,
     num_classes: int,
     *,

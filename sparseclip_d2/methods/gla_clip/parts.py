@@ -2,7 +2,7 @@
 that the window-set last block (:class:`.encoder.WindowSetEncoder`) sees them all
 (2btlFe/GLA-CLIP @ ba74915 ``gla_clip_segmentor.py forward_kv_expansion``: every crop cut first,
 ``torch.cat``, one ``forward_feature``)."""
-from ...dense.windows import dense_logits, window_grid
+from ...dense.windows import window_grid, window_logits
 from ..registry import STAGES, Stage
 from .keys import KEY, window_set_settings_from_config
 
@@ -30,9 +30,10 @@ class WindowSetStage(Stage):
     def forward(self, model, inputs, window_logits_fn):
         H, W = inputs.image.shape[-2:]
         windows = window_grid(H, W, model.crop_size, model.stride)
-        logits = dense_logits(inputs.image, window_logits_fn, patch_size=int(model.encoder.patch_size),
-                              crop_size=model.crop_size, stride=model.stride, batch_size=len(windows),
-                              patch_remainder=model.patch_remainder)
+        # the windows' patch logits (rows made in bands on demand, as the window loop's)
+        logits = window_logits(inputs.image, window_logits_fn, patch_size=int(model.encoder.patch_size),
+                               crop_size=model.crop_size, stride=model.stride, batch_size=len(windows),
+                               patch_remainder=model.patch_remainder)
         return logits, inputs.class_index
 
     def describe(self) -> str:
