@@ -245,6 +245,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
     if entry.kind == "folder":
         shape = _folder_input(spec, entry, cfg, rgb, mdir)
         spec["image"] = os.path.join(mdir, "image.npy")
+        spec["dataset"] = dataset  # the row config's dataset (its vocabulary), not the entry's timing one
     elif entry.kind == "segmentor":
         short = upstream_short_side(up_root, up_config) if up_config.endswith(".py") else None
         if short is not None and short != int(cfg.INPUT.MIN_SIZE_TEST):
