@@ -162,8 +162,8 @@ def _project_labels(spec: dict) -> dict:
                                                           "sem_seg_file_name": spec["gt_file"], "height": h, "width": w})
     else:
         resized = np.load(spec["image"])
-        # upstream's class file as it is: a duplicate name (SCLIP's COCO-Object file has bed among its
-        # background words and as a class) is kept, as upstream keeps it
+        # upstream's class file as it is: a duplicate name (a COCO-Object file with bed among its
+        # background words and as a class, docs/agreement/README.md) is kept, as upstream keeps it
         x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
              "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": spec["background_index"],
              "vocabulary_as_published": True}

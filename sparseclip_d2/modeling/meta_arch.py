@@ -597,8 +597,8 @@ class SparseCLIP(nn.Module):
                 raise ValueError(f"input 'vocabulary' must be a list of class names, got the string {vocabulary!r}")
             vocabulary = list(vocabulary)
             # ``vocabulary_as_published``: an upstream file given as it is (the agreement driver's
-            # class file: SCLIP's COCO-Object names ``bed`` among its background words and as a
-            # class), its duplicates logged, the tie going to the lower class index as upstream's
+            # class file, which may name a word among the background words and as a class too),
+            # its duplicates logged, the tie going to the lower class index as upstream's argmax
             check_vocabulary(vocabulary, "input 'vocabulary'", allow_duplicates=bool(x.get("vocabulary_as_published")))
             return vocabulary, x.get("background_index")
         if "dataset_name" not in x:
