@@ -81,3 +81,37 @@ def test_cliptrase_labels_hook_puts_upstreams_background_label_first():
         entry.labels({"preds": [], "dataset": "VOC21", "classes": 20}, {})
     with pytest.raises(SystemExit, match="label 21 above the background label 20 of VOC21"):
         entry.labels({"preds": [pred + 1], "dataset": "VOC21", "classes": 20}, {})
+
+
+def test_a_folder_row_gives_the_project_side_its_configs_dataset(tmp_path, monkeypatch):
+    """measure() of a CLIPtrase row (its workers replaced by ones that record their specs and answer
+    equal all-1 maps): the project worker reads the row config's dataset (VOC20 for
+    cliptrase_b16_336_voc20.yaml, not the entry's VOC21), the upstream worker the row's dataset_info
+    key and the 336 px protocol, and the row is measured at the centre crop."""
+    import argparse
+    import json
+
+    import numpy as np
+
+    from sparseclip_d2.benchmarks import agreement
+
+    specs = {}
+
+    def fake_worker(python, spec, threads):
+        specs[spec["side"]] = spec
+        np.savez(spec["result"] + ".npz", labels=np.ones((336, 336), np.int64),
+                 margin=np.full((336, 336), 0.5, np.float32))
+        with open(spec["result"] + ".json", "w") as f:
+            json.dump(dict(activity={}, summary="", flat=[]), f)
+
+    monkeypatch.setattr(agreement, "_run_worker", fake_worker)
+    monkeypatch.setattr(agreement, "random_clip_weights", lambda name, seed, path: path)
+    args = argparse.Namespace(force=[], templates="single", seed=0, threads=1, dino=None, opts=[],
+                              upstream_python="python")
+    entry = UPSTREAM.get("cliptrase")
+    row = agreement.measure("cliptrase", entry, str(tmp_path / "CLIPtrase"), "cliptrase_b16_336_voc20.yaml",
+                            "voc_wide", args, str(tmp_path / "out"))
+    assert specs["project"]["dataset"] == "sparseclip_voc20_val"
+    assert specs["upstream"]["upstream_config"] == "VOC20"
+    assert specs["upstream"]["upstream_settings"] == {"image_size": 336, "eps": 1.1, "min": 7}
+    assert row["resized"] == [336, 336] and row["percent"] == 100.0 and row["upstream_config"] == "VOC20"
