@@ -162,8 +162,11 @@ def _project_labels(spec: dict) -> dict:
                                                           "sem_seg_file_name": spec["gt_file"], "height": h, "width": w})
     else:
         resized = np.load(spec["image"])
+        # upstream's class file as it is: a duplicate name (a COCO-Object file with bed among its
+        # background words and as a class, docs/agreement/README.md) is kept, as upstream keeps it
         x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
-             "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": spec["background_index"]}
+             "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": spec["background_index"],
+             "vocabulary_as_published": True}
         if spec.get("image_file"):
             x["file_name"] = spec["image_file"]
     with recording() as record, torch.no_grad():
@@ -245,6 +248,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
     if entry.kind == "folder":
         shape = _folder_input(spec, entry, cfg, rgb, mdir)
         spec["image"] = os.path.join(mdir, "image.npy")
+        spec["dataset"] = dataset  # the row config's dataset (its vocabulary), not the entry's timing one
     elif entry.kind == "segmentor":
         short = upstream_short_side(up_root, up_config) if up_config.endswith(".py") else None
         if short is not None and short != int(cfg.INPUT.MIN_SIZE_TEST):

@@ -482,7 +482,8 @@ class SparseCLIP(nn.Module):
 
     def predict(self, x: Dict, *, attention: bool = False) -> PipelineOutput:
         """The one prediction path of one input dict (``image`` (3, H, W) uint8 at the working size,
-        optional ``height`` / ``width``, ``dataset_name`` or ``vocabulary`` [+ ``background_index``],
+        optional ``height`` / ``width``, ``dataset_name`` or ``vocabulary`` [+ ``background_index``,
+        ``vocabulary_as_published``: a published list whose duplicate names are logged, not refused],
         and the side inputs the encoder needs such as ``region_mask``). ``attention``: also the last
         block's attention record (None when the head or a stage does not record it, see
         :attr:`records_attention`)."""
@@ -609,7 +610,10 @@ class SparseCLIP(nn.Module):
             if isinstance(vocabulary, str):
                 raise ValueError(f"input 'vocabulary' must be a list of class names, got the string {vocabulary!r}")
             vocabulary = list(vocabulary)
-            check_vocabulary(vocabulary, "input 'vocabulary'")
+            # ``vocabulary_as_published``: an upstream file given as it is (the agreement driver's
+            # class file, which may name a word among the background words and as a class too),
+            # its duplicates logged, the tie going to the lower class index as upstream's argmax
+            check_vocabulary(vocabulary, "input 'vocabulary'", allow_duplicates=bool(x.get("vocabulary_as_published")))
             return vocabulary, x.get("background_index")
         if "dataset_name" not in x:
             raise ValueError(

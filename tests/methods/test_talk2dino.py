@@ -164,3 +164,29 @@ def test_the_benchmark_entry_draws_the_projection_random_projection_draws(tmp_pa
     ours = random_projection(4, 8, 6)
     theirs = load_projection(path)
     assert all(torch.equal(ours.state_dict()[k], theirs.state_dict()[k]) for k in PROJECTION_KEYS)
+
+
+def _agreement_tool():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools",
+                        "agreement_talk2dino.py")
+    spec = importlib.util.spec_from_file_location("agreement_talk2dino_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_agreement_forcing_sets_the_background_score_of_the_voc21_config():
+    from sparseclip_d2.benchmarks.project import project_cfg
+
+    tool = _agreement_tool()
+    assert tool.forcing_opts(None) == []
+    assert project_cfg("talk2dino_voc21.yaml", []).MODEL.SPARSECLIP.PROXY.TALK2DINO.BACKGROUND_SCORE == 0.55
+    forced = project_cfg("talk2dino_voc21.yaml", tool.forcing_opts(tool.FORCING["bg050"]))
+    assert forced.MODEL.SPARSECLIP.PROXY.TALK2DINO.BACKGROUND_SCORE == 0.5
+    # the driver's inputs are tools/agreement.py's: voc_wide is the 250 x 375 crop of the VOC photo
+    photos = tool._photos(("voc", "voc_wide"))
+    assert photos["voc"].shape == (375, 500, 3) and photos["voc_wide"].shape == (250, 375, 3)
+    assert (photos["voc_wide"] == photos["voc"][60:310, 60:435]).all()

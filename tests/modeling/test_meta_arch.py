@@ -280,3 +280,28 @@ def test_unloadable_weights_say_how_to_fix():
     # a missing file: the fix is to pass an existing one or none (no offline advice: nothing was downloaded)
     assert "'/nonexistent/ckpt.pt'" in msg and "does not exist; pass an existing local checkpoint file" in msg
     assert "or `none`" in msg and "Offline?" not in msg
+
+
+def test_a_published_vocabulary_keeps_its_duplicate_name_and_the_lower_class_wins():
+    """An input ``vocabulary`` naming ``bed`` twice (SCLIP's COCO-Object file: among class 0's
+    background words and as a class) is refused, unless ``vocabulary_as_published``; then the
+    later ``bed`` class scores at most what class 0 scores (the max over its synonyms includes
+    the same ``bed`` text) and never wins a pixel."""
+    from detectron2.modeling import build_model
+
+    model = build_model(tiny_cfg()).eval()
+    g = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (3, 32, 48), generator=g, dtype=torch.uint8)
+    vocab = ["wall, bed", "cat", "bed"]
+    with pytest.raises(ValueError, match="duplicate name 'bed' in class 0 .* and class 2"):
+        model.predict({"image": image, "vocabulary": vocab})
+    with torch.no_grad():
+        out = model.predict({"image": image, "vocabulary": vocab, "vocabulary_as_published": True})
+        ref = model.predict({"image": image, "vocabulary": ["wall, bed", "cat"]})
+    scores = out.score_maps.scores()
+    assert scores.shape[0] == 3
+    assert (scores[2] <= scores[0]).all()
+    labels = out.label_map()
+    assert not (labels == 2).any()
+    # the third class changes nothing else: the map is that of the vocabulary without it
+    assert torch.equal(labels, ref.label_map())

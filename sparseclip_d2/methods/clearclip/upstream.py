@@ -2,7 +2,7 @@
 (``clearclip_segmentor.py``, mc-lan/ClearCLIP at ad68a40) from ``configs/cfg_voc21.py`` with
 ``model_type='ClearCLIP'``, driven as the agreement rows drive it (docs/upstream_agreement.md, first
 section: the weights file in place of the ``openai`` download, fp16 casts turned into float32)."""
-from ..registry import UPSTREAM, UpstreamEntry
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 @UPSTREAM.register("clearclip")
@@ -17,6 +17,12 @@ class ClearCLIPUpstream(UpstreamEntry):
     cuda = True  # template_segmentor puts the segmentor on spec["device"]
     config = "clearclip_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    # the agreement rows: clearclip_b16.yaml's first dataset is VOC20 (configs/cfg_voc20.py)
+    configs = mmseg_dataset_configs("clearclip_b16", "voc20", ("voc21", "context60", "coco_object", "cityscapes"))
+    # prob_thd of configs/cfg_voc21.py (0.5), cfg_context60.py (0.15), cfg_coco_object.py (0.4)
+    # (PROB_THRESHOLD here) at 0 on both sides: random weights' near-uniform scores would send
+    # every pixel to the background
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
 
     @classmethod
     def build(cls, spec, image, path, kit):

@@ -159,13 +159,14 @@ def _load_file(path: str):
     return mod
 
 
-def build_upstream_segmentor(checkout: str, config: str, proj_file: str, template: str = ""):
+def build_upstream_segmentor(checkout: str, config: str, proj_file: str, template: str = "", bg_thresh=None):
     """``(DINOTextSegInference, class names, with_bg)`` of the project config ``config`` (its upstream
     model and eval configs): ``DINOText(**model, pre_trained=False)`` built with the checkout as the
     working directory (it reads ``configs/<proj_class>.yaml``), its projection loaded from
     ``proj_file`` by upstream's ``ProjectionLayer.load_state_dict``, the text embeddings of upstream's
     ``build_dataset_class_tokens`` / ``build_text_embedding`` with the eval config's template set (or
-    ``template``), then the segmentor with the eval config's ``pamr`` and ``bg_thresh``."""
+    ``template``), then the segmentor with the eval config's ``pamr`` and ``bg_thresh`` (or ``bg_thresh``
+    when given: a stage-forcing variant of tools/agreement_talk2dino.py)."""
     import torch
 
     model_cfg, eval_cfg, with_bg = UPSTREAM_CONFIGS[config]
@@ -188,7 +189,7 @@ def build_upstream_segmentor(checkout: str, config: str, proj_file: str, templat
     with torch.no_grad():
         text = model.build_text_embedding(model.build_dataset_class_tokens(template or ev["template"], names))
     seg = seg_mod.DINOTextSegInference(model, text, names, with_bg, pamr=bool(ev["pamr"]),
-                                       bg_thresh=float(ev["bg_thresh"]))
+                                       bg_thresh=float(ev["bg_thresh"] if bg_thresh is None else bg_thresh))
     return seg.eval(), names, with_bg
 
 
