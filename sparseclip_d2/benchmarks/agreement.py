@@ -164,7 +164,8 @@ def _project_labels(spec: dict) -> dict:
     else:
         resized = np.load(spec["image"])
         x = {"image": torch.from_numpy(np.ascontiguousarray(resized)).permute(2, 0, 1).contiguous(),
-             "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": spec["background_index"]}
+             "height": h, "width": w, "vocabulary": spec["vocabulary"], "background_index": spec["background_index"],
+             "vocabulary_as_published": True}  # upstream's class file, duplicates included
         if spec.get("image_file"):
             x["file_name"] = spec["image_file"]
     with recording() as record, torch.no_grad():

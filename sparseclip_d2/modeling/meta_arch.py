@@ -595,7 +595,10 @@ class SparseCLIP(nn.Module):
             if isinstance(vocabulary, str):
                 raise ValueError(f"input 'vocabulary' must be a list of class names, got the string {vocabulary!r}")
             vocabulary = list(vocabulary)
-            check_vocabulary(vocabulary, "input 'vocabulary'")
+            # an upstream class file given as published (tools/agreement.py's rows: SC-CLIP's
+            # cls_coco_object.txt names 'bed' in its background class and as class 60): a duplicate
+            # is logged, the tie goes to the lower class index, as upstream's argmax does
+            check_vocabulary(vocabulary, "input 'vocabulary'", allow_duplicates=bool(x.get("vocabulary_as_published")))
             return vocabulary, x.get("background_index")
         if "dataset_name" not in x:
             raise ValueError(
