@@ -17,8 +17,9 @@ _DATASET_CONFIGS = {"voc21": "pascal_voc12", "voc20": "pascal_voc12_20", "contex
 
 @UPSTREAM.register("lposs")
 class LPOSSUpstream(UpstreamEntry):
-    """LPOSS built from configs/lposs.yaml (clip_backbone = configs/maskclip.yaml with
-    decode_head.pretrained = the weights file), LPOSS_Infrencer(model, cfg, num_classes, test_cfg) and
+    """LPOSS built from configs/lposs.yaml, or configs/lposs_plus.yaml (clip_backbone =
+    configs/maskclip.yaml with decode_head.pretrained = the weights file), with the CLASSES and
+    test_cfg of the row's dataset config, LPOSS_Infrencer(model, cfg, num_classes, test_cfg) and
     its slide_inference on the resized photo / 255 (ImageToTensorV2), as
     segmentation/evaluation/builder.py."""
 
