@@ -116,12 +116,13 @@ def upstream_config_for(entry, config: str, dataset: str) -> str:
 
 def upstream_vocabulary(entry, root: str, up_config: str):
     """``(class file, class names)`` of the upstream config: its ``name_path`` (a ``cls_*.txt``), else
-    the entry's ``class_file``; or the ``CLASSES`` of the entry's ``class_tuple`` (file "")."""
-    if entry.class_tuple:
-        return "", [c.replace(";", ", ") for c in dataset_classes(root, *entry.class_tuple)]
+    the entry's ``class_file``; or the ``CLASSES`` of the entry's ``class_tuple_of`` the config (file "")."""
+    class_tuple = entry.class_tuple_of(root, up_config)
+    if class_tuple:
+        return "", [c.replace(";", ", ") for c in dataset_classes(root, *class_tuple)]
     class_file = entry.class_file
     if up_config.endswith(".py"):
-        class_file = os.path.normpath(upstream_config(root, up_config).get("name_path", class_file))
+        class_file = entry.checkout_path(upstream_config(root, up_config).get("name_path", class_file))
     return class_file, read_vocabulary(os.path.join(root, class_file))
 
 
@@ -237,7 +238,8 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
     weights = random_clip_weights(base.MODEL.SPARSECLIP.CLIP.NAME, args.seed,
                                   os.path.join(workdir, f"{base.MODEL.SPARSECLIP.CLIP.NAME}_seed{args.seed}_fp16.pt"))
     ns = argparse.Namespace(templates=args.templates, paths={method: checkout}, project_only=False)
-    opts = _method_opts(method, ns, weights, workdir) + forcing_opts + list(args.opts)
+    row_opts = entry.row_opts(up_root, upstream_config(up_root, up_config) if up_config.endswith(".py") else {})
+    opts = _method_opts(method, ns, weights, workdir) + list(row_opts) + forcing_opts + list(args.opts)
     cfg = project_cfg(config, opts)  # refuses a bad override before any worker starts
     rgb = photo(input_name)
     h, w = rgb.shape[:2]

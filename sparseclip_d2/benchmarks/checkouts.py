@@ -47,9 +47,10 @@ def upstream_config(path: str, rel: str) -> dict:
         return ns
     ns = read(os.path.join(path, rel))
     model = {}
-    if "_base_" in ns:
-        model.update(read(os.path.normpath(os.path.join(os.path.dirname(os.path.join(path, rel)), ns["_base_"])))["model"])
-    model.update(ns["model"])
+    bases = ns.get("_base_", [])
+    for base in [bases] if isinstance(bases, str) else bases:  # one file, or a list (LPOSS's dataset configs)
+        model.update(read(os.path.normpath(os.path.join(os.path.dirname(os.path.join(path, rel)), base))).get("model", {}))
+    model.update(ns.get("model", {}))  # {} for a dataset config without a model (LPOSS's)
     return model
 
 
@@ -64,6 +65,9 @@ def upstream_short_side(path: str, rel: str):
     for step in ns.get("test_pipeline", []) or []:
         if isinstance(step, dict) and step.get("type") == "Resize" and "scale" in step:
             return int(min(step["scale"]))
+        # mmseg 0.x (LPOSS's dataset configs): MultiScaleFlipAug(img_scale=(long, short), transforms=[Resize(keep_ratio)])
+        if isinstance(step, dict) and step.get("type") == "MultiScaleFlipAug" and isinstance(step.get("img_scale"), tuple):
+            return int(min(step["img_scale"]))
     return None
 
 

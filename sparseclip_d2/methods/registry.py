@@ -323,6 +323,9 @@ class UpstreamEntry:
       the stage-forcing variants (``--force``): a stage that random weights leave flat (a first
       segmentation with one label, a probability threshold that sends every pixel to the
       background) made to act, the same way on both sides.
+    - ``config_path_prefix``: the folder the checkout's config files put before the paths they
+      name, when they are written from the checkout's parent folder (ITACLIP's
+      ``./ITACLIP/configs/cls_voc21.txt``); :meth:`checkout_path` drops it.
 
     A ``build`` reads the row's upstream config, class file and settings with
     :meth:`upstream_config_of`, :meth:`class_file_of` and :meth:`settings_of` (the entry's own
@@ -334,6 +337,11 @@ class UpstreamEntry:
       shared ones (CPU, weights, templates), as ``[KEY, VALUE, ...]``; ``path`` the checkout
       (None with ``--project-only`` and no path), ``drawn`` whether the upstream worker draws the
       VFM weights (:meth:`vfm_file`) both sides load; runs in the tool's process;
+    - ``class_tuple_of(root, upstream_config)``: the ``class_tuple`` of a row's upstream config
+      (LPOSS: its dataset config's ``dataset_type``); ``class_tuple`` by default;
+    - ``row_opts(root, model)``: the project side's overrides that an agreement row implies from its
+      upstream config's ``model`` dict (``root``: the folder holding the code), as ``[KEY, VALUE, ...]``
+      after ``project_opts``' (ITACLIP: the dataset's auxiliary text file); none by default;
     - ``build(spec, image, path, kit)``: in the upstream worker, ``run()`` of one image through
       the checkout's code (``path``: the folder holding it, the working directory; ``image``:
       the input array; ``spec``: the worker's spec, ``spec['weights']`` the CLIP weights file);
@@ -359,6 +367,7 @@ class UpstreamEntry:
     configs: Dict[str, str] = {}
     config_settings: Dict[str, Dict[str, Any]] = {}
     forcing: Dict[str, Tuple[Tuple[str, ...], Dict[str, Any]]] = {}
+    config_path_prefix = ""
 
     @classmethod
     def agreement_configs(cls) -> List[str]:
@@ -400,6 +409,24 @@ class UpstreamEntry:
     @classmethod
     def project_opts(cls, path: Optional[str], workdir: str, drawn: bool) -> List[str]:
         return []
+
+    @classmethod
+    def row_opts(cls, root: str, model: Dict[str, Any]) -> List[str]:
+        return []
+
+    @classmethod
+    def class_tuple_of(cls, root: str, upstream_config: str) -> Optional[Tuple[str, str]]:
+        """``(file, class)`` whose ``CLASSES`` is the vocabulary of a row with ``upstream_config``
+        (``root``: the folder holding the code): ``class_tuple`` (None: a class file)."""
+        return cls.class_tuple
+
+    @classmethod
+    def checkout_path(cls, rel: str) -> str:
+        """A path named in the checkout's config files, relative to the checkout: ``rel`` normalised,
+        ``config_path_prefix`` dropped from its front."""
+        rel = os.path.normpath(rel)
+        head, _, tail = rel.partition(os.sep)
+        return tail if cls.config_path_prefix and head == cls.config_path_prefix and tail else rel
 
     @classmethod
     def build(cls, spec: Dict, image, path: str, kit):

@@ -86,3 +86,69 @@ def test_command_line_refuses_an_unknown_variant_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="--force nothing: not a stage-forcing variant of resclip; "
                                          "valid: feedback0, prob0"):
         main(["--method", "resclip", "--upstream", str(tmp_path), "--force", "nothing"])
+
+
+def test_config_files_named_from_the_checkouts_parent_resolve_inside_it(tmp_path):
+    """ITACLIP's configs name './ITACLIP/configs/cls_voc21.txt' (run from the checkout's parent):
+    the row reads the class file and its auxiliary text file inside the checkout."""
+    from sparseclip_d2.benchmarks.agreement import upstream_vocabulary
+    from sparseclip_d2.methods.registry import UPSTREAM
+
+    ita = UPSTREAM.get("itaclip")
+    assert ita.checkout_path("./ITACLIP/configs/cls_voc21.txt") == os.path.join("configs", "cls_voc21.txt")
+    assert ita.checkout_path("configs/cls_voc21.txt") == os.path.join("configs", "cls_voc21.txt")
+    assert UPSTREAM.get("resclip").checkout_path("./ITACLIP/x.txt") == os.path.join("ITACLIP", "x.txt")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "base_config.py").write_text("model = dict(type='S', prob_thd=0.0)\n")
+    (tmp_path / "configs" / "cfg_context60.py").write_text(
+        "_base_ = './base_config.py'\nname = 'context60'\n"
+        "model = dict(name_path=f'./ITACLIP/configs/cls_{name}.txt',\n"
+        "             auxiliary_text_path=f'./ITACLIP/llama_generated_texts/{name}_definitions.txt')\n")
+    (tmp_path / "configs" / "cls_context60.txt").write_text("background\nplane, aeroplane\n")
+    assert upstream_vocabulary(ita, str(tmp_path), "configs/cfg_context60.py") == (
+        os.path.join("configs", "cls_context60.txt"), ["background", "plane, aeroplane"])
+    from sparseclip_d2.benchmarks.checkouts import upstream_config
+
+    model = upstream_config(str(tmp_path), "configs/cfg_context60.py")
+    assert model["prob_thd"] == 0.0
+    assert ita.row_opts(str(tmp_path), model) == [
+        "MODEL.SPARSECLIP.TEXT.DEFINITIONS", os.path.join(str(tmp_path), "llama_generated_texts",
+                                                          "context60_definitions.txt")]
+    assert upstream_config_for(ita, "itaclip_b16_cityscapes.yaml", "x") == "configs/cfg_cityscapes.py"
+    assert upstream_config_for(ita, "itaclip_b16.yaml", "x") == "configs/cfg_coco_stuff164k.py"
+
+
+def test_a_dataset_config_names_the_rows_classes_and_short_side(tmp_path):
+    """LPOSS's rows: the dataset config's dataset_type picks the CLASSES (synonyms joined by ', '),
+    its MultiScaleFlipAug img_scale the short side; a list _base_ and no model dict read as {}."""
+    from sparseclip_d2.benchmarks.agreement import upstream_vocabulary
+    from sparseclip_d2.benchmarks.checkouts import upstream_config, upstream_short_side
+    from sparseclip_d2.methods.registry import UPSTREAM
+
+    lposs = UPSTREAM.get("lposs")
+    d = tmp_path / "segmentation" / "configs" / "_base_" / "datasets"
+    d.mkdir(parents=True)
+    (d.parent / "custom_import.py").write_text("custom_imports = dict(imports=['a'])\n")
+    (d / "pascal_context.py").write_text(
+        "_base_ = ['../custom_import.py']\ndataset_type = 'PascalContextDataset'\n"
+        "test_pipeline = [dict(type='LoadImageFromFile'), dict(type='MultiScaleFlipAug', img_scale=(2048, 448),"
+        " transforms=[dict(type='Resize', keep_ratio=True)])]\n"
+        "test_cfg = dict(mode='slide', stride=(112, 112), crop_size=(224, 224))\n")
+    (tmp_path / "segmentation" / "datasets").mkdir()
+    (tmp_path / "segmentation" / "datasets" / "pascal_context.py").write_text(
+        "class PascalContextDataset59:\n    CLASSES = ('x',)\n"
+        "class PascalContextDataset:\n    CLASSES = ('background', 'sky;clouds', 'cat')\n")
+    rel = "segmentation/configs/_base_/datasets/pascal_context.py"
+    assert lposs.class_tuple_of(str(tmp_path), rel) == ("segmentation/datasets/pascal_context.py",
+                                                        "PascalContextDataset")
+    assert upstream_vocabulary(lposs, str(tmp_path), rel) == ("", ["background", "sky, clouds", "cat"])
+    assert upstream_short_side(str(tmp_path), rel) == 448
+    assert upstream_config(str(tmp_path), rel) == {}
+    assert lposs.dataset_config(str(tmp_path), rel)["test_cfg"]["stride"] == (112, 112)
+    assert upstream_config_for(lposs, "lposs_plus_b16_context60.yaml", "x") == rel
+    assert lposs.config_settings["lposs_plus_b16_context60.yaml"] == {"model_config": "configs/lposs_plus.yaml"}
+    (d / "odd.py").write_text("dataset_type = 'Nope'\n")
+    with pytest.raises(SystemExit, match="dataset_type 'Nope' has no class file"):
+        lposs.class_tuple_of(str(tmp_path), "segmentation/configs/_base_/datasets/odd.py")
+    for name in lposs.agreement_configs():
+        assert os.path.isfile(os.path.join(ROOT, "configs", "baselines", name)), name

@@ -167,6 +167,19 @@ def test_bad_vocabulary_raises(model, vocab, match):
         model([x])
 
 
+def test_a_published_vocabulary_keeps_its_duplicate_and_the_lower_class_wins(model, caplog):
+    """An upstream class file as published (SC-CLIP's cls_coco_object.txt: 'bed' in the background
+    class and as its own class): logged, not refused; class 1's only name is also class 0's, and a
+    class scores its best name, so class 0 >= class 1 at every pixel and argmax never picks 1."""
+    x = {"image": torch.zeros(3, 32, 32, dtype=torch.uint8), "vocabulary": ["cat, kitty", "kitty", "dog"],
+         "vocabulary_as_published": True}
+    with caplog.at_level(logging.WARNING):
+        sem = model([x])[0]["sem_seg"]
+    assert any("duplicate name 'kitty'" in r.getMessage() for r in caplog.records)
+    assert sem.shape[0] == 3 and bool((sem[0] >= sem[1]).all())
+    assert not bool((sem.argmax(0) == 1).any())
+
+
 def test_long_caption_truncated_with_warning(model, caplog):
     caption = "a very long description of a small red plastic telephone " * 20
     with caplog.at_level(logging.WARNING):

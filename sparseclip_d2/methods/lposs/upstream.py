@@ -9,20 +9,56 @@ import sys
 from ..registry import UPSTREAM, UpstreamEntry
 
 
+#: project dataset -> its dataset config in segmentation/configs/_base_/datasets/ (configs/lposs.yaml evaluate:)
+_DATASET_CONFIGS = {"voc21": "pascal_voc12", "voc20": "pascal_voc12_20", "context60": "pascal_context",
+                    "context59": "pascal_context59", "coco_object": "coco", "coco_stuff": "stuff",
+                    "cityscapes": "cityscapes", "ade20k": "ade20k"}
+
+
 @UPSTREAM.register("lposs")
 class LPOSSUpstream(UpstreamEntry):
-    """LPOSS built from configs/lposs.yaml (clip_backbone = configs/maskclip.yaml with
-    decode_head.pretrained = the weights file), LPOSS_Infrencer(model, cfg, num_classes, test_cfg) and
+    """LPOSS built from configs/lposs.yaml, or configs/lposs_plus.yaml (clip_backbone =
+    configs/maskclip.yaml with decode_head.pretrained = the weights file), with the CLASSES and
+    test_cfg of the row's dataset config, LPOSS_Infrencer(model, cfg, num_classes, test_cfg) and
     its slide_inference on the resized photo / 255 (ImageToTensorV2), as
     segmentation/evaluation/builder.py."""
 
     repo, commit, marker = "vladan-stojnic/LPOSS", "e489a74", "segmentation/evaluation/lposs_eval.py"
-    config, upstream_config = "lposs_b16_voc21.yaml", "configs/lposs.yaml"
+    # the upstream config of a row is its dataset config (segmentation/configs/_base_/datasets/, as
+    # configs/lposs.yaml's evaluate: section names them: its dataset_type, test_pipeline, test_cfg);
+    # the model config is configs/lposs.yaml, or configs/lposs_plus.yaml (setting model_config)
+    config, upstream_config = "lposs_b16_voc21.yaml", "segmentation/configs/_base_/datasets/pascal_voc12.py"
+    model_config = "configs/lposs.yaml"
     # segmentation/datasets/pascal_voc.py PascalVOCDataset.CLASSES (";" between synonyms)
     class_tuple = ("segmentation/datasets/pascal_voc.py", "PascalVOCDataset")
-    # segmentation/configs/_base_/datasets/pascal_voc12.py test_cfg
-    test_cfg = dict(mode="slide", stride=(112, 112), crop_size=(224, 224))
+    # dataset_type of a dataset config -> the file whose class of that name holds its CLASSES: the
+    # checkout's segmentation/datasets/ (its __init__ imports them), else its copy of mmseg's datasets
+    class_files = {"PascalVOCDataset": "segmentation/datasets/pascal_voc.py",
+                   "PascalVOCDataset20": "segmentation/datasets/pascal_voc20.py",
+                   "PascalContextDataset": "segmentation/datasets/pascal_context.py",
+                   "PascalContextDataset59": "segmentation/datasets/pascal_context.py",
+                   "COCOObjectDataset": "segmentation/datasets/coco_object.py",
+                   "COCOStuffDataset": "segmentation/datasets/coco_stuff.py",
+                   "ADE20KDataset": "mmseg/datasets/ade.py", "CityscapesDataset": "mmseg/datasets/cityscapes.py"}
+    configs = {f"{m}_b16_{d}.yaml": f"segmentation/configs/_base_/datasets/{f}.py"
+               for m in ("lposs", "lposs_plus") for d, f in _DATASET_CONFIGS.items()}
+    config_settings = {f"lposs_plus_b16_{d}.yaml": {"model_config": "configs/lposs_plus.yaml"} for d in _DATASET_CONFIGS}
     needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb16"
+
+    @staticmethod
+    def dataset_config(root, rel):
+        """The names a dataset config file (mmcv 0.x style, ``dict(...)`` only) defines."""
+        ns = {"dict": dict}
+        exec(compile(open(os.path.join(root, rel)).read(), os.path.join(root, rel), "exec"), ns)
+        return ns
+
+    @classmethod
+    def class_tuple_of(cls, root, upstream_config):
+        dataset_type = cls.dataset_config(root, upstream_config)["dataset_type"]
+        if dataset_type not in cls.class_files:
+            raise SystemExit(f"{upstream_config}: dataset_type {dataset_type!r} has no class file; known: "
+                             f"{', '.join(cls.class_files)}")
+        return cls.class_files[dataset_type], dataset_type
 
     @classmethod
     def project_opts(cls, path, workdir, drawn):
@@ -44,14 +80,15 @@ class LPOSSUpstream(UpstreamEntry):
         mc = OmegaConf.load(os.path.join(path, "configs", "maskclip.yaml"))
         mc.model.decode_head.pretrained = spec["weights"]
         OmegaConf.save(mc, os.path.join(workdir, "configs", "maskclip_bench.yaml"))
-        up_cfg = OmegaConf.load(os.path.join(path, cls.upstream_config))
+        up_cfg = OmegaConf.load(os.path.join(path, cls.settings_of(spec).get("model_config", cls.model_config)))
         up_cfg.model.clip_backbone = "maskclip_bench"
         os.chdir(workdir)  # LPOSS reads configs/{clip_backbone}.yaml from the working directory
         import models  # noqa: F401  (the checkout's models/)
         mcm = sys.modules["models.maskclip.maskclip"]
         mcm.imagenet_templates = kit.cut_templates(mcm.imagenet_templates, spec)
         from models.builder import build_model
-        classes = kit.dataset_classes(path, *cls.class_tuple)
+        dset = cls.upstream_config_of(spec)
+        classes = kit.dataset_classes(path, *cls.class_tuple_of(path, dset))
         lspec = importlib.util.spec_from_file_location("lposs_eval", os.path.join(path, "segmentation", "evaluation",
                                                                                   "lposs_eval.py"))
         le = importlib.util.module_from_spec(lspec)
@@ -61,7 +98,8 @@ class LPOSSUpstream(UpstreamEntry):
 
         class TestCfg(dict):  # mmcv's Config: its loop reads test_cfg['mode'] and test_cfg.stride
             __getattr__ = dict.__getitem__
-        seg = le.LPOSS_Infrencer(lposs, up_cfg, num_classes=len(classes), test_cfg=TestCfg(cls.test_cfg))
+        seg = le.LPOSS_Infrencer(lposs, up_cfg, num_classes=len(classes),
+                                 test_cfg=TestCfg(cls.dataset_config(path, dset)["test_cfg"]))
         x01 = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float()[None] / 255.0
         metas = [dict(ori_shape=tuple(spec["out_size"]))]
         return lambda: seg.slide_inference(x01, metas, True).argmax(1)

@@ -19,7 +19,10 @@ class PEARLUpstream(UpstreamEntry):
     config_settings = {"pearl_b16_voc21_no_tlp.yaml": {"use_prop": "off"}}
     # its prob_thd (PROB_THRESHOLD here) at 0: random weights' near-uniform scores send most pixels
     # to class 0 (configs/cfg_voc21.py, cfg_context60.py, cfg_coco_object.py set 0.1)
-    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
+    # tlp_off: the other half of the TLP on / off pair on any config (eval.py's default --prop off,
+    # PEARL(use_prop="off"); TLP.ENABLED False here), not a stage-forcing variant
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0}),
+               "tlp_off": (("MODEL.SPARSECLIP.TLP.ENABLED", "False"), {"use_prop": "off"})}
 
     @classmethod
     def build(cls, spec, image, path, kit):

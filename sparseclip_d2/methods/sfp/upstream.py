@@ -18,7 +18,11 @@ class SFPUpstream(UpstreamEntry):
                                                          "coco_stuff", "cityscapes"))
     # its segmentor's prob_thd (PROB_THRESHOLD here) at 0: random weights' near-uniform scores
     # would send every pixel to the background
-    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
+    # area_off: the area threshold off (AREA_THRESHOLD 0 here, area_thd None upstream, its default in
+    # SFP_segmentor.py): on voc_wide configs/cfg_voc21.py's area_thd=0.1 leaves one class, so this
+    # variant's row checks the arg-max over all classes it would hide (not a stage-forcing variant)
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0}),
+               "area_off": (("MODEL.SPARSECLIP.AREA_THRESHOLD", "0.0"), {"area_thd": None})}
 
     @classmethod
     def build(cls, spec, image, path, kit):
