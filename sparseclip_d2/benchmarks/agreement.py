@@ -234,9 +234,11 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
     weights = random_clip_weights(base.MODEL.SPARSECLIP.CLIP.NAME, args.seed,
                                   os.path.join(workdir, f"{base.MODEL.SPARSECLIP.CLIP.NAME}_seed{args.seed}_fp16.pt"))
     ns = argparse.Namespace(templates=args.templates, paths={method: checkout}, project_only=False)
-    opts = _method_opts(method, ns, weights, workdir) + forcing_opts + list(args.opts)
-    cfg = project_cfg(config, opts)  # refuses a bad override before any worker starts
     rgb = photo(input_name)
+    # files of this input both sides read (a region mask) go to the row's folder, where the upstream spec points
+    opts = (_method_opts(method, ns, weights, workdir) + list(entry.input_opts(rgb, mdir)) + forcing_opts
+            + list(args.opts))
+    cfg = project_cfg(config, opts)  # refuses a bad override before any worker starts
     h, w = rgb.shape[:2]
     spec = dict(side="project", mode="labels", method=method, kind=entry.kind, config=config, opts=opts,
                 threads=args.threads, workdir=workdir, out_size=[h, w], result=os.path.join(mdir, "project"),

@@ -326,6 +326,8 @@ class UpstreamEntry:
       shared ones (CPU, weights, templates), as ``[KEY, VALUE, ...]``; ``path`` the checkout
       (None with ``--project-only`` and no path), ``drawn`` whether the upstream worker draws the
       VFM weights (:meth:`vfm_file`) both sides load; runs in the tool's process;
+    - ``input_opts(rgb, mdir)``: the agreement driver's overrides for files of one row's input that
+      both sides read, written to the row's folder ``mdir`` (CorrCLIP's region mask of the photo);
     - ``build(spec, image, path, kit)``: in the upstream worker, ``run()`` of one image through
       the checkout's code (``path``: the folder holding it, the working directory; ``image``:
       the input array; ``spec``: the worker's spec, ``spec['weights']`` the CLIP weights file);
@@ -391,6 +393,13 @@ class UpstreamEntry:
 
     @classmethod
     def project_opts(cls, path: Optional[str], workdir: str, drawn: bool) -> List[str]:
+        return []
+
+    @classmethod
+    def input_opts(cls, rgb, mdir: str) -> List[str]:
+        """The project side's overrides for files of this input that both sides read (the agreement
+        driver: ``rgb`` the row's ``(H, W, 3)`` photo, ``mdir`` its folder, where the upstream worker's
+        spec points: ``mdir/masks``); after :meth:`project_opts`, so they win; none by default."""
         return []
 
     @classmethod
