@@ -128,3 +128,18 @@ def test_a_region_mask_row_writes_the_mask_of_its_own_input(tmp_path):
     expected[:48, :48], expected[:48, 96:] = 1, 1 + 2 * 2 + 1
     expected[48:, :48], expected[48:, 96:] = 1 + 2 * 3, 1 + 2 * 5 + 1
     np.testing.assert_array_equal(mask, expected)
+
+
+def test_the_project_side_reads_the_published_list_of_its_class_names_set():
+    # ProxyCLIP's COCO-Object file names "bed" twice (in the background's synonyms and as class 60,
+    # mc-lan/ProxyCLIP @ e7b767f configs/cls_coco_object.txt): the driver feeds the project side the
+    # dataset (its evaluation path, the published list kept) when the set's file equals upstream's;
+    # a config without a set has no such list
+    from sparseclip_d2.benchmarks.agreement import project_class_names
+    from sparseclip_d2.benchmarks.project import project_cfg
+
+    cfg = project_cfg("proxyclip_b16_coco_object.yaml", [])
+    names = project_class_names(cfg, cfg.DATASETS.TEST[0])
+    assert len(names) == 81 and names[60] == "bed" and "bed" in names[0].split(", ")
+    plain = project_cfg("proxyclip_b16_coco_object.yaml", ["MODEL.SPARSECLIP.CLASS_NAMES", ""])
+    assert project_class_names(plain, plain.DATASETS.TEST[0]) is None
