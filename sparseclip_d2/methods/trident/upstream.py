@@ -59,6 +59,9 @@ class TridentUpstream(UpstreamEntry):
         import trident as seg_module
         seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         kit.fp32_create_model(seg_module)
+        # its constructor's .half() of SAM would round SAM's non-persistent pixel_mean / pixel_std buffers,
+        # which no state file holds and .float() does not restore (123.675 -> 123.6875): no module rounding
+        kit.fp32_module_half()
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
