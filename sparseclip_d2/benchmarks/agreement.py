@@ -238,10 +238,11 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
     weights = random_clip_weights(base.MODEL.SPARSECLIP.CLIP.NAME, args.seed,
                                   os.path.join(workdir, f"{base.MODEL.SPARSECLIP.CLIP.NAME}_seed{args.seed}_fp16.pt"))
     ns = argparse.Namespace(templates=args.templates, paths={method: checkout}, project_only=False)
+    rgb = photo(input_name)  # files made from it (a region mask): entry.input_opts, in the row's folder
     row_opts = entry.row_opts(up_root, upstream_config(up_root, up_config) if up_config.endswith(".py") else {})
-    opts = _method_opts(method, ns, weights, workdir) + list(row_opts) + forcing_opts + list(args.opts)
+    opts = (_method_opts(method, ns, weights, workdir) + list(row_opts) + list(entry.input_opts(rgb, mdir))
+            + forcing_opts + list(args.opts))
     cfg = project_cfg(config, opts)  # refuses a bad override before any worker starts
-    rgb = photo(input_name)
     h, w = rgb.shape[:2]
     spec = dict(side="project", mode="labels", method=method, kind=entry.kind, config=config, opts=opts,
                 threads=args.threads, workdir=workdir, out_size=[h, w], result=os.path.join(mdir, "project"),
@@ -261,8 +262,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
         shape = resized.shape[:2]
         spec["image"] = os.path.join(mdir, "image.npy")
         np.save(spec["image"], resized)
-        class_file, spec["vocabulary"] = upstream_vocabulary(entry, up_root, up_config)
-        spec["background_index"] = _background_index(dataset)
+        class_file = _vocabulary_of(spec, entry, up_root, up_config, cfg, dataset)
         if entry.sample_reads_file:
             spec["image_file"] = os.path.join(mdir, "photo.png")
             cv2.imwrite(spec["image_file"], cv2.cvtColor(resized, cv2.COLOR_RGB2BGR))
@@ -299,6 +299,14 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                 activity=activity["activity"], activity_summary=activity["summary"], flat=activity["flat"],
                 seconds_upstream=round(t1 - t0, 1), seconds_project=round(t2 - t1, 1), seed=args.seed,
                 templates=args.templates)
+
+
+def _vocabulary_of(spec: dict, entry, up_root: str, up_config: str, cfg, dataset: str) -> str:
+    """The project spec's vocabulary (upstream's class file, as published: ``_project_labels``) and
+    background class; returns the class file."""
+    class_file, spec["vocabulary"] = upstream_vocabulary(entry, up_root, up_config)
+    spec["background_index"] = _background_index(dataset)
+    return class_file
 
 
 def _background_index(dataset: str):

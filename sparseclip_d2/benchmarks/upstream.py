@@ -55,6 +55,17 @@ def upstream_to_fp32(seg, vfm) -> None:
     seg.eval()
 
 
+def fp32_module_half() -> None:
+    """``nn.Module.half`` as ``float``, so that a constructor's fp16 cast of a model rounds nothing
+    (Trident's ``self.sam = sam_model_registry[...](...).half()``). A ``.float()`` afterwards restores
+    the weights, which are float16 numbers already, but not the non-persistent buffers that no state
+    file holds: SAM's ``pixel_mean`` / ``pixel_std`` (segment_anything ``modeling/sam.py``, 123.675 ->
+    123.6875 in fp16), which normalise its input."""
+    import torch
+
+    torch.nn.Module.half = lambda self: self.float()
+
+
 def cut_templates(templates, spec):
     """The prompt templates an upstream side uses: with ``spec['template']`` (the agreement driver:
     the project's one template, ``a photo of a {}.``) that one, in the form of upstream's list
@@ -139,7 +150,7 @@ def upstream_kit() -> types.SimpleNamespace:
         install_standins=install_standins, cpu_cuda_standins=cpu_cuda_standins,
         tensor_cuda_standin=tensor_cuda_standin, random_dino=random_dino, upstream_config=upstream_config,
         dataset_classes=dataset_classes, segmentor_run=segmentor_run, path_segmentor_run=path_segmentor_run,
-        upstream_to_fp32=upstream_to_fp32, fp32_create_model=fp32_create_model,
+        upstream_to_fp32=upstream_to_fp32, fp32_create_model=fp32_create_model, fp32_module_half=fp32_module_half,
         fp16_exact_state_file=fp16_exact_state_file,
         template_segmentor=template_segmentor,
         cut_templates=cut_templates)

@@ -342,6 +342,8 @@ class UpstreamEntry:
     - ``row_opts(root, model)``: the project side's overrides that an agreement row implies from its
       upstream config's ``model`` dict (``root``: the folder holding the code), as ``[KEY, VALUE, ...]``
       after ``project_opts``' (ITACLIP: the dataset's auxiliary text file); none by default;
+    - ``input_opts(rgb, mdir)``: the agreement driver's overrides for files of one row's input that
+      both sides read, written to the row's folder ``mdir`` (CorrCLIP's region mask of the photo);
     - ``build(spec, image, path, kit)``: in the upstream worker, ``run()`` of one image through
       the checkout's code (``path``: the folder holding it, the working directory; ``image``:
       the input array; ``spec``: the worker's spec, ``spec['weights']`` the CLIP weights file);
@@ -427,6 +429,13 @@ class UpstreamEntry:
         rel = os.path.normpath(rel)
         head, _, tail = rel.partition(os.sep)
         return tail if cls.config_path_prefix and head == cls.config_path_prefix and tail else rel
+
+    @classmethod
+    def input_opts(cls, rgb, mdir: str) -> List[str]:
+        """The project side's overrides for files of this input that both sides read (the agreement
+        driver: ``rgb`` the row's ``(H, W, 3)`` photo, ``mdir`` its folder, where the upstream worker's
+        spec points: ``mdir/masks``); after :meth:`project_opts`, so they win; none by default."""
+        return []
 
     @classmethod
     def build(cls, spec: Dict, image, path: str, kit):

@@ -152,3 +152,45 @@ def test_a_dataset_config_names_the_rows_classes_and_short_side(tmp_path):
         lposs.class_tuple_of(str(tmp_path), "segmentation/configs/_base_/datasets/odd.py")
     for name in lposs.agreement_configs():
         assert os.path.isfile(os.path.join(ROOT, "configs", "baselines", name)), name
+
+
+@pytest.mark.parametrize("method", ["proxyclip", "trident", "fsa", "corrclip", "cass"])
+def test_each_declared_row_compares_the_project_dataset_with_its_own_upstream_config(method):
+    # the explicit mapping of every row agrees with the mapping read from the project config's own
+    # test dataset (configs/cfg_<dataset>.py, COCO-Stuff and Cityscapes spelt their way); prob0 forces
+    # the probability threshold to 0 on both sides
+    from sparseclip_d2.benchmarks.project import project_cfg
+    from sparseclip_d2.methods.registry import UPSTREAM, UpstreamEntry
+
+    e = UPSTREAM.get(method)
+    spelt = {"cityscapes": "configs/cfg_city_scapes.py", "coco_stuff": "configs/cfg_coco_stuff164k.py"}
+    assert len(e.agreement_configs()) >= 6
+    for name in e.agreement_configs():
+        dataset = project_cfg(name, []).DATASETS.TEST[0]
+        short = dataset[len("sparseclip_"):-len("_val")]
+        assert e.configs[name] == spelt.get(short, f"configs/cfg_{short}.py"), (name, dataset)
+        assert upstream_config_for(e, name, dataset) == e.configs[name]
+    overrides, settings = e.forcing["prob0"]
+    assert list(overrides) == ["MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"] and settings == {"prob_thd": 0.0}
+    assert UpstreamEntry.input_opts(None, "unused") == []
+
+
+def test_a_region_mask_row_writes_the_mask_of_its_own_input(tmp_path):
+    # CorrCLIP's region mask of a row is the partition of that row's (cropped) photo, where the upstream
+    # worker reads it (<row folder>/masks/<stem of photo.png>.npz) and the project side's MASK_DIR points
+    import numpy as np
+
+    from sparseclip_d2.methods.registry import UPSTREAM
+
+    rgb = np.zeros((50, 100, 3), np.uint8)
+    rgb[:, :, 0] = 200  # left cell (48 px) bright red: luma 0.299 * 200 = 59.8 < 128, spread 200 >= 16
+    rgb[:, 48:96] = 255  # middle cell white: luma 255 >= 128 but spread 0 < 16 -> region 0 (unsegmented)
+    rgb[:, 96:] = (0, 255, 0)  # right cell green: luma 0.587 * 255 = 149.7 >= 128, spread 255
+    opts = UPSTREAM.get("corrclip").input_opts(rgb, str(tmp_path))
+    assert opts == ["MODEL.SPARSECLIP.PROXY.CORRCLIP.MASK_DIR", str(tmp_path / "masks")]
+    mask = np.load(tmp_path / "masks" / "photo.npz")["instance_mask"]
+    # 1 + 2 * cell index + (luma >= 128); cells row-major: row 0 holds cells 0, 1, 2 and row 1 (y >= 48) 3, 4, 5
+    expected = np.zeros((50, 100), np.int64)
+    expected[:48, :48], expected[:48, 96:] = 1, 1 + 2 * 2 + 1
+    expected[48:, :48], expected[48:, 96:] = 1 + 2 * 3, 1 + 2 * 5 + 1
+    np.testing.assert_array_equal(mask, expected)

@@ -93,3 +93,25 @@ def test_vfm_state_file_is_rounded_to_float16_numbers_once(tmp_path):
     assert state["w"].dtype == torch.float32 and bool((state["w"] == 1365 / 4096).all())
     assert state["b"].tolist() == [0.5, -2.0] and state["steps"].tolist() == [7]  # exact already / not floating
     assert fp16_exact_state_file(path) is False  # nothing left to round: the file is not rewritten
+
+
+def test_module_half_rounds_no_non_persistent_buffer(monkeypatch):
+    # SAM normalises its input with non-persistent buffers (segment_anything modeling/sam.py pixel_mean
+    # 123.675, 116.28, 103.53; pixel_std 58.395, 57.12, 57.375) that no state file holds; Trident's
+    # constructor casts SAM to fp16, and a later .float() leaves them rounded
+    from sparseclip_d2.benchmarks.upstream import fp32_module_half
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pixel_mean", torch.tensor([123.675, 116.28, 103.53]), False)
+            self.lin = torch.nn.Linear(2, 2)
+
+    # without the helper: fp16 spacing is 1/16 in [64, 128]: 123.675 -> 123.6875, 116.28 -> 116.25, 103.53 -> 103.5
+    rounded = Norm().half().float()
+    assert rounded.pixel_mean.tolist() == [123.6875, 116.25, 103.5]
+    monkeypatch.setattr(torch.nn.Module, "half", torch.nn.Module.half)  # undone after the test
+    fp32_module_half()
+    m = Norm().half()
+    assert m.pixel_mean.dtype == torch.float32 and m.lin.weight.dtype == torch.float32
+    assert m.pixel_mean.tolist() == torch.tensor([123.675, 116.28, 103.53]).tolist()

@@ -20,7 +20,7 @@ def test_registries_hold_every_part_once():
     assert sorted(n for n, _ in ENCODERS) == ["cass", "corrclip", "fsa", "gla_clip", "proxyclip", "talk2dino", "trident"]
     assert [n for n, c in ENCODERS if c.default] == ["proxyclip"]
     assert sorted(n for n, _ in STAGES) == ["cluster_vote", "label_closing", "label_propagation", "pamr",
-                                            "region_vote", "text_laplacian", "window_set"]
+                                            "region_vote", "text_laplacian", "trident_grid", "window_set"]
     assert [n for n, _ in SIDE_INPUTS] == ["region_mask"]
     assert sorted(n for n, _ in UPSTREAM) == ["cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem",
                                               "gla_clip", "itaclip", "lposs", "naclip", "pearl", "proxyclip", "resclip",

@@ -484,3 +484,27 @@ def test_sam_messages_name_the_trident_keys(tmp_path, caplog):
                                          r"of another shape, first neck\.1\.weight \((\d+),\) \(the model's \(\d+,\)\); "
                                          r"choose the MODEL\.SPARSECLIP\.PROXY\.TRIDENT\.SAM_NAME"):
         _model(**TRIDENT_ON, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.SAM_WEIGHTS": str(wrong)})
+
+
+def test_logits_stay_on_sams_grid_and_reach_the_output_size_in_one_resize():
+    # trident.py get_trident_seg: logits on SAM's valid grid -> one F.interpolate(..., ori_shape, bilinear);
+    # the generic loop resized to the working size first (two bilinear steps)
+    import torch.nn.functional as F
+
+    m = _model(**TRIDENT_ON).eval()
+    assert [type(s).__name__ for s in m.stages] == ["TridentGridStage"]
+    image = (torch.rand(3, 40, 56, generator=torch.Generator().manual_seed(9)) * 255).to(torch.uint8)
+    x = {"image": image, "vocabulary": ["cat", "dog", "sky"], "height": 30, "width": 45}
+    with torch.no_grad():
+        inputs = m.image_inputs(x)
+        grid = m.window_logits_fn(inputs)(inputs.image[None])[0]  # the head's logits on SAM's grid
+        logits, _ = m.working_logits(inputs)
+        scores = m.predict(x).score_maps.scores()
+    assert torch.equal(logits, grid.float()) and tuple(grid.shape[-2:]) != (40, 56)
+    one = F.interpolate(grid[None].double(), size=(30, 45), mode="bilinear", align_corners=False)[0]
+    two = F.interpolate(F.interpolate(grid[None].double(), size=(40, 56), mode="bilinear", align_corners=False),
+                        size=(30, 45), mode="bilinear", align_corners=False)[0]
+    # the head's logits are scaled already: the scores are their softmax over the 3 classes (one synonym
+    # each) after the one resize, in float32
+    assert torch.allclose(scores.double(), one.softmax(0), atol=1e-6)
+    assert not torch.allclose(one, two, atol=1e-6)

@@ -4,7 +4,7 @@
 import os
 import sys
 
-from ..registry import UPSTREAM, UpstreamEntry
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 
 @UPSTREAM.register("cass")
@@ -15,6 +15,11 @@ class CASSUpstream(UpstreamEntry):
     repo, commit, marker = "MICV-yonsei/CASS", "228ecdd", "cass_segmentor.py"
     config = "cass_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    # cass_b16.yaml is Context59's (its configs/cfg_context59.py), the others one dataset each
+    configs = mmseg_dataset_configs("cass_b16", "context59", ("voc21", "voc20", "context60", "coco_object",
+                                                             "coco_stuff", "cityscapes", "ade20k"))
+    # its prob_thd (PROB_THRESHOLD here) at 0 (MICV-yonsei/CASS @ 228ecdd cass_segmentor.py: seg_pred[max < prob_thd] = 0)
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
     # its DinoSelfAttention loads DINO's release file: the random weights drawn by the --dino hub code
     needs_dino, vfm = "DINO's release weights, drawn at random by the hub code", "dino_vitb8"
 

@@ -5,7 +5,7 @@ vendored ``segment_anything``, both with random weights (seed 0)."""
 import os
 import sys
 
-from ..registry import UPSTREAM, UpstreamEntry
+from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
 
 #: SAM ViT-B's random state dict (seed 0), drawn by the upstream worker beside the VFM's, loaded by both sides
 SAM_FILE = "sam_vit_b_seed0.pth"
@@ -21,6 +21,11 @@ class TridentUpstream(UpstreamEntry):
     repo, commit, marker = "YuHengsss/Trident", "a93b346", "trident.py"
     config = "trident_b16_voc21.yaml"
     upstream_config, class_file = "configs/cfg_voc21.py", "configs/cls_voc21.txt"
+    # trident_b16.yaml is COCO-Stuff's (its cfg_coco_stuff164k.py), the others one dataset each
+    configs = mmseg_dataset_configs("trident_b16", "coco_stuff", ("voc21", "voc20", "context60", "context59",
+                                                                 "coco_object", "cityscapes", "ade20k"))
+    # its prob_thd (PROB_THRESHOLD here) at 0 (YuHengsss/Trident @ a93b346 trident.py: seg_pred[max < prob_thd] = 0)
+    forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0})}
     needs_dino, vfm = "the torch.hub VFM code its upstream loads", "dino_vitb16"
     sample_reads_file = True  # SAM reads the data sample's img_path
 
@@ -54,6 +59,9 @@ class TridentUpstream(UpstreamEntry):
         import trident as seg_module
         seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         kit.fp32_create_model(seg_module)
+        # its constructor's .half() of SAM would round SAM's non-persistent pixel_mean / pixel_std buffers,
+        # which no state file holds and .float() does not restore (123.675 -> 123.6875): no module rounding
+        kit.fp32_module_half()
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         model.pop("type", None)
         link = os.path.join(os.path.dirname(spec["vfm_weights"]), "clip_weights_16")
