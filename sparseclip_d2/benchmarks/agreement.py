@@ -239,8 +239,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                                   os.path.join(workdir, f"{base.MODEL.SPARSECLIP.CLIP.NAME}_seed{args.seed}_fp16.pt"))
     ns = argparse.Namespace(templates=args.templates, paths={method: checkout}, project_only=False)
     rgb = photo(input_name)  # files made from it (a region mask): entry.input_opts, in the row's folder
-    row_opts = entry.row_opts(up_root, upstream_config(up_root, up_config) if up_config.endswith(".py") else {})
-    opts = (_method_opts(method, ns, weights, workdir) + list(row_opts) + list(entry.input_opts(rgb, mdir))
+    opts = (_method_opts(method, ns, weights, workdir) + _row_overrides(entry, up_root, up_config, rgb, mdir)
             + forcing_opts + list(args.opts))
     cfg = project_cfg(config, opts)  # refuses a bad override before any worker starts
     h, w = rgb.shape[:2]
@@ -299,6 +298,13 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                 activity=activity["activity"], activity_summary=activity["summary"], flat=activity["flat"],
                 seconds_upstream=round(t1 - t0, 1), seconds_project=round(t2 - t1, 1), seed=args.seed,
                 templates=args.templates)
+
+
+def _row_overrides(entry, up_root: str, up_config: str, rgb, mdir: str) -> list:
+    """The project side's overrides a row implies: from its upstream config's ``model`` dict
+    (``entry.row_opts``) and from files made of its input in the row's folder (``entry.input_opts``)."""
+    model = upstream_config(up_root, up_config) if up_config.endswith(".py") else {}
+    return list(entry.row_opts(up_root, model)) + list(entry.input_opts(rgb, mdir))
 
 
 def _vocabulary_of(spec: dict, entry, up_root: str, up_config: str, cfg, dataset: str) -> str:
