@@ -8,12 +8,17 @@ tests (Debian's ``slurm-wlm`` and ``munge``, installed by ``scripts/setup.sh``; 
     python scripts/local_slurm.py stop /tmp/cluster
 
 ``start`` writes into the folder a munge key, a ``slurm.conf`` (its own ``ClusterName``, two
-free TCP ports, its own state, spool, pid and log files; ``ProctrackType=proctrack/linuxproc``,
+free TCP ports, its own state, pid and log files; ``ProctrackType=proctrack/linuxproc``,
 ``TaskPlugin=task/none``, ``SelectType=select/cons_tres``, no accounting), starts ``munged``
 (its own socket), ``slurmctld`` and ``slurmd``, and waits until ``sinfo`` shows the node idle.
 Every command of this cluster (``sbatch``, ``squeue``, ``scancel``, submitit) finds it through
-``SLURM_CONF``. Nothing outside the folder is read or written, so two checkouts can each run
-one.
+``SLURM_CONF``. Nothing outside the folder is read or written but one short folder of the
+cluster's own, made by ``mkdtemp`` under ``/tmp`` and named in ``<folder>/runtime_dir``: it holds
+the munge socket and slurmd's spool, where each job step gets a Unix socket
+(``<spool>/localnode/localnode_<job>.<step>``). A Unix socket path has at most 107 bytes on
+Linux (``sun_path``, ``man 7 unix``), and a folder as deep as pytest-xdist's temporary folders
+would pass it: slurmd then logs ``Unix socket path ... is too long`` and no job starts. So two
+checkouts can each run one, in folders of any depth.
 
 ``stop`` cancels this cluster's jobs and waits for them, then stops each daemon by the pid in
 its pid file (SIGTERM, then SIGKILL after a grace period), and finally kills, by pid, any
@@ -21,7 +26,7 @@ process still left of this cluster: a job step daemon (``slurmstepd``, started b
 ``slurmd``: ``SPARSECLIP_SLURM_DIR=<folder>`` in its environment) or a job process
 (``SLURM_CONF=<folder>/slurm.conf`` and a ``SLURM_JOB_ID`` in its environment). It then checks
 that no such process remains and that the two ports are free, and exits 1 naming what is left
-otherwise. ``status`` prints the daemons' pids and ``sinfo``.
+otherwise. Last it removes the cluster's runtime folder. ``status`` prints the daemons' pids and ``sinfo``.
 
 ``start --owner PID`` (the tests: ``start(folder, owner=os.getpid())``) also starts a
 watchdog, a small process in its own session that stops the cluster (as ``stop`` does) as
@@ -37,11 +42,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from typing import Dict, List, Optional
 
-__all__ = ["start", "stop", "status", "cluster_env", "leftover_processes", "watchdog_pid", "DAEMONS",
+__all__ = ["start", "stop", "status", "cluster_env", "leftover_processes", "watchdog_pid", "runtime_dir", "DAEMONS",
            "REQUIRED_PROGRAMS"]
 
 #: name -> (pid file, log file) inside the cluster folder, in start order.
@@ -52,6 +58,11 @@ NODE = "localnode"
 PARTITION = "local"
 MARKER = "SPARSECLIP_SLURM_DIR"
 WATCHDOG_PID = "watchdog.pid"
+#: the file in the cluster folder that names the cluster's runtime folder (sockets, spool)
+RUNTIME_RECORD = "runtime_dir"
+RUNTIME_PREFIX = "slurm-"
+#: sizeof(sockaddr_un.sun_path) on Linux, terminating NUL included (``man 7 unix``)
+SUN_PATH_MAX = 108
 WATCHDOG_POLL_S = 0.5
 # start() tries again with two other ports when a daemon cannot start (a port taken between the
 # choice and the daemon's bind, by any process of the machine)
@@ -67,9 +78,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={folder}/munge.socket
+AuthInfo=socket={runtime}/munge.socket
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool/%n
+SlurmdSpoolDir={runtime}/spool/%n
 SlurmctldPidFile={folder}/slurmctld.pid
 SlurmdPidFile={folder}/slurmd.pid
 SlurmctldLogFile={folder}/slurmctld.log
@@ -237,15 +248,15 @@ def start(folder: str, cpus: Optional[int] = None, timeout: float = 60.0, owner:
     if leftover_processes(folder):
         raise RuntimeError(f"local Slurm cluster: {folder} already has a running cluster; stop it first "
                            f"(python scripts/local_slurm.py stop {folder})")
-    os.chmod(folder, 0o700)  # munged refuses a socket folder that others can write to
-    for sub in ("state", "spool"):
-        os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    os.chmod(folder, 0o700)
+    os.makedirs(os.path.join(folder, "state"), exist_ok=True)
     key = os.path.join(folder, "munge.key")
     if not os.path.isfile(key):
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
     os.chmod(key, 0o400)
     try:
+        _make_runtime_dir(folder)  # inside the try: a failed start removes it with the rest
         if owner is not None:
             _start_watchdog(folder, owner)  # first: whatever happens to the owner from now on, it cleans up
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -266,18 +277,69 @@ class _DaemonFailed(RuntimeError):
     pass
 
 
+def runtime_dir(folder: str) -> Optional[str]:
+    """The runtime folder (munge socket, slurmd's spool) recorded for the cluster in ``folder``,
+    or None when none is recorded."""
+    try:
+        with open(os.path.join(os.path.abspath(folder), RUNTIME_RECORD)) as f:
+            path = f.read().strip()
+    except OSError:
+        return None
+    return path or None
+
+
+def _runtime_base() -> str:
+    """``/tmp`` (short whatever ``TMPDIR`` says), else the temporary folder Python chooses."""
+    return "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK) else tempfile.gettempdir()
+
+
+def _make_runtime_dir(folder: str) -> str:
+    """Make (or keep, when it still exists: munged kept from a failed attempt uses it) the
+    cluster's runtime folder, record it in ``<folder>/runtime_dir`` and check that the longest
+    socket path slurmd will make there fits ``sun_path``."""
+    path = runtime_dir(folder)
+    if not (path and os.path.isdir(path)):
+        path = tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=_runtime_base())  # mode 0700: munged refuses
+        # a socket folder that others can write to
+        with open(os.path.join(folder, RUNTIME_RECORD + ".tmp"), "w") as f:
+            f.write(path + "\n")
+        os.replace(os.path.join(folder, RUNTIME_RECORD + ".tmp"), os.path.join(folder, RUNTIME_RECORD))
+    # a job step's socket: <spool>/<node>/<node>_<job id>.<step id>, ids up to 2**32 - 1
+    longest = os.path.join(path, "spool", NODE, f"{NODE}_{2 ** 32 - 1}.{2 ** 32 - 1}")
+    if len(longest.encode()) >= SUN_PATH_MAX:
+        raise RuntimeError(f"local Slurm cluster: the runtime folder {path} is too deep for slurmd's job step "
+                           f"sockets ({len(longest.encode())} bytes, at most {SUN_PATH_MAX - 1}); set TMPDIR to "
+                           "a shorter folder")
+    os.makedirs(os.path.join(path, "spool"), exist_ok=True)
+    return path
+
+
+def _remove_runtime_dir(folder: str) -> None:
+    """Remove the recorded runtime folder, only when it is one this script made (a folder named
+    ``slurm-*`` directly in the runtime base), and its record."""
+    path = runtime_dir(folder)
+    if path and os.path.dirname(path) in {_runtime_base(), tempfile.gettempdir()} \
+            and os.path.basename(path).startswith(RUNTIME_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.remove(os.path.join(folder, RUNTIME_RECORD))
+    except OSError:
+        pass
+
+
 def _start_daemons(folder: str, cpus: Optional[int], timeout: float) -> None:
     key = os.path.join(folder, "munge.key")
+    runtime = _make_runtime_dir(folder)
     ctld_port, slurmd_port = _free_ports(2)
     host = socket.gethostname().split(".")[0]
     with open(_conf_path(folder), "w") as f:
-        f.write(SLURM_CONF.format(folder=folder, cluster="sc%08x" % zlib.crc32(folder.encode()),
+        f.write(SLURM_CONF.format(folder=folder, runtime=runtime, cluster="sc%08x" % zlib.crc32(folder.encode()),
                                   host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, node=NODE,
                                   partition=PARTITION, cpus=cpus or max(4, os.cpu_count() or 1),
                                   mem_mb=_mem_mb()))
     env = dict(cluster_env(folder), **{MARKER: folder})
     commands = {
-        "munged": ["munged", "--force", f"--key-file={key}", f"--socket={folder}/munge.socket",
+        "munged": ["munged", "--force", f"--key-file={key}", f"--socket={runtime}/munge.socket",
                    f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
                    f"--seed-file={folder}/munged.seed"],
         "slurmctld": ["slurmctld", "-f", _conf_path(folder), "-i"],
@@ -401,6 +463,10 @@ def stop(folder: str, check: bool = True, grace: float = 10.0) -> List[str]:
     if ports:
         _wait(lambda: not any(_port_bound(p) for p in ports), 10.0, 0.2)
         left += [f"port {p} still bound" for p in ports if _port_bound(p)]
+    if not any(item.startswith("process") for item in left):
+        _remove_runtime_dir(folder)  # no process of the cluster can still use its sockets
+    elif os.path.isdir(runtime_dir(folder) or ""):
+        left.append(f"runtime folder {runtime_dir(folder)} (kept: processes still run)")
     if left and check:
         raise RuntimeError(f"local Slurm cluster {folder}: left after stop: {'; '.join(left)}")
     return left
@@ -422,6 +488,7 @@ def status(folder: str) -> str:
         lines.append(f"{name}: {'pid ' + str(pid) if pid and _alive(pid) else 'not running'}")
     dog = watchdog_pid(folder)
     lines.append(f"watchdog: {'pid ' + str(dog) if dog else 'none'}")
+    lines.append(f"runtime folder (sockets, spool): {runtime_dir(folder) or 'none'}")
     if os.path.isfile(_conf_path(folder)):
         lines.append(_run(["sinfo"], folder).stdout.rstrip())
     return "\n".join(lines)
@@ -430,7 +497,8 @@ def status(folder: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("start", "stop", "status", "watch"))
-    p.add_argument("folder", help="the cluster's folder (state, config, logs, munge key and socket)")
+    p.add_argument("folder", help="the cluster's folder (state, config, logs, munge key; the sockets and the spool go "
+                   "to a short folder it names in runtime_dir)")
     p.add_argument("--cpus", type=int, default=None, help="CPUs the node declares (default: at least 4)")
     p.add_argument("--owner", type=int, default=None, metavar="PID",
                    help="start: stop the cluster as soon as process PID ends (a watchdog process)")

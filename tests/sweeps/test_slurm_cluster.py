@@ -127,22 +127,24 @@ class Cluster:
         _wait_for(lambda: self.queue() == [] and not self.job_processes(), "the jobs to end", timeout=300)
 
 
-def _check_gone(folder, ports):
+def _check_gone(folder, ports, runtime=None):
     assert local_slurm.leftover_processes(folder) == [] and local_slurm.watchdog_pid(folder) is None
     assert not any(local_slurm._port_bound(p) for p in ports), ports
+    assert local_slurm.runtime_dir(folder) is None
+    assert runtime is None or not os.path.exists(runtime), f"the runtime folder {runtime} is left"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("slurm"))
     env = local_slurm.start(folder, owner=os.getpid())
-    ports = local_slurm._ports(folder)
+    ports, runtime = local_slurm._ports(folder), local_slurm.runtime_dir(folder)
     try:
         yield Cluster(folder, env)
     finally:
         left = local_slurm.stop(folder, check=False)
         assert not left, f"left after stopping the test cluster: {left}"
-        _check_gone(folder, ports)
+        _check_gone(folder, ports, runtime)
 
 
 @pytest.fixture(autouse=True)
@@ -243,17 +245,22 @@ ONE_RUN = f"base: {DEMO}\nfixed: {{backbone: sparseclip-tiny-vit, pretrained: no
 # ------------------------------------------------------------------ the cluster script itself
 def test_cluster_script_runs_two_clusters_stops_every_process_and_its_watchdog_cleans_up(tmp_path):
     """Two clusters at once (two checkouts), each on its own ports; a job runs; stop leaves no
-    daemon, no job process and no bound port, and touches nothing of the other cluster. The
-    other cluster's owner process is then killed: its watchdog stops that cluster."""
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    daemon, no job process, no bound port and no runtime folder, and touches nothing of the other
+    cluster. The other cluster's owner process is then killed: its watchdog stops that cluster.
+    Cluster a lives in a folder so deep that a job step's socket inside it would pass the 107
+    bytes of a Unix socket path (as in pytest-xdist's temporary folders): its job still starts,
+    because the sockets and the spool live in the cluster's short runtime folder."""
+    a, b = str(tmp_path / ("deep_folder_" * 6) / "a"), str(tmp_path / "b")
+    assert len(os.path.join(a, "spool", "localnode", "localnode_1.4294967291").encode()) > 107
     owner_b = subprocess.Popen(["sleep", "600"], preexec_fn=_die_with_the_test)
-    ports = [[], []]
+    ports, runtimes = [[], []], [None, None]
     try:
         env_a = local_slurm.start(a, owner=os.getpid())
-        ports[0] = local_slurm._ports(a)
+        ports[0], runtimes[0] = local_slurm._ports(a), local_slurm.runtime_dir(a)
         env_b = local_slurm.start(b, owner=owner_b.pid)
-        ports[1] = local_slurm._ports(b)
+        ports[1], runtimes[1] = local_slurm._ports(b), local_slurm.runtime_dir(b)
         assert len(set(ports[0] + ports[1])) == 4
+        assert runtimes[0] != runtimes[1] and all(os.path.isdir(r) and len(r) < 40 for r in runtimes), runtimes
         assert local_slurm.watchdog_pid(a) and local_slurm.watchdog_pid(b)
         job = tmp_path / "job.sh"
         job.write_text(f"#!/bin/bash\necho $$ > {tmp_path}/job_pid\nexec sleep 600\n")
@@ -266,7 +273,8 @@ def test_cluster_script_runs_two_clusters_stops_every_process_and_its_watchdog_c
         assert job_pid in processes_a and len(processes_a) >= 5  # munged, slurmctld, slurmd, slurmstepd, the job
         assert local_slurm.stop(a) == []
         assert _state(job_pid) in (None, "Z") and not any(_state(p) not in (None, "Z") for p in processes_a)
-        _check_gone(a, ports[0])
+        _check_gone(a, ports[0], runtimes[0])
+        assert os.path.isdir(runtimes[1])
         sinfo = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env_b, timeout=60)
         assert sinfo.stdout.strip() == "idle"  # the other cluster is untouched
         processes_b = local_slurm.leftover_processes(b)
@@ -281,8 +289,8 @@ def test_cluster_script_runs_two_clusters_stops_every_process_and_its_watchdog_c
         _end(owner_b)
         local_slurm.stop(a, check=False)
         local_slurm.stop(b, check=False)
-    _check_gone(a, ports[0])
-    _check_gone(b, ports[1])
+    _check_gone(a, ports[0], runtimes[0])
+    _check_gone(b, ports[1], runtimes[1])
 
 
 # ------------------------------------------------------------------ job array, parallelism, scancel
