@@ -184,16 +184,28 @@ def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templat
                 with torch.no_grad():
                     got = model.predict(x).label_map().cpu().numpy()
                 ref, probs = up["labels"], up["probs"]
-                differ = got != ref
-                top2 = np.sort(probs, axis=0)[-2:]
-                gap = top2[1] - top2[0]
-                rows.append(dict(config=config, threshold=thd, photo=photo, agree=100.0 * float((~differ).mean()),
-                                 differ=int(differ.sum()), classes=int(len(np.unique(ref))),
-                                 margin=float(gap[differ].max()) if differ.any() else 0.0,
-                                 median_margin=float(np.median(gap))))
+                rows.append(dict(config=config, threshold=thd, photo=photo,
+                                 **compare_maps(got, ref, probs, thd, templates)))
                 if on_row is not None:
                     on_row(rows[-1])
     return rows
+
+
+def compare_maps(got: np.ndarray, ref: np.ndarray, probs: np.ndarray, thd: float, templates: str = "single") -> dict:
+    """One row's figures from the project's label map ``got``, upstream's ``ref`` and its class
+    probabilities ``probs`` ``(C, H, W)``: agreement %, differing pixels, upstream's class count, its
+    pixels under the threshold ``thd`` (sent to class 0: the threshold stage's activity, flat when none
+    or all are), and each pixel's margin, the distance of its decision from a tie: the top-2
+    probability gap, and with ``thd > 0`` the smaller of that and ``|max prob - thd|`` (largest among
+    differing pixels, median over the map)."""
+    differ = got != ref
+    top2 = np.sort(probs, axis=0)[-2:]
+    gap = top2[1] - top2[0]
+    if thd > 0:
+        gap = np.minimum(gap, np.abs(top2[1] - thd))
+    return dict(agree=100.0 * float((~differ).mean()), differ=int(differ.sum()), classes=int(len(np.unique(ref))),
+                below=int((top2[1] < thd).sum()), pixels=int(ref.size), templates=templates,
+                margin=float(gap[differ].max()) if differ.any() else 0.0, median_margin=float(np.median(gap)))
 
 
 def compare_parts(checkout: str, seed: int = 0) -> Dict[str, float]:
@@ -276,11 +288,11 @@ def main(argv=None):
 
     def show(r):
         print(f"{r['config']:32s} {r['threshold']:<4g} {r['photo']:14s} {r['agree']:9.4f} {r['differ']:7d} "
-              f"{r['classes']:7d} {r['margin']:10.2e} {r['median_margin']:8.2e}", flush=True)
+              f"{r['classes']:7d} {r['below']:7d} {r['margin']:10.2e} {r['median_margin']:8.2e}", flush=True)
 
     print(f"upstream {UPSTREAM} @ {COMMIT} (predict.sh flags), templates {args.templates}")
     print(f"{'config':32s} {'thd':4s} {'photo':14s} {'agree %':>9s} {'differ':>7s} {'classes':>7s} "
-          f"{'max margin':>10s} {'median':>8s}", flush=True)
+          f"{'below':>7s} {'max margin':>10s} {'median':>8s}", flush=True)
     rows = agreement_rows(os.path.abspath(args.upstream), os.path.abspath(args.dino), os.path.abspath(args.workdir),
                           args.configs, args.templates, args.threads, on_row=show, zero_only=args.zero_threshold_only)
     if args.json:
