@@ -146,13 +146,15 @@ def check_class_names(cfg, checkout: str, class_file: str) -> None:
 
 
 def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templates: str = "single", threads: int = 0,
-                   on_row=None, zero_only: bool = False):
-    """``[row]`` per (config, threshold, photo): agreement %, differing pixels, the upstream map's class
-    count, its top-2 probability margins (largest among differing pixels, median). Thresholds: the
-    config's and 0, or 0 alone with ``zero_only``."""
+                   on_row=None, zero_only: bool = False, thresholds=None):
+    """``[row]`` per (config, threshold, photo): the figures of :func:`compare_maps`. Thresholds: the
+    config's and 0, or 0 alone with ``zero_only``, or ``thresholds`` on both sides when given."""
+    from sparseclip_d2.methods.gla_clip.upstream import run_thresholds
+
     configs = list(configs or UPSTREAM_CONFIGS)
     os.makedirs(workdir, exist_ok=True)
-    spec = dict(run_upstream_side(checkout, dino, workdir, configs, templates, threads), zero_only=zero_only)
+    spec = dict(run_upstream_side(checkout, dino, workdir, configs, templates, threads), zero_only=zero_only,
+                thresholds=[float(t) for t in thresholds or ()])
     rows = []
     model = first = None
     done = set()
@@ -175,7 +177,7 @@ def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templat
         if short != int(cfg.INPUT.MIN_SIZE_TEST):
             raise SystemExit(f"{config}: INPUT.MIN_SIZE_TEST {cfg.INPUT.MIN_SIZE_TEST} but upstream resizes to {short}")
         base_thd = float(cfg.MODEL.SPARSECLIP.PROB_THRESHOLD)
-        for thd in sorted({0.0} if spec.get("zero_only") else {base_thd, 0.0}, reverse=True):
+        for thd in run_thresholds(base_thd, spec):
             model.prob_threshold = thd
             for photo, (npy, out_size) in spec["photos"][short].items():
                 up = np.load(os.path.join(spec["out"], f"{config}_{photo}_{thd:g}.npz"))
@@ -268,6 +270,9 @@ def main(argv=None):
     p.add_argument("--zero-threshold-only", action="store_true",
                    help="only the rows at probability threshold 0 (random weights' near-uniform scores send most "
                         "pixels under a threshold of 0.1 to class 0; the rows at 0 compare every pixel's argmax)")
+    p.add_argument("--thresholds", nargs="+", type=float, default=None, metavar="T",
+                   help="run these probability thresholds on both sides instead (e.g. 0.05: between random weights' "
+                        "top probabilities, so that the threshold stage sends some pixels to class 0 and not all)")
     p.add_argument("--json", default="", help="also write the rows to this file")
     p.add_argument("--parts-only", action="store_true",
                    help="only the window-set attention against upstream's KV_Extension on random tensors")
@@ -294,7 +299,8 @@ def main(argv=None):
     print(f"{'config':32s} {'thd':4s} {'photo':14s} {'agree %':>9s} {'differ':>7s} {'classes':>7s} "
           f"{'below':>7s} {'max margin':>10s} {'median':>8s}", flush=True)
     rows = agreement_rows(os.path.abspath(args.upstream), os.path.abspath(args.dino), os.path.abspath(args.workdir),
-                          args.configs, args.templates, args.threads, on_row=show, zero_only=args.zero_threshold_only)
+                          args.configs, args.templates, args.threads, on_row=show, zero_only=args.zero_threshold_only,
+                          thresholds=args.thresholds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "commit": COMMIT, "templates": args.templates}, f, indent=1)

@@ -286,3 +286,13 @@ def test_agreement_driver_row_figures_by_hand():
     # with the threshold: min(gap, |top - 0.35|) per pixel
     m = [min(0.2, 0.15), min(0.05, 0.05), min(0.02, 0.23), min(0.4, 0.25), min(0.01, 0.01), min(0.5, 0.35)]
     assert r1["margin"] == pytest.approx(max(m[1], m[5])) and r1["median_margin"] == pytest.approx(np.median(m))
+
+
+def test_agreement_row_thresholds():
+    """The upstream worker's and the driver's thresholds: the config's and 0, 0 alone, or those given."""
+    from sparseclip_d2.methods.gla_clip.upstream import run_thresholds
+
+    assert run_thresholds(0.1, {}) == [0.1, 0.0]
+    assert run_thresholds(0.0, {}) == [0.0]
+    assert run_thresholds(0.1, {"zero_only": True}) == [0.0]
+    assert run_thresholds(0.1, {"zero_only": True, "thresholds": [0.05, 0.02, 0.05]}) == [0.05, 0.02]
