@@ -146,13 +146,15 @@ def check_class_names(cfg, checkout: str, class_file: str) -> None:
 
 
 def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templates: str = "single", threads: int = 0,
-                   on_row=None, zero_only: bool = False):
-    """``[row]`` per (config, threshold, photo): agreement %, differing pixels, the upstream map's class
-    count, its top-2 probability margins (largest among differing pixels, median). Thresholds: the
-    config's and 0, or 0 alone with ``zero_only``."""
+                   on_row=None, zero_only: bool = False, thresholds=None):
+    """``[row]`` per (config, threshold, photo): the figures of :func:`compare_maps`. Thresholds: the
+    config's and 0, or 0 alone with ``zero_only``, or ``thresholds`` on both sides when given."""
+    from sparseclip_d2.methods.gla_clip.upstream import run_thresholds
+
     configs = list(configs or UPSTREAM_CONFIGS)
     os.makedirs(workdir, exist_ok=True)
-    spec = dict(run_upstream_side(checkout, dino, workdir, configs, templates, threads), zero_only=zero_only)
+    spec = dict(run_upstream_side(checkout, dino, workdir, configs, templates, threads), zero_only=zero_only,
+                thresholds=[float(t) for t in thresholds or ()])
     rows = []
     model = first = None
     done = set()
@@ -175,7 +177,7 @@ def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templat
         if short != int(cfg.INPUT.MIN_SIZE_TEST):
             raise SystemExit(f"{config}: INPUT.MIN_SIZE_TEST {cfg.INPUT.MIN_SIZE_TEST} but upstream resizes to {short}")
         base_thd = float(cfg.MODEL.SPARSECLIP.PROB_THRESHOLD)
-        for thd in sorted({0.0} if spec.get("zero_only") else {base_thd, 0.0}, reverse=True):
+        for thd in run_thresholds(base_thd, spec):
             model.prob_threshold = thd
             for photo, (npy, out_size) in spec["photos"][short].items():
                 up = np.load(os.path.join(spec["out"], f"{config}_{photo}_{thd:g}.npz"))
@@ -184,16 +186,28 @@ def agreement_rows(checkout: str, dino: str, workdir: str, configs=None, templat
                 with torch.no_grad():
                     got = model.predict(x).label_map().cpu().numpy()
                 ref, probs = up["labels"], up["probs"]
-                differ = got != ref
-                top2 = np.sort(probs, axis=0)[-2:]
-                gap = top2[1] - top2[0]
-                rows.append(dict(config=config, threshold=thd, photo=photo, agree=100.0 * float((~differ).mean()),
-                                 differ=int(differ.sum()), classes=int(len(np.unique(ref))),
-                                 margin=float(gap[differ].max()) if differ.any() else 0.0,
-                                 median_margin=float(np.median(gap))))
+                rows.append(dict(config=config, threshold=thd, photo=photo,
+                                 **compare_maps(got, ref, probs, thd, templates)))
                 if on_row is not None:
                     on_row(rows[-1])
     return rows
+
+
+def compare_maps(got: np.ndarray, ref: np.ndarray, probs: np.ndarray, thd: float, templates: str = "single") -> dict:
+    """One row's figures from the project's label map ``got``, upstream's ``ref`` and its class
+    probabilities ``probs`` ``(C, H, W)``: agreement %, differing pixels, upstream's class count, its
+    pixels under the threshold ``thd`` (sent to class 0: the threshold stage's activity, flat when none
+    or all are), and each pixel's margin, the distance of its decision from a tie: the top-2
+    probability gap, and with ``thd > 0`` the smaller of that and ``|max prob - thd|`` (largest among
+    differing pixels, median over the map)."""
+    differ = got != ref
+    top2 = np.sort(probs, axis=0)[-2:]
+    gap = top2[1] - top2[0]
+    if thd > 0:
+        gap = np.minimum(gap, np.abs(top2[1] - thd))
+    return dict(agree=100.0 * float((~differ).mean()), differ=int(differ.sum()), classes=int(len(np.unique(ref))),
+                below=int((top2[1] < thd).sum()), pixels=int(ref.size), templates=templates,
+                margin=float(gap[differ].max()) if differ.any() else 0.0, median_margin=float(np.median(gap)))
 
 
 def compare_parts(checkout: str, seed: int = 0) -> Dict[str, float]:
@@ -256,6 +270,9 @@ def main(argv=None):
     p.add_argument("--zero-threshold-only", action="store_true",
                    help="only the rows at probability threshold 0 (random weights' near-uniform scores send most "
                         "pixels under a threshold of 0.1 to class 0; the rows at 0 compare every pixel's argmax)")
+    p.add_argument("--thresholds", nargs="+", type=float, default=None, metavar="T",
+                   help="run these probability thresholds on both sides instead (e.g. 0.05: between random weights' "
+                        "top probabilities, so that the threshold stage sends some pixels to class 0 and not all)")
     p.add_argument("--json", default="", help="also write the rows to this file")
     p.add_argument("--parts-only", action="store_true",
                    help="only the window-set attention against upstream's KV_Extension on random tensors")
@@ -276,13 +293,14 @@ def main(argv=None):
 
     def show(r):
         print(f"{r['config']:32s} {r['threshold']:<4g} {r['photo']:14s} {r['agree']:9.4f} {r['differ']:7d} "
-              f"{r['classes']:7d} {r['margin']:10.2e} {r['median_margin']:8.2e}", flush=True)
+              f"{r['classes']:7d} {r['below']:7d} {r['margin']:10.2e} {r['median_margin']:8.2e}", flush=True)
 
     print(f"upstream {UPSTREAM} @ {COMMIT} (predict.sh flags), templates {args.templates}")
     print(f"{'config':32s} {'thd':4s} {'photo':14s} {'agree %':>9s} {'differ':>7s} {'classes':>7s} "
-          f"{'max margin':>10s} {'median':>8s}", flush=True)
+          f"{'below':>7s} {'max margin':>10s} {'median':>8s}", flush=True)
     rows = agreement_rows(os.path.abspath(args.upstream), os.path.abspath(args.dino), os.path.abspath(args.workdir),
-                          args.configs, args.templates, args.threads, on_row=show, zero_only=args.zero_threshold_only)
+                          args.configs, args.templates, args.threads, on_row=show, zero_only=args.zero_threshold_only,
+                          thresholds=args.thresholds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "commit": COMMIT, "templates": args.templates}, f, indent=1)

@@ -264,6 +264,9 @@ def agreement_rows(checkout: str, workdir: str, configs=None, templates: str = "
     class agrees, the upstream map's class count, and the top-2 probability margins (upstream's).
     The TLP-off config runs as it is; ``zero_threshold`` adds rows at threshold 0 for the configs
     with one (the project's ``prob_threshold`` and upstream's ``prob_thd`` set on the built models).
+    Each side encodes a config's class names once: after TLP on, TLP off is upstream's same segmentor
+    with ``prop`` None (what ``use_prop="off"`` builds) and a project model sharing the first one's
+    text cache (``share_text_cache``); 80 templates make that encoding most of a row's time.
     ``on_row(row)`` is called as each row is measured."""
     mods = import_upstream(checkout)
     os.makedirs(workdir, exist_ok=True)
@@ -272,15 +275,24 @@ def agreement_rows(checkout: str, workdir: str, configs=None, templates: str = "
     for config in configs or list(UPSTREAM_CONFIGS):
         name = UPSTREAM_CONFIGS[config]
         upstream_model, short = read_upstream_config(checkout, name)
+        up = first = None
         for on in (tlp if _config_tlp(config) else (False,)):
             cfg, ours = build_project(config, weights, on, templates)
-            up = build_upstream(mods, checkout, name, weights, on, templates)
+            if first is None:
+                first = ours
+            else:  # the text features of this config's first build (the same CLIP, vocabulary and templates)
+                ours.share_text_cache(first)
+            if up is None or on:
+                up = build_upstream(mods, checkout, name, weights, on, templates)
+                configured = float(up.prob_thd)
+            else:  # TLP off on the TLP-on build: pearl_ovss.py PEARL.__init__ with use_prop "off" differs only
+                up.prop = None  # by self.prop = None (predict: `if self.prop:`); its text features are kept
             check_class_names(cfg, checkout, upstream_model["name_path"])
             if short != int(cfg.INPUT.MIN_SIZE_TEST):
                 raise SystemExit(f"{config}: INPUT.MIN_SIZE_TEST {cfg.INPUT.MIN_SIZE_TEST} but {name} resizes to {short}")
             # the thresholds as configured, and 0 where a threshold sends most pixels of random
             # weights' near-uniform scores to class 0 (upstream prob_thd, the project's PROB_THRESHOLD)
-            thresholds = [float(up.prob_thd)] + ([0.0] if zero_threshold and up.prob_thd > 0 else [])
+            thresholds = [configured] + ([0.0] if zero_threshold and configured > 0 else [])
             for thd in thresholds:
                 up.prob_thd, ours.prob_threshold = thd, thd
                 for photo, rgb in _photos().items():

@@ -255,3 +255,44 @@ def test_upstreams_fp16_runs_through_the_meta_arch():
         outs[p] = m(x)[0]["sem_seg"]
     assert outs["fp16"].shape == (3, 40, 56) and bool(torch.isfinite(outs["fp16"]).all())
     assert float((outs["fp16"].argmax(0) == outs["fp32"].argmax(0)).float().mean()) > 0.9
+
+
+def test_agreement_driver_row_figures_by_hand():
+    """tools/agreement_gla_clip.py ``compare_maps``: agreement, differing pixels, upstream's classes, its
+    pixels under the threshold (the threshold stage's activity) and the margins (top-2 gap, and with a
+    threshold the distance of the top probability from it), on a 2 x 3 map written out by hand."""
+    import importlib.util
+    import os
+
+    import numpy as np
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "tools", "agreement_gla_clip.py")
+    spec = importlib.util.spec_from_file_location("agreement_gla_clip_under_test", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    # 3 classes x 2 x 3 pixels; each pixel's (top, second): (.5, .3) (.4, .35) (.12, .1) (.6, .2) (.34, .33) (.7, .2)
+    probs = np.array([[[0.5, 0.4, 0.12], [0.6, 0.33, 0.7]],
+                      [[0.3, 0.35, 0.1], [0.2, 0.34, 0.2]],
+                      [[0.2, 0.25, 0.09], [0.2, 0.33, 0.1]]], dtype=np.float64)
+    ref = np.array([[0, 0, 0], [0, 1, 0]])
+    got = np.array([[0, 1, 0], [0, 1, 2]])  # differs at (0, 1) and (1, 2)
+    r0 = tool.compare_maps(got, ref, probs, 0.0)
+    assert (r0["differ"], r0["classes"], r0["below"], r0["pixels"]) == (2, 2, 0, 6)
+    assert r0["agree"] == pytest.approx(100 * 4 / 6)
+    gaps = [0.2, 0.05, 0.02, 0.4, 0.01, 0.5]  # top - second per pixel, row-major
+    assert r0["margin"] == pytest.approx(max(0.05, 0.5)) and r0["median_margin"] == pytest.approx(np.median(gaps))
+    r1 = tool.compare_maps(got, ref, probs, 0.35)
+    assert r1["below"] == 2  # the tops 0.12 and 0.34 are under 0.35
+    # with the threshold: min(gap, |top - 0.35|) per pixel
+    m = [min(0.2, 0.15), min(0.05, 0.05), min(0.02, 0.23), min(0.4, 0.25), min(0.01, 0.01), min(0.5, 0.35)]
+    assert r1["margin"] == pytest.approx(max(m[1], m[5])) and r1["median_margin"] == pytest.approx(np.median(m))
+
+
+def test_agreement_row_thresholds():
+    """The upstream worker's and the driver's thresholds: the config's and 0, 0 alone, or those given."""
+    from sparseclip_d2.methods.gla_clip.upstream import run_thresholds
+
+    assert run_thresholds(0.1, {}) == [0.1, 0.0]
+    assert run_thresholds(0.0, {}) == [0.0]
+    assert run_thresholds(0.1, {"zero_only": True}) == [0.0]
+    assert run_thresholds(0.1, {"zero_only": True, "thresholds": [0.05, 0.02, 0.05]}) == [0.05, 0.02]

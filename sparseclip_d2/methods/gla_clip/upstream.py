@@ -9,7 +9,7 @@ import types
 
 from ..registry import UPSTREAM, UpstreamEntry
 
-__all__ = ["GLAUpstream", "PREDICT_FLAGS", "build_gla_segmentor", "run_segmentor"]
+__all__ = ["GLAUpstream", "PREDICT_FLAGS", "build_gla_segmentor", "run_segmentor", "run_thresholds"]
 
 #: ``predict.sh``'s flags as ``eval.py`` sets them on the model config (2btlFe/GLA-CLIP @ ba74915): its
 #: ``initial_crit_pos=0.6`` is a shell variable never passed, so eval.py's default 0.55 runs; the keys
@@ -113,6 +113,15 @@ class GLAUpstream(UpstreamEntry):
         return run_segmentor(seg, image, spec["out_size"])
 
 
+def run_thresholds(config_threshold: float, spec: dict) -> list:
+    """The probability thresholds of an agreement row, highest first: ``spec['thresholds']`` when given
+    (both sides set to each: a threshold between random weights' top probabilities splits the pixels, so
+    that the threshold stage acts), else the config's and 0, or 0 alone with ``spec['zero_only']``."""
+    if spec.get("thresholds"):
+        return sorted({float(t) for t in spec["thresholds"]}, reverse=True)
+    return sorted({0.0} if spec.get("zero_only") else {float(config_threshold), 0.0}, reverse=True)
+
+
 def agreement_worker(spec: dict, kit) -> None:
     """The upstream side of ``tools/agreement_gla_clip.py``, in its own process (upstream's vendored
     ``open_clip`` would shadow the project's).
@@ -124,8 +133,8 @@ def agreement_worker(spec: dict, kit) -> None:
     constructed again by its own ``__init__`` with ``Tensor.half`` answering float32 and its two
     loaders (``create_model``, ``torch.hub.load``) answering those float32 models (the same weights;
     so its text features are encoded in float32 too), and run on each resized photo
-    (``spec['photos']``: ``{name: (npy file, [out_h, out_w])}``) at its ``prob_thd`` and at 0 (at 0 alone
-    with ``spec['zero_only']``); label
+    (``spec['photos']``: ``{name: (npy file, [out_h, out_w])}``) at the thresholds of
+    :func:`run_thresholds`; label
     maps and class probabilities go to ``<spec['out']>/<name>_<photo>_<thd>.npz``."""
     import importlib
 
@@ -155,7 +164,7 @@ def agreement_worker(spec: dict, kit) -> None:
         seg = build_gla_segmentor(path, upstream_config, class_file, spec["weights"], templates, kit,
                                   kit.upstream_config)
         kit.upstream_to_fp32(seg, seg.vfm)
-        for thd in sorted({0.0} if spec.get("zero_only") else {float(seg.prob_thd), 0.0}, reverse=True):
+        for thd in run_thresholds(float(seg.prob_thd), spec):
             seg.prob_thd = thd
             for photo, (npy, out_size) in spec["photos"].items():
                 result = run_segmentor(seg, np.load(npy), out_size)()[0]
