@@ -167,8 +167,7 @@ def maskclip_standins():
     import torch
 
     sys.modules.update(standin_modules())
-    if not torch.cuda.is_available():
-        torch.load = cpu_map_location(torch.load)
+    torch.load = cpu_map_location(torch.load)
 
 
 def standin_modules():
@@ -192,9 +191,14 @@ def standin_modules():
 
 def cpu_map_location(load):
     """``load`` (``torch.load``) with a ``map_location`` naming a CUDA device replaced by ``'cpu'``
-    (maskclip_head.py's ``torch.load(..., map_location='cuda')``); any other call unchanged."""
+    (maskclip_head.py's ``torch.load(..., map_location='cuda')``), and a file object read from its
+    start: openai-clip 1.0.1's ``clip.load`` falls back to ``torch.load(opened_file)`` after a failed
+    ``torch.jit.load(opened_file)`` (a state dict, not a TorchScript archive), which leaves the file at
+    its end in torch 2.13 / 2.14. Any other call unchanged."""
     def cpu_load(f, *a, map_location=None, **k):
         if map_location is not None and str(map_location).startswith("cuda"):
             map_location = "cpu"
+        if hasattr(f, "seek"):
+            f.seek(0)
         return load(f, *a, map_location=map_location, **k)
     return cpu_load
