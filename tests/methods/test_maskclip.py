@@ -58,6 +58,8 @@ def test_the_project_side_gets_the_prompt_scripts_list_of_the_configs_class_set(
     entry = UPSTREAM.get("maskclip")
     assert entry.class_tuple_of(str(tmp_path), "configs/m/city.py") == (PROMPT_SCRIPT, "cityscapes_classes")
     assert upstream_vocabulary(entry, str(tmp_path), "configs/m/city.py") == ("", ["road", "traffic light"])
+    with pytest.raises(SystemExit, match=r"model\.py: sets no model\.decode_head\.text_embeddings_path"):
+        entry.class_tuple_of(str(tmp_path), "configs/_base_/model.py")  # None there: not a row's config
 
 
 def test_the_standins_raise_naming_themselves_if_called():

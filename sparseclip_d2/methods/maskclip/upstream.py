@@ -37,6 +37,19 @@ def _class_list(upstream_config: str, text_file: str) -> str:
     return name[:-len(suffix)]
 
 
+def text_embeddings_file(root: str, upstream_config: str) -> str:
+    """The ``model.decode_head.text_embeddings_path`` a MaskCLIP config file sets itself (each ViT-B/16
+    config under ``configs/maskclip/`` does), read by running the file's ``dict(...)`` statements."""
+    path = os.path.join(root, upstream_config)
+    ns = {"dict": dict}
+    exec(compile(open(path).read(), path, "exec"), ns)
+    got = ns.get("model", {}).get("decode_head", {}).get("text_embeddings_path")
+    if not isinstance(got, str):
+        raise SystemExit(f"{path}: sets no model.decode_head.text_embeddings_path (the rows need a config that "
+                         "names its class set's text embeddings)")
+    return got
+
+
 #: prompt_engineering.py --class-set name -> its module-level class list (its name_mapping)
 CLASS_SETS = {"voc": "voc_classes", "city": "cityscapes_classes", "context": "pascal_context_classes",
               "stuff": "coco_stuff_classes", "ade": "ade20k_classes"}
@@ -61,10 +74,7 @@ class MaskCLIPUpstream(UpstreamEntry):
     @classmethod
     def class_tuple_of(cls, root, upstream_config):
         """The prompt script's class list of the config's text embeddings (a module-level list there)."""
-        from ...benchmarks.checkouts import upstream_config as read_model  # the tool's process only
-
-        text_file = read_model(root, upstream_config)["decode_head"]["text_embeddings_path"]
-        return PROMPT_SCRIPT, CLASS_SETS[_class_list(upstream_config, text_file)]
+        return PROMPT_SCRIPT, CLASS_SETS[_class_list(upstream_config, text_embeddings_file(root, upstream_config))]
 
     @classmethod
     def labels(cls, output, spec):
