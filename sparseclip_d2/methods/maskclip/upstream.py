@@ -10,8 +10,9 @@ interpreter with the pure-Python mmcv 1.4.8 (``--upstream-python`` / ``--maskcli
 Stand-ins (:func:`maskclip_standins`), each raising if called: the compiled ``mmcv.ops`` names
 mmseg imports and this path never calls, and ``mmseg.datasets.pipelines.corruptions`` (skimage /
 wand, the ``Corrupt`` transform only); ``torch.load(map_location='cuda')`` (the head's loads of
-its text embeddings and projection) on the CPU; ``clip.load('ViT-B/16')`` answered with the
-weights file both sides read.
+its text embeddings and projection) on the CPU, and a file object read from its start (openai-clip's
+``clip.load`` falls back to ``torch.load`` of the file ``torch.jit.load`` has read); ``clip.load('ViT-B/16')``
+answered with the weights file both sides read.
 """
 import os
 import sys
