@@ -72,15 +72,21 @@ def upstream_short_side(path: str, rel: str):
 
 
 def dataset_classes(path: str, rel: str, cls: str):
-    """``CLASSES`` of class ``cls`` in the checkout's ``rel`` file, read without importing it."""
+    """``CLASSES`` of class ``cls`` in the checkout's ``rel`` file, or the file's module-level list or
+    tuple named ``cls`` (MaskCLIP's ``prompt_engineering.py`` ``voc_classes``), read without importing it."""
     import ast
 
-    for node in ast.walk(ast.parse(open(os.path.join(path, rel)).read())):
+    tree = ast.parse(open(os.path.join(path, rel)).read())
+    for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for st in node.body:
                 if isinstance(st, ast.Assign) and any(getattr(t, "id", "") == "CLASSES" for t in st.targets):
                     return list(ast.literal_eval(st.value))
-    raise SystemExit(f"{os.path.join(path, rel)}: no class {cls} with a CLASSES tuple")
+    for st in tree.body:
+        if (isinstance(st, ast.Assign) and any(getattr(t, "id", "") == cls for t in st.targets)
+                and isinstance(st.value, (ast.List, ast.Tuple))):
+            return list(ast.literal_eval(st.value))
+    raise SystemExit(f"{os.path.join(path, rel)}: no class {cls} with a CLASSES tuple, nor a list {cls}")
 
 
 def read_vocabulary(path: str):

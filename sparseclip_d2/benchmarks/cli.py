@@ -75,6 +75,15 @@ What each side times (what the upstream repository calls one image):
   ``postprocess_result``) with a data sample whose ``img_path`` is the resized photo (PNG): SAM
   reads it. SAM's weights are drawn by Trident's own ``sam_model_registry['vit_b']`` (seed 0).
 
+- ``maskclip`` (``maskclip_b16.yaml`` against MaskCLIP's
+  ``configs/maskclip/maskclip_vit16_512x512_voc12aug_20.py``, MMSegmentation 0.x): its own
+  ``tools/maskclip_utils`` scripts convert the weights file and encode the VOC20 class list
+  (``--no-prompt-eng``: ``a photo of a {}.``, the project's one template) while building; then
+  ``build_segmentor`` + ``load_checkpoint`` and the config's test pipeline as its ``tools/test.py``;
+  timed: ``model(return_loss=False, rescale=True)`` (whole image, output at the photo's size);
+  project: ``model([input])``. Its interpreter (``--maskclip-python``) has mmcv 1.4.8:
+  ``scripts/upstream_envs/maskclip.sh`` makes it (docs/agreement/maskclip.md).
+
 Upstream checkouts are not part of this project; fetch each yourself::
 
     git clone https://github.com/m-arda-aydn/ITACLIP   && git -C ITACLIP checkout 521a33c
@@ -92,6 +101,7 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/vladan-stojnic/LPOSS  && git -C LPOSS checkout e489a74
     git clone https://github.com/YuHengsss/Trident     && git -C Trident checkout a93b346
     git clone https://github.com/PGSmall/PEARL         && git -C PEARL checkout c26062b
+    git clone https://github.com/chongzhou96/MaskCLIP  && git -C MaskCLIP checkout 245d31f
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
 ``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;

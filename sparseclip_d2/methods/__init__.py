@@ -13,7 +13,7 @@ from .plan import plan_from_config
 from . import encoders, cosine, pamr  # noqa: F401  (registration)
 from . import proxyclip, fsa, cass, trident, corrclip, lposs, itaclip, cliptrase, clip_surgery, pearl  # noqa: F401
 from . import gla_clip, talk2dino  # noqa: F401
-from . import resclip, gem, scclip, sfp, sclip, clearclip, naclip  # noqa: F401  (their upstream benchmark entries only)
+from . import resclip, gem, scclip, sfp, sclip, clearclip, naclip, maskclip  # noqa: F401  (their upstream benchmark entries only)
 
 __all__ = ["LOGIT_HEADS", "STAGES", "SIDE_INPUTS", "ENCODERS", "CONFIG_SECTIONS", "UPSTREAM", "STAGE_KINDS",
            "LogitHead", "Stage", "SideInput", "EncoderFamily", "UpstreamEntry", "ImageInputs", "PipelinePlan",

@@ -214,6 +214,17 @@ def test_lposs_classes_are_read_from_the_dataset_file_without_importing_it(tmp_p
         dataset_classes(str(tmp_path), "ds.py", "Absent")
 
 
+def test_a_module_level_class_list_is_read_when_no_class_has_the_name(tmp_path):
+    """MaskCLIP's prompt script keeps its class sets as module-level lists (``voc_classes = [...]``)."""
+    (tmp_path / "pe.py").write_text("import clip\nvoc_classes = ['airplane', 'tv monitor']\nname = 'voc_classes'\n"
+                                    "def f():\n    city = ['road']\nclass city:\n    CLASSES = ('sky',)\n")
+    assert dataset_classes(str(tmp_path), "pe.py", "voc_classes") == ["airplane", "tv monitor"]
+    assert dataset_classes(str(tmp_path), "pe.py", "city") == ["sky"]  # a class of that name comes first
+    for absent in ("name", "f", "road"):  # a string, a function, a list inside a function: not a module-level list
+        with pytest.raises(SystemExit, match=rf"pe\.py: no class {absent} with a CLASSES tuple, nor a list {absent}"):
+            dataset_classes(str(tmp_path), "pe.py", absent)
+
+
 def test_lposs_project_side_on_the_tiny_tower():
     """LPOSS's project side (MaskCLIP patch logits, the kNN graph over a random timm ViT's features,
     conjugate gradient) runs in its worker on the tiny tower: one measured time, its own peak RSS."""
@@ -234,7 +245,7 @@ def test_every_entry_names_its_checkout_config_and_kind():
     from sparseclip_d2.model_zoo import get_config_file
 
     assert {"cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem", "gla_clip", "itaclip", "lposs", "naclip",
-            "pearl", "proxyclip", "resclip", "scclip", "sclip", "sfp", "talk2dino", "trident"} <= set(entries())
+            "maskclip", "pearl", "proxyclip", "resclip", "scclip", "sclip", "sfp", "talk2dino", "trident"} <= set(entries())
     for method, e in entries().items():
         assert e.repo.count("/") == 1 and len(e.commit) == 7 and e.marker, method
         assert e.marker.startswith(e.subdir), method

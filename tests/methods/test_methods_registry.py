@@ -23,7 +23,7 @@ def test_registries_hold_every_part_once():
                                             "region_vote", "text_laplacian", "trident_grid", "window_set"]
     assert [n for n, _ in SIDE_INPUTS] == ["region_mask"]
     assert sorted(n for n, _ in UPSTREAM) == ["cass", "clearclip", "clipsurgery", "cliptrase", "corrclip", "fsa", "gem",
-                                              "gla_clip", "itaclip", "lposs", "naclip", "pearl", "proxyclip", "resclip",
+                                              "gla_clip", "itaclip", "lposs", "maskclip", "naclip", "pearl", "proxyclip", "resclip",
                                               "scclip", "sclip", "sfp", "talk2dino", "trident"]
     with pytest.raises(KeyError, match=r"unknown post-processing stage 'pamrr'; valid: .*pamr"):
         STAGES.get("pamrr")
