@@ -317,3 +317,19 @@ def test_tlp_keys_refused_while_off():
     with pytest.raises(ValueError, match=r"MODEL.SPARSECLIP.TLP.GRID = 224 changes nothing while "
                                          r"MODEL.SPARSECLIP.TLP.ENABLED is False"):
         check_sparseclip_config(tiny_cfg(**{"MODEL.SPARSECLIP.TLP.GRID": "224"}))
+
+
+def test_the_agreement_variant_tlp_off_builds_on_every_pearl_config():
+    """``--force tlp_off`` switches TLP off on each of PEARL's dataset configs, Cityscapes too, whose
+    ``TLP.GRID 224`` would be refused as a key that changes nothing once TLP is off."""
+    from sparseclip_d2.benchmarks.project import project_cfg
+    from sparseclip_d2.methods import STAGES, UPSTREAM
+
+    entry = UPSTREAM.get("pearl")
+    opts = entry.forcing["tlp_off"][0]
+    assert list(opts[:2]) == ["MODEL.SPARSECLIP.TLP.ENABLED", "False"]
+    assert dict(zip(opts[2::2], opts[3::2]))["MODEL.SPARSECLIP.TLP.GRID"] == "80"  # pearl_ovss.py grid=80
+    stage = STAGES.get("text_laplacian")
+    assert stage.settings_from_config(project_cfg("pearl_b16_cityscapes.yaml", [])).grid == 224
+    for config in entry.configs:
+        assert stage.settings_from_config(project_cfg(config, list(opts))) is None, config
