@@ -23,6 +23,7 @@ from sparseclip_d2.attention.spectral import (HEAD_MATCHING_REGISTRY, combine_gr
                                               graph_spectra, low_rank_graph, match_range, scale_singular_values,
                                               spectral_cost)
 from sparseclip_d2.clip import AttentionSpec, MixOptions
+from sparseclip_d2.common.replay import replaying
 from sparseclip_d2.proxy import ProxyOptions, build_proxy
 from sparseclip_d2.methods.cass.encoder import CASSEncoder, CASSSettings, cass_proxy_input
 
@@ -493,3 +494,30 @@ def test_object_presence_keeps_no_state_between_images():
     torch.testing.assert_close(after_a, alone, rtol=0, atol=0)
     torch.testing.assert_close(direct, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(fresh, want, rtol=0, atol=1e-5)
+
+
+def test_spectral_head_matching_replays_a_recorded_tie_and_refuses_a_costlier_assignment():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 6, generator=g, dtype=torch.float64)
+    graph = (a + a.T).float()
+    match = get_head_matching("spectral")
+    # every head the same graph on both sides: a constant cost matrix, every assignment ties
+    same = graph.expand(3, 6, 6).clone()
+    own, _ = match(same, same, k_eigen=4)
+    with replaying({"assignment": [[2, 0, 1]]}) as replay:
+        pairs, mix = match(same, same, k_eigen=4)
+    assert own.tolist() == [0, 1, 2] and pairs.tolist() == [2, 0, 1] and replay.log[0]["replayed"]
+    assert torch.allclose(mix, mix[0].expand(3))  # the weights are the (constant) cost's
+    # three different graphs: the cheapest assignment is unique, a costlier one is refused
+    proxy = torch.stack([graph, graph @ graph / 6, torch.diag(torch.arange(1.0, 7.0))])
+    clip = torch.stack([proxy[2] * 2, proxy[0] + 0.1, proxy[1]])
+    cost = spectral_cost(graph_spectra(proxy, 4), graph_spectra(clip, 4)).float()
+    own, _ = match(clip, proxy, k_eigen=4)
+    totals = {p: sum(float(cost[i, p[i]]) for i in range(3)) for p in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0),
+                                                                      (2, 0, 1), (2, 1, 0)]}
+    worst = max(totals, key=totals.get)
+    assert totals[worst] - totals[tuple(own.tolist())] > 1e-3
+    with replaying({"assignment": [list(worst)]}) as replay:
+        pairs, _ = match(clip, proxy, k_eigen=4)
+    assert pairs.tolist() == own.tolist() and not replay.log[0]["replayed"]
+    assert replay.log[0]["delta"] == pytest.approx(totals[worst] - totals[tuple(own.tolist())], abs=1e-6)
