@@ -384,6 +384,31 @@ def test_cass_and_object_presence_through_the_meta_arch():
     assert w.head.settings.global_source == "window" and w.head.settings.top_k == 3 and w.head.native_encoder is None
 
 
+def test_the_proxy_sees_the_whole_window_of_a_truncated_crop():
+    """Upstream's DINO sees the whole image while CLIP's conv1 drops the remainder (CASS clip/model.py
+    forward): under PATCH_REMAINDER truncate the META_ARCH hands the encoder the whole window
+    (``windows=``) and only the proxy reads it. An 64 x 88 image (88 = 5 patches of 16 + 8)."""
+    m = _model(**_CASS, **{"MODEL.SPARSECLIP.PATCH_REMAINDER": "truncate", "MODEL.SPARSECLIP.PROXY.CASS.SVD": "exact"})
+    assert m.encoder.needs.whole_windows
+    seen = []
+    keys = m.encoder.proxy_keys
+    m.encoder.proxy_keys = lambda window, grid, clip_keys: seen.append(tuple(window.shape)) or keys(window, grid,
+                                                                                                      clip_keys)
+    image = torch.randn(3, 64, 88, generator=torch.Generator().manual_seed(5))
+    text = F.normalize(torch.randn(3, 32, generator=torch.Generator().manual_seed(6)), dim=-1)
+    with torch.no_grad():
+        got = m.synonym_logits(image, text)
+        whole = m.encoder(image[None, :, :, :80], windows=image[None])
+        crop = m.encoder(image[None, :, :, :80])
+    assert seen == [(3, 64, 88), (3, 64, 88), (3, 64, 80)]  # the META_ARCH's window, then the two calls above
+    want = F.interpolate(m.logit_scale * torch.einsum("bdhw,sd->bshw", F.normalize(whole.float(), dim=1), text),
+                         size=(64, 88), mode="bilinear", align_corners=False)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    assert not torch.allclose(whole, crop, atol=1e-3)  # the 8 columns the crop drops change the proxy's keys
+    with pytest.raises(ValueError, match="not the whole windows"):
+        m.encoder(image[None, :, :, :80], windows=image[None, :, :, :72])
+
+
 @pytest.mark.parametrize("opts, match", [
     ({"MODEL.SPARSECLIP.PROXY.CASS.ENABLED": "True"}, r"PROXY\.CASS\.ENABLED = True changes nothing without a proxy"),
     ({"MODEL.SPARSECLIP.PROXY.CASS.RANK": "4"}, r"PROXY\.CASS\.RANK = 4 changes nothing while"),
