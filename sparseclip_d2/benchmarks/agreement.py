@@ -371,7 +371,9 @@ def replay_summary(replay) -> str:
         done = [e for e in log if e["replayed"]]
         refused = [e for e in log if not e["replayed"]]
         text = f"{name} x{len(log)}: "
-        if done:
+        if log and all("own" not in e for e in log):  # a value replayed as it is (a random state)
+            text += "replayed upstream's"
+        elif done:
             costs = [e["own"] for e in done]
             text += (f"replayed upstream's in {len(done)} (differs from the project's own in {sum(e['differs'] > 0 for e in done)}), "
                      f"cost tie |Δ| <= {max(abs(e['delta']) for e in done):.1e} (tol {min(e['tol'] for e in done):.1e}; "
@@ -379,7 +381,7 @@ def replay_summary(replay) -> str:
             diffs = [e["cost_diff"] for e in done if "cost_diff" in e]
             if diffs:
                 text += f", cost matrices differ by <= {max(diffs):.1e}"
-        if refused:
+        if refused and "own" in refused[0]:
             worst = max(refused, key=lambda e: abs(e["delta"]))
             text += (f"{'; ' if done else ''}**replay REFUSED in {len(refused)} (not a cost tie: call {worst['call']} "
                      f"own {worst['own']:.7f}, upstream's {worst['other']:.7f}, Δ={worst['delta']:.1e} > tol "

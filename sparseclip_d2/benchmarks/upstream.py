@@ -72,17 +72,22 @@ def fp32_module_half() -> None:
 RECORDED = {}
 
 
-def record_returns(module, attr: str, name: str, keep) -> None:
+def record_returns(module, attr: str, name: str, keep, before: bool = False) -> None:
     """Record what ``module.attr`` chooses on each call, upstream's files unchanged: the name in
     ``module`` is wrapped so that each call runs the original and appends ``keep(args, kwargs,
     result)`` (JSON-ready) to ``RECORDED[name]``; the result is returned as it was (e.g. scipy's
-    ``linear_sum_assignment`` in the upstream module that imported it)."""
+    ``linear_sum_assignment`` in the upstream module that imported it). ``before``: ``keep(args,
+    kwargs, None)`` is taken before the call instead (a state the call starts from: the random
+    generator's)."""
     original = getattr(module, attr)
     calls = RECORDED.setdefault(name, [])
 
     def recorded(*args, **kwargs):
+        if before:
+            calls.append(keep(args, kwargs, None))
         out = original(*args, **kwargs)
-        calls.append(keep(args, kwargs, out))
+        if not before:
+            calls.append(keep(args, kwargs, out))
         return out
 
     setattr(module, attr, recorded)

@@ -27,7 +27,8 @@ import contextvars
 import math
 from typing import Dict, Iterator, List, Optional, Sequence
 
-__all__ = ["Replay", "replaying", "active_replay", "assignment_cost_tie", "replayed_assignment", "FLOAT32_EPS"]
+__all__ = ["Replay", "replaying", "active_replay", "assignment_cost_tie", "replayed_assignment", "replayed_value",
+           "FLOAT32_EPS"]
 
 #: float32's machine epsilon (2 ** -23): the cost matrices compared are float32, as upstream stores them
 FLOAT32_EPS = 2.0 ** -23
@@ -75,6 +76,17 @@ def replaying(choices: Dict[str, Sequence]) -> Iterator[Replay]:
         yield replay
     finally:
         _REPLAY.reset(token)
+
+
+def replayed_value(name: str):
+    """The next recorded value of ``name`` under :func:`replaying` (logged), or None: a choice with
+    no better or worse answer to check, such as the random generator's state a call starts from
+    (replaying it gives both sides the same random draws, as a shared seed would)."""
+    replay = _REPLAY.get()
+    value = replay.take(name) if replay is not None else None
+    if value is not None:
+        replay.log.append(dict(name=name, call=replay.used[name], replayed=True))
+    return value
 
 
 def _total(cost, rows: Sequence[int], cols: Sequence[int]) -> float:

@@ -238,6 +238,9 @@ def test_replay_summary_says_what_was_replayed_refused_or_left_over():
         "(not a cost tie: call 2 own 4.0000000, upstream's 19.0000000, Δ=1.5e+01 > tol 1.0e-05); the project's "
         "own kept** **upstream made 1 more such calls than the project**")
     assert replay_summary(None) == ""
+    rng = dict(recorded={"random state": 2}, unused={}, log=[dict(name="random state", call=c, replayed=True)
+                                                              for c in (1, 2)])
+    assert replay_summary(rng) == "random state x2: replayed upstream's"
     row = dict(config="c.yaml", force=[], upstream_config="u.py", input="voc_wide", resized=[336, 504], percent=100.0,
                classes_upstream=3, differ=0, activity_summary="windows: windows 1", flat=[], replay=tie)
     assert format_row(row, "o/r 1234567").endswith(

@@ -60,3 +60,14 @@ def test_more_calls_than_recorded_and_a_recorded_non_assignment_are_refused():
             replayed_assignment("assignment", TIED, ROWS, [0, 1, 2])
     with pytest.raises(ValueError, match=r"recorded assignment \[0, 0, 2\] is not an assignment"):
         assignment_cost_tie(TIED, ROWS, [0, 1, 2], [0, 0, 2])
+
+
+def test_a_recorded_value_is_handed_out_once_per_call_and_logged():
+    from sparseclip_d2.common.replay import replayed_value
+
+    assert replayed_value("random state") is None  # outside replaying
+    with replaying({"random state": [[1, 2], [3]]}) as replay:
+        assert replayed_value("random state") == [1, 2] and replayed_value("random state") == [3]
+        assert replayed_value("other") is None
+    assert replay.log == [dict(name="random state", call=1, replayed=True), dict(name="random state", call=2,
+                                                                                 replayed=True)]

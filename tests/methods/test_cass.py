@@ -546,3 +546,19 @@ def test_spectral_head_matching_replays_a_recorded_tie_and_refuses_a_costlier_as
         pairs, _ = match(clip, proxy, k_eigen=4)
     assert pairs.tolist() == own.tolist() and not replay.log[0]["replayed"]
     assert replay.log[0]["delta"] == pytest.approx(totals[worst] - totals[tuple(own.tolist())], abs=1e-6)
+
+
+def test_a_replayed_random_state_gives_the_draws_of_that_state(clip):
+    """Under the agreement driver's replay, each window's randomized SVD starts from upstream's
+    recorded generator state instead of SEED: a state recorded after manual_seed(5) gives SEED 5."""
+    proxy = _proxy()
+    spec = AttentionSpec(source="kk", prior="gaussian", residual=False, ffn=False)
+    x = torch.randn(1, 3, 48, 48, generator=torch.Generator().manual_seed(6)) * 0.5
+    five = CASSEncoder(clip.visual, spec, proxy, cass=CASSSettings(rank=3, k_eigen=6, seed=5))(x)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        state = torch.get_rng_state().tolist()
+    with replaying({"random state": [state]}) as replay:
+        got = CASSEncoder(clip.visual, spec, proxy, cass=CASSSettings(rank=3, k_eigen=6, seed=0))(x)
+    torch.testing.assert_close(got, five, rtol=0, atol=0)
+    assert replay.unused() == {} and replay.log[-1]["name"] == "random state"

@@ -39,6 +39,7 @@ from ...clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ...clip.spec import AttentionSpec
 from ...common.keys import key_field
 from ...common.needs import Needs
+from ...common.replay import replayed_value
 from ...proxy.second_backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
 
 __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_settings", "check_cass_spec",
@@ -271,8 +272,12 @@ class CASSEncoder(DenseCLIPEncoder):
         pairs, mix = self._matching(clip_scores, g, k_eigen=c.k_eigen, scale_factor=c.scale_factor)
         out = torch.empty_like(clip_scores)
         devices = [clip_scores.device] if clip_scores.device.type == "cuda" else []
+        state = replayed_value("random state")  # the agreement driver's: upstream's generator (common/replay.py)
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(c.seed)
+            if state is None:
+                torch.manual_seed(c.seed)
+            else:
+                torch.set_rng_state(torch.tensor(state, dtype=torch.uint8))
             for i in range(clip_scores.shape[0]):
                 approx = low_rank_graph(g[int(pairs[i])], c.rank, method=c.svd, low=c.singular_low,
                                         high=c.singular_high)

@@ -60,6 +60,10 @@ class CASSUpstream(UpstreamEntry):
         # the agreement driver replays upstream's head assignment where it ties with the project's
         # (docs/agreement/cass.md): record it, as clip/model.py imported scipy's function
         kit.record_returns(sys.modules["clip.model"], "linear_sum_assignment", "assignment", cls._assignment)
+        # and the random generator each window's torch.svd_lowrank draws start from (optimal_q, unseeded
+        # upstream; the project re-seeds per window with PROXY.CASS.SEED): the same draws on both sides
+        kit.record_returns(sys.modules["clip.model"].VisionTransformer, "_apply_spectral_strategy", "random state",
+                           lambda args, kwargs, out: torch.get_rng_state().tolist(), before=True)
         seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         for k in ("type", "clip_path", "name_path"):
