@@ -213,6 +213,17 @@ def test_record_returns_records_each_call_and_returns_what_the_original_returned
         module.linear_sum_assignment([[0.0, 1.0], [1.0, 0.0]])
         assert up.RECORDED == {"assignment": [{"cols": [1, 0, 2], "cost": cost},
                                               {"cols": [0, 1], "cost": [[0.0, 1.0], [1.0, 0.0]]}]}
+
+        class Block:  # a state recorded before each call (the random generator's, for CASS)
+            seen = []
+
+            def step(self, x):
+                self.seen.append(x)
+                return x + 1
+
+        up.record_returns(Block, "step", "state", lambda args, kwargs, out: [out, len(Block.seen)], before=True)
+        assert Block().step(5) == 6 and Block().step(7) == 8
+        assert up.RECORDED["state"] == [[None, 0], [None, 1]]
     finally:
         up.RECORDED.clear()
         up.RECORDED.update(saved)
