@@ -191,7 +191,8 @@ def _project_labels(spec: dict) -> dict:
     return dict(labels=out.label_map().cpu().numpy(), margin=(top2[0] - top2[1]).cpu().numpy(),
                 activity=record.as_dict(), summary=record.summary(), flat=record.flat(),
                 replay=dict(log=replay.log, unused=replay.unused(), recorded={n: len(c) for n, c in
-                                                                              replay.choices.items()}))
+                                                                              replay.choices.items()})
+                if choices else None)
 
 
 def _upstream_labels(spec: dict) -> dict:
@@ -296,11 +297,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                    upstream_settings=upstream_settings, result=os.path.join(mdir, "upstream"))
     t0 = time.time()
     _run_worker(args.upstream_python, up_spec, args.threads)  # first: it draws the second backbone's weights
-    t1 = time.time()
-    with open(up_spec["result"] + ".json") as f:
-        recorded = json.load(f).get("choices") or {}
-    if recorded and not args.no_replay:  # upstream's recorded choices, replayed where proven ties
-        spec["replay_file"] = up_spec["result"] + ".json"
+    t1, recorded = time.time(), _replay_recorded(up_spec, spec, args)
     _run_worker(sys.executable, spec, args.threads)
     t2 = time.time()
     theirs = np.load(up_spec["result"] + ".npz")["labels"]
@@ -320,8 +317,17 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                 margin_median=float(np.median(margin)), margin_max_differing=float(margin[differ].max()) if n else None,
                 activity=activity["activity"], activity_summary=activity["summary"], flat=activity["flat"],
                 seconds_upstream=round(t1 - t0, 1), seconds_project=round(t2 - t1, 1), seed=args.seed,
-                templates=args.templates, replay=activity["replay"] if spec.get("replay_file") else None,
-                recorded_choices={n: len(c) for n, c in recorded.items()})
+                templates=args.templates, replay=activity["replay"], recorded_choices=recorded)
+
+
+def _replay_recorded(up_spec: dict, spec: dict, args) -> dict:
+    """``{name: calls}`` of the choices the upstream worker recorded; unless ``--no-replay``, the
+    project spec then names their file (``replay_file``: replayed where proven ties, ``_project_labels``)."""
+    with open(up_spec["result"] + ".json") as f:
+        recorded = json.load(f).get("choices") or {}
+    if recorded and not args.no_replay:
+        spec["replay_file"] = up_spec["result"] + ".json"
+    return {n: len(c) for n, c in recorded.items()}
 
 
 def _row_overrides(entry, up_root: str, up_config: str, rgb, mdir: str) -> list:
