@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from fvcore.common.registry import Registry
 
+from ..common.replay import replayed_assignment
+
 __all__ = [
     "HEAD_MATCHING_REGISTRY",
     "SVD_METHODS",
@@ -109,7 +111,9 @@ def spectral(clip_graphs: torch.Tensor, proxy_graphs: torch.Tensor, *, k_eigen: 
     CLIP head ``col[i]``: upstream reads ``clip_key_adj = attn_weights[i]``, ``dino_key_adj =
     dino_attn_weights[j]``, ``w_d = 1 - cost_matrix[i, j]``).
 
-    The cost is rounded to float32 before the assignment, as upstream stores it.
+    The cost is rounded to float32 before the assignment, as upstream stores it. Under the
+    agreement driver's :func:`~sparseclip_d2.common.replay.replaying` only, ``col`` is upstream's
+    recorded minimiser where it ties with scipy's here (equal total cost within float32 rounding).
 
     Returns:
         ``(pairs (H,) long, mix (H,) float64)``.
@@ -123,6 +127,8 @@ def spectral(clip_graphs: torch.Tensor, proxy_graphs: torch.Tensor, *, k_eigen: 
     # float32 as upstream's cost_matrix = torch.zeros(num_heads, num_heads) holds it
     cost = spectral_cost(graph_spectra(proxy_graphs, k_eigen), graph_spectra(clip_graphs, k_eigen)).float().cpu()
     rows, cols = linear_sum_assignment(cost.numpy())
+    # the agreement driver's replay of upstream's minimiser where two tie (common/replay.py); a no-op otherwise
+    cols = replayed_assignment("assignment", cost.numpy(), rows, cols)
     pairs = torch.as_tensor(cols, dtype=torch.long)[torch.as_tensor(rows).argsort()]
     idx = torch.arange(H)
     mix = (float(scale_factor) * (1.0 - cost[idx, pairs])).double()

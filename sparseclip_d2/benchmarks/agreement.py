@@ -24,6 +24,15 @@ the differing pixels and their top-two probability margin on the project side (n
 and the stage-activity record; a stage that did nothing on the input is flagged ``FLAT``: the
 entry's stage-forcing variants (``--force``) make it act (``UpstreamEntry.forcing``).
 
+**Replayed choices.** Where a step has several equal-cost answers and each side returns its own
+(a linear assignment that ties under random weights), the entry records upstream's answer in its
+worker (``kit.record_returns``: upstream's function wrapped, its files unchanged) and the project
+side replays it under :func:`sparseclip_d2.common.replay.replaying`, call by call, only where it is
+proven to be a tie (equal total cost on the project's own matrix within float32 rounding); a
+refused replay keeps the project's own answer and the row says so in bold. The row's stage column
+says what was replayed and by how much the costs differ (:func:`replay_summary`); ``--no-replay``
+gives each side's own answer.
+
 Standard library only at import time: the upstream worker imports this module
 (:func:`side_labels`) in an interpreter that may lack detectron2.
 """
@@ -152,6 +161,8 @@ def _project_labels(spec: dict) -> dict:
     from ..common.activity import recording
     from .project import project_cfg
 
+    from ..common.replay import replaying
+
     cfg = project_cfg(spec["config"], spec["opts"])
     model = build_model(cfg).eval()
     h, w = spec["out_size"]
@@ -170,25 +181,34 @@ def _project_labels(spec: dict) -> dict:
              "vocabulary_as_published": True}
         if spec.get("image_file"):
             x["file_name"] = spec["image_file"]
-    with recording() as record, torch.no_grad():
+    choices = {}
+    if spec.get("replay_file"):  # the upstream worker's recorded choices (measure(); common/replay.py)
+        with open(spec["replay_file"]) as f:
+            choices = json.load(f)["choices"]
+    with recording() as record, replaying(choices) as replay, torch.no_grad():
         out = model.predict(x)
     top2 = out.score_maps.scores().topk(2, dim=0).values
     return dict(labels=out.label_map().cpu().numpy(), margin=(top2[0] - top2[1]).cpu().numpy(),
-                activity=record.as_dict(), summary=record.summary(), flat=record.flat())
+                activity=record.as_dict(), summary=record.summary(), flat=record.flat(),
+                replay=dict(log=replay.log, unused=replay.unused(), recorded={n: len(c) for n, c in
+                                                                              replay.choices.items()})
+                if choices else None)
 
 
 def _upstream_labels(spec: dict) -> dict:
-    """In the upstream worker: the label map of the entry's ``run()`` (its ``labels`` hook)."""
+    """In the upstream worker: the label map of the entry's ``run()`` (its ``labels`` hook) and the
+    choices the entry recorded upstream's code making (``kit.record_returns``), for the project
+    side's replay (:mod:`sparseclip_d2.common.replay`)."""
     import numpy as np
     import torch
 
-    from .upstream import build_upstream, import_entry
+    from .upstream import RECORDED, build_upstream, import_entry
 
     entry = import_entry(spec)
     run = build_upstream(spec)
     with torch.no_grad():
         out = run()
-    return dict(labels=np.asarray(entry.labels(out, spec)))
+    return dict(labels=np.asarray(entry.labels(out, spec)), choices=RECORDED)
 
 
 def side_labels(spec: dict) -> None:
@@ -277,7 +297,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                    upstream_settings=upstream_settings, result=os.path.join(mdir, "upstream"))
     t0 = time.time()
     _run_worker(args.upstream_python, up_spec, args.threads)  # first: it draws the second backbone's weights
-    t1 = time.time()
+    t1, recorded = time.time(), _replay_recorded(up_spec, spec, args)
     _run_worker(sys.executable, spec, args.threads)
     t2 = time.time()
     theirs = np.load(up_spec["result"] + ".npz")["labels"]
@@ -297,7 +317,17 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
                 margin_median=float(np.median(margin)), margin_max_differing=float(margin[differ].max()) if n else None,
                 activity=activity["activity"], activity_summary=activity["summary"], flat=activity["flat"],
                 seconds_upstream=round(t1 - t0, 1), seconds_project=round(t2 - t1, 1), seed=args.seed,
-                templates=args.templates)
+                templates=args.templates, replay=activity["replay"], recorded_choices=recorded)
+
+
+def _replay_recorded(up_spec: dict, spec: dict, args) -> dict:
+    """``{name: calls}`` of the choices the upstream worker recorded; unless ``--no-replay``, the
+    project spec then names their file (``replay_file``: replayed where proven ties, ``_project_labels``)."""
+    with open(up_spec["result"] + ".json") as f:
+        recorded = json.load(f).get("choices") or {}
+    if recorded and not args.no_replay:
+        spec["replay_file"] = up_spec["result"] + ".json"
+    return {n: len(c) for n, c in recorded.items()}
 
 
 def _row_overrides(entry, up_root: str, up_config: str, rgb, mdir: str) -> list:
@@ -333,14 +363,50 @@ def near_ties(row: dict) -> str:
     return f"{verdict}: margin <= {m:.1e} (median {med:.1e})"
 
 
+def replay_summary(replay) -> str:
+    """The stage column's text of a row's replayed choices (``row['replay']``, :mod:`~sparseclip_d2.common.replay`):
+    per choice, how many calls replayed upstream's, the largest cost difference ``|Δ|`` against the
+    tie tolerance, the costs; in bold, every call refused (not a tie) and every call the two sides
+    did not both make. Empty when nothing was replayed."""
+    if not replay:
+        return ""
+    parts = []
+    for name in replay["recorded"]:
+        log = [e for e in replay["log"] if e["name"] == name]
+        unused = replay["unused"].get(name, 0)
+        done = [e for e in log if e["replayed"]]
+        refused = [e for e in log if not e["replayed"]]
+        text = f"{name} x{len(log)}: "
+        if log and all("own" not in e for e in log):  # a value replayed as it is (a random state)
+            text += "replayed upstream's"
+        elif done:
+            costs = [e["own"] for e in done]
+            text += (f"replayed upstream's in {len(done)} (differs from the project's own in {sum(e['differs'] > 0 for e in done)}), "
+                     f"cost tie |Δ| <= {max(abs(e['delta']) for e in done):.1e} (tol {min(e['tol'] for e in done):.1e}; "
+                     f"cost {min(costs):.6f}-{max(costs):.6f})")
+            diffs = [e["cost_diff"] for e in done if "cost_diff" in e]
+            if diffs:
+                text += f", cost matrices differ by <= {max(diffs):.1e}"
+        if refused and "own" in refused[0]:
+            worst = max(refused, key=lambda e: abs(e["delta"]))
+            text += (f"{'; ' if done else ''}**replay REFUSED in {len(refused)} (not a cost tie: call {worst['call']} "
+                     f"own {worst['own']:.7f}, upstream's {worst['other']:.7f}, Δ={worst['delta']:.1e} > tol "
+                     f"{worst['tol']:.1e}); the project's own kept**")
+        if unused or not log:
+            text += f" **upstream made {unused} more such calls than the project**"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def format_row(row: dict, commit: str) -> str:
     """The row in the docs' format (docs/agreement/<family>.md)."""
     force = f" + {', '.join(row['force'])}" if row["force"] else ""
     px = f" [{row['differ']} px; {near_ties(row)}]" if row["differ"] else ""
     flat = f" **flat: {', '.join(row['flat'])}**" if row["flat"] else ""
+    replay = replay_summary(row.get("replay"))
     return (f"| `{row['config']}`{force} | `{row['upstream_config']}` | {row['input']} "
             f"{row['resized'][0]} x {row['resized'][1]} | {row['percent']:.3f} ({row['classes_upstream']}){px} | "
-            f"{row['activity_summary']}{flat} | {commit} |")
+            f"{row['activity_summary']}{flat}{'; ' + replay if replay else ''} | {commit} |")
 
 
 def _parser(methods):
@@ -360,6 +426,9 @@ def _parser(methods):
     p.add_argument("--templates", choices=["single", "config"], default="single",
                    help="prompt templates of both sides: the project's one, a photo of a {}. (default), or each side's own list")
     p.add_argument("--seed", type=int, default=0, help="torch seed of the random CLIP weights")
+    p.add_argument("--no-replay", action="store_true",
+                   help="each side's own choice where the entry records upstream's (a head assignment); by "
+                   "default the project side replays upstream's where it is a proven cost tie (docs/agreement/README.md)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--upstream-python", default=sys.executable, help="interpreter of the upstream worker")
     p.add_argument("--workdir", default=os.path.join(os.getcwd(), "agreement_out"),

@@ -66,6 +66,33 @@ def fp32_module_half() -> None:
     torch.nn.Module.half = lambda self: self.float()
 
 
+#: choices upstream's code made in this worker, ``{name: [one per call]}`` (:func:`record_returns`);
+#: the agreement driver writes them beside the label map and replays them on the project side
+#: (``sparseclip_d2.common.replay``)
+RECORDED = {}
+
+
+def record_returns(module, attr: str, name: str, keep, before: bool = False) -> None:
+    """Record what ``module.attr`` chooses on each call, upstream's files unchanged: the name in
+    ``module`` is wrapped so that each call runs the original and appends ``keep(args, kwargs,
+    result)`` (JSON-ready) to ``RECORDED[name]``; the result is returned as it was (e.g. scipy's
+    ``linear_sum_assignment`` in the upstream module that imported it). ``before``: ``keep(args,
+    kwargs, None)`` is taken before the call instead (a state the call starts from: the random
+    generator's)."""
+    original = getattr(module, attr)
+    calls = RECORDED.setdefault(name, [])
+
+    def recorded(*args, **kwargs):
+        if before:
+            calls.append(keep(args, kwargs, None))
+        out = original(*args, **kwargs)
+        if not before:
+            calls.append(keep(args, kwargs, out))
+        return out
+
+    setattr(module, attr, recorded)
+
+
 def cut_templates(templates, spec):
     """The prompt templates an upstream side uses: with ``spec['template']`` (the agreement driver:
     the project's one template, ``a photo of a {}.``) that one, in the form of upstream's list
@@ -151,7 +178,7 @@ def upstream_kit() -> types.SimpleNamespace:
         tensor_cuda_standin=tensor_cuda_standin, random_dino=random_dino, upstream_config=upstream_config,
         dataset_classes=dataset_classes, segmentor_run=segmentor_run, path_segmentor_run=path_segmentor_run,
         upstream_to_fp32=upstream_to_fp32, fp32_create_model=fp32_create_model, fp32_module_half=fp32_module_half,
-        fp16_exact_state_file=fp16_exact_state_file,
+        fp16_exact_state_file=fp16_exact_state_file, record_returns=record_returns,
         template_segmentor=template_segmentor,
         cut_templates=cut_templates)
 

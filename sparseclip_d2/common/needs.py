@@ -21,6 +21,10 @@ class Needs:
             the first pass into a prior (``feedback=``), built by the META_ARCH from the text.
         whole_image: the part works on the whole image as one window (no sliding window,
             ``PATCH_REMAINDER pad_crop``).
+        whole_windows: the encoder also takes the whole windows (``windows=(N, 3, h', w')``) whose
+            top-left multiple of the patch size the crops are under ``PATCH_REMAINDER truncate``
+            (the crops themselves otherwise): a second backbone that sees the whole window while
+            CLIP's patch convolution drops the remainder (CASS's DINO input).
         correlation_layer: the part reads the self-correlation map of this block (0-based,
             negative from the end) from the same encoding pass; None = none.
     """
@@ -29,6 +33,7 @@ class Needs:
     region_mask: bool = False
     first_segmentation: bool = False
     whole_image: bool = False
+    whole_windows: bool = False
     correlation_layer: Optional[int] = None
 
     def side_inputs(self) -> tuple:
@@ -43,4 +48,5 @@ class Needs:
         layer = self.correlation_layer if self.correlation_layer is not None else other.correlation_layer
         return Needs(text=self.text or other.text, region_mask=self.region_mask or other.region_mask,
                      first_segmentation=self.first_segmentation or other.first_segmentation,
-                     whole_image=self.whole_image or other.whole_image, correlation_layer=layer)
+                     whole_image=self.whole_image or other.whole_image,
+                     whole_windows=self.whole_windows or other.whole_windows, correlation_layer=layer)

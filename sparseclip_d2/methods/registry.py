@@ -481,7 +481,8 @@ def check_parts(encoder: Tuple[Needs, str], head, stages: Sequence, *, sliding_w
     enc_needs, enc_key = encoder
     if not head.passes_encoder_inputs:
         for needed, what in ((enc_needs.text, "the class texts"), (enc_needs.region_mask, "per-window region masks"),
-                             (enc_needs.first_segmentation, "a first segmentation (a second pass)")):
+                             (enc_needs.first_segmentation, "a first segmentation (a second pass)"),
+                             (enc_needs.whole_windows, "the whole windows of truncated crops")):
             if needed:
                 raise ValueError(f"{head.key} cannot be combined with {enc_key}: the encoder needs {what}, which "
                                  f"the {head.key} views do not carry; turn one of them off")

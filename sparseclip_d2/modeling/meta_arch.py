@@ -404,6 +404,8 @@ class SparseCLIP(nn.Module):
                 int(self.encoder.num_prefix_tokens))
         if needs.text:
             kwargs["text_emb"] = text_emb
+        if needs.whole_windows:
+            kwargs["windows"] = images if windows is None else windows
         for name in needs.side_inputs():
             if side is None:
                 raise ValueError(f"encoder {type(self.encoder).__name__} needs the side input {name!r} for its "
@@ -450,8 +452,9 @@ class SparseCLIP(nn.Module):
             patch_remainder=self.patch_remainder,
             side=side,
             side_pad_value=self.side_inputs[side_name].pad_value if side_name is not None else 0,
-            # a first segmentation is made on the whole window (truncated crops: the encoded part)
-            with_windows=bool(self.encoder.needs.first_segmentation),
+            # a first segmentation is made on the whole window (truncated crops: the encoded part),
+            # and an encoder may read it (CASS's second backbone)
+            with_windows=bool(self.encoder.needs.first_segmentation or self.encoder.needs.whole_windows),
         )
         return logits if banded else logits.full()
 

@@ -194,3 +194,66 @@ def test_a_region_mask_row_writes_the_mask_of_its_own_input(tmp_path):
     expected[:48, :48], expected[:48, 96:] = 1, 1 + 2 * 2 + 1
     expected[48:, :48], expected[48:, 96:] = 1 + 2 * 3, 1 + 2 * 5 + 1
     np.testing.assert_array_equal(mask, expected)
+
+
+def test_record_returns_records_each_call_and_returns_what_the_original_returned():
+    from scipy.optimize import linear_sum_assignment
+
+    from sparseclip_d2.benchmarks import upstream as up
+    from sparseclip_d2.methods.cass.upstream import CASSUpstream
+
+    module = types.SimpleNamespace(linear_sum_assignment=linear_sum_assignment)
+    saved = dict(up.RECORDED)
+    up.RECORDED.clear()
+    try:
+        up.record_returns(module, "linear_sum_assignment", "assignment", CASSUpstream._assignment)
+        cost = [[4.0, 1.0, 3.0], [2.0, 0.0, 5.0], [3.0, 2.0, 2.0]]  # unique minimiser (1, 0, 2): 1 + 2 + 2
+        rows, cols = module.linear_sum_assignment(cost)
+        assert list(rows) == [0, 1, 2] and list(cols) == [1, 0, 2]
+        module.linear_sum_assignment([[0.0, 1.0], [1.0, 0.0]])
+        assert up.RECORDED == {"assignment": [{"cols": [1, 0, 2], "cost": cost},
+                                              {"cols": [0, 1], "cost": [[0.0, 1.0], [1.0, 0.0]]}]}
+
+        class Block:  # a state recorded before each call (the random generator's, for CASS)
+            seen = []
+
+            def step(self, x):
+                self.seen.append(x)
+                return x + 1
+
+        up.record_returns(Block, "step", "state", lambda args, kwargs, out: [out, len(Block.seen)], before=True)
+        assert Block().step(5) == 6 and Block().step(7) == 8
+        assert up.RECORDED["state"] == [[None, 0], [None, 1]]
+    finally:
+        up.RECORDED.clear()
+        up.RECORDED.update(saved)
+
+
+def _log(call, own, other, tol=1e-5, cost_diff=0.0):
+    return dict(name="assignment", call=call, replayed=abs(other - own) <= tol, own=own, other=other,
+                delta=other - own, tol=tol, differs=0 if other == own else 2, cost_diff=cost_diff)
+
+
+def test_replay_summary_says_what_was_replayed_refused_or_left_over():
+    from sparseclip_d2.benchmarks.agreement import format_row, replay_summary
+
+    tie = dict(recorded={"assignment": 2}, unused={},
+               log=[_log(1, 11.0, 11.0), _log(2, 11.5, 11.5 + 2e-7, cost_diff=3e-7)])
+    assert replay_summary(tie) == ("assignment x2: replayed upstream's in 2 (differs from the project's own in 1), "
+                                   "cost tie |Δ| <= 2.0e-07 (tol 1.0e-05; cost 11.000000-11.500000), "
+                                   "cost matrices differ by <= 3.0e-07")
+    refused = dict(recorded={"assignment": 3}, unused={"assignment": 1}, log=[_log(1, 11.0, 11.0), _log(2, 4.0, 19.0)])
+    assert replay_summary(refused) == (
+        "assignment x2: replayed upstream's in 1 (differs from the project's own in 0), cost tie |Δ| <= 0.0e+00 "
+        "(tol 1.0e-05; cost 11.000000-11.000000), cost matrices differ by <= 0.0e+00; **replay REFUSED in 1 "
+        "(not a cost tie: call 2 own 4.0000000, upstream's 19.0000000, Δ=1.5e+01 > tol 1.0e-05); the project's "
+        "own kept** **upstream made 1 more such calls than the project**")
+    assert replay_summary(None) == ""
+    rng = dict(recorded={"random state": 2}, unused={}, log=[dict(name="random state", call=c, replayed=True)
+                                                              for c in (1, 2)])
+    assert replay_summary(rng) == "random state x2: replayed upstream's"
+    row = dict(config="c.yaml", force=[], upstream_config="u.py", input="voc_wide", resized=[336, 504], percent=100.0,
+               classes_upstream=3, differ=0, activity_summary="windows: windows 1", flat=[], replay=tie)
+    assert format_row(row, "o/r 1234567").endswith(
+        "| windows: windows 1; assignment x2: replayed upstream's in 2 (differs from the project's own in 1), cost "
+        "tie |Δ| <= 2.0e-07 (tol 1.0e-05; cost 11.000000-11.500000), cost matrices differ by <= 3.0e-07 | o/r 1234567 |")

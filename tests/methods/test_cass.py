@@ -23,6 +23,7 @@ from sparseclip_d2.attention.spectral import (HEAD_MATCHING_REGISTRY, combine_gr
                                               graph_spectra, low_rank_graph, match_range, scale_singular_values,
                                               spectral_cost)
 from sparseclip_d2.clip import AttentionSpec, MixOptions
+from sparseclip_d2.common.replay import replaying
 from sparseclip_d2.proxy import ProxyOptions, build_proxy
 from sparseclip_d2.methods.cass.encoder import CASSEncoder, CASSSettings, cass_proxy_input
 
@@ -383,6 +384,31 @@ def test_cass_and_object_presence_through_the_meta_arch():
     assert w.head.settings.global_source == "window" and w.head.settings.top_k == 3 and w.head.native_encoder is None
 
 
+def test_the_proxy_sees_the_whole_window_of_a_truncated_crop():
+    """Upstream's DINO sees the whole image while CLIP's conv1 drops the remainder (CASS clip/model.py
+    forward): under PATCH_REMAINDER truncate the META_ARCH hands the encoder the whole window
+    (``windows=``) and only the proxy reads it. An 64 x 88 image (88 = 5 patches of 16 + 8)."""
+    m = _model(**_CASS, **{"MODEL.SPARSECLIP.PATCH_REMAINDER": "truncate", "MODEL.SPARSECLIP.PROXY.CASS.SVD": "exact"})
+    assert m.encoder.needs.whole_windows
+    seen = []
+    keys = m.encoder.proxy_keys
+    m.encoder.proxy_keys = lambda window, grid, clip_keys: seen.append(tuple(window.shape)) or keys(window, grid,
+                                                                                                      clip_keys)
+    image = torch.randn(3, 64, 88, generator=torch.Generator().manual_seed(5))
+    text = F.normalize(torch.randn(3, 32, generator=torch.Generator().manual_seed(6)), dim=-1)
+    with torch.no_grad():
+        got = m.synonym_logits(image, text)
+        whole = m.encoder(image[None, :, :, :80], windows=image[None])
+        crop = m.encoder(image[None, :, :, :80])
+    assert seen == [(3, 64, 88), (3, 64, 88), (3, 64, 80)]  # the META_ARCH's window, then the two calls above
+    want = F.interpolate(m.logit_scale * torch.einsum("bdhw,sd->bshw", F.normalize(whole.float(), dim=1), text),
+                         size=(64, 88), mode="bilinear", align_corners=False)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    assert not torch.allclose(whole, crop, atol=1e-3)  # the 8 columns the crop drops change the proxy's keys
+    with pytest.raises(ValueError, match="not the whole windows"):
+        m.encoder(image[None, :, :, :80], windows=image[None, :, :, :72])
+
+
 @pytest.mark.parametrize("opts, match", [
     ({"MODEL.SPARSECLIP.PROXY.CASS.ENABLED": "True"}, r"PROXY\.CASS\.ENABLED = True changes nothing without a proxy"),
     ({"MODEL.SPARSECLIP.PROXY.CASS.RANK": "4"}, r"PROXY\.CASS\.RANK = 4 changes nothing while"),
@@ -493,3 +519,46 @@ def test_object_presence_keeps_no_state_between_images():
     torch.testing.assert_close(after_a, alone, rtol=0, atol=0)
     torch.testing.assert_close(direct, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(fresh, want, rtol=0, atol=1e-5)
+
+
+def test_spectral_head_matching_replays_a_recorded_tie_and_refuses_a_costlier_assignment():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 6, generator=g, dtype=torch.float64)
+    graph = (a + a.T).float()
+    match = get_head_matching("spectral")
+    # every head the same graph on both sides: a constant cost matrix, every assignment ties
+    same = graph.expand(3, 6, 6).clone()
+    own, _ = match(same, same, k_eigen=4)
+    with replaying({"assignment": [[2, 0, 1]]}) as replay:
+        pairs, mix = match(same, same, k_eigen=4)
+    assert own.tolist() == [0, 1, 2] and pairs.tolist() == [2, 0, 1] and replay.log[0]["replayed"]
+    assert torch.allclose(mix, mix[0].expand(3))  # the weights are the (constant) cost's
+    # three different graphs: the cheapest assignment is unique, a costlier one is refused
+    proxy = torch.stack([graph, graph @ graph / 6, torch.diag(torch.arange(1.0, 7.0))])
+    clip = torch.stack([proxy[2] * 2, proxy[0] + 0.1, proxy[1]])
+    cost = spectral_cost(graph_spectra(proxy, 4), graph_spectra(clip, 4)).float()
+    own, _ = match(clip, proxy, k_eigen=4)
+    totals = {p: sum(float(cost[i, p[i]]) for i in range(3)) for p in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0),
+                                                                      (2, 0, 1), (2, 1, 0)]}
+    worst = max(totals, key=totals.get)
+    assert totals[worst] - totals[tuple(own.tolist())] > 1e-3
+    with replaying({"assignment": [list(worst)]}) as replay:
+        pairs, _ = match(clip, proxy, k_eigen=4)
+    assert pairs.tolist() == own.tolist() and not replay.log[0]["replayed"]
+    assert replay.log[0]["delta"] == pytest.approx(totals[worst] - totals[tuple(own.tolist())], abs=1e-6)
+
+
+def test_a_replayed_random_state_gives_the_draws_of_that_state(clip):
+    """Under the agreement driver's replay, each window's randomized SVD starts from upstream's
+    recorded generator state instead of SEED: a state recorded after manual_seed(5) gives SEED 5."""
+    proxy = _proxy()
+    spec = AttentionSpec(source="kk", prior="gaussian", residual=False, ffn=False)
+    x = torch.randn(1, 3, 48, 48, generator=torch.Generator().manual_seed(6)) * 0.5
+    five = CASSEncoder(clip.visual, spec, proxy, cass=CASSSettings(rank=3, k_eigen=6, seed=5))(x)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        state = torch.get_rng_state().tolist()
+    with replaying({"random state": [state]}) as replay:
+        got = CASSEncoder(clip.visual, spec, proxy, cass=CASSSettings(rank=3, k_eigen=6, seed=0))(x)
+    torch.testing.assert_close(got, five, rtol=0, atol=0)
+    assert replay.unused() == {} and replay.log[-1]["name"] == "random state"

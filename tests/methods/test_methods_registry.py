@@ -83,6 +83,9 @@ def test_check_parts_reads_only_the_declarations():
     with pytest.raises(ValueError, match=r"^TEST\.TTA\.MODE cannot be combined with X\.KEY: the encoder needs "
                                          r"per-window region masks"):
         check_parts((Needs(region_mask=True), "X.KEY"), tta, [], **ok)
+    with pytest.raises(ValueError, match=r"^TEST\.TTA\.MODE cannot be combined with X\.KEY: the encoder needs "
+                                         r"the whole windows of truncated crops"):
+        check_parts((Needs(whole_windows=True), "X.KEY"), tta, [], **ok)
     with pytest.raises(ValueError, match=r"LABEL_PROPAGATION\.KIND cannot be combined with MODEL\.SPARSECLIP\.PAMR"
                                          r"\.STEPS \(the propagated scores replace PAMR's refinement\)"):
         check_parts((Needs(), "enc"), cosine, [lp, pamr], **ok)
@@ -96,6 +99,7 @@ def test_check_parts_reads_only_the_declarations():
 def test_needs_combine_and_refuse_two_tapped_blocks():
     a = Needs(text=True, correlation_layer=-2)
     assert (a | Needs(whole_image=True)) == Needs(text=True, whole_image=True, correlation_layer=-2)
+    assert (Needs(whole_windows=True) | a) == Needs(text=True, whole_windows=True, correlation_layer=-2)
     assert Needs(region_mask=True).side_inputs() == ("region_mask",) and Needs().side_inputs() == ()
     with pytest.raises(ValueError, match=r"different blocks \(-2 and 3\)"):
         a | Needs(correlation_layer=3)

@@ -38,6 +38,8 @@ from ...attention.spectral import SVD_METHODS, combine_graphs, get_head_matching
 from ...clip.encoder import DenseCLIPEncoder, EncoderPass, check_pass_inputs
 from ...clip.spec import AttentionSpec
 from ...common.keys import key_field
+from ...common.needs import Needs
+from ...common.replay import replayed_value
 from ...proxy.second_backbone import IMAGENET_MEAN, ProxyBackbone, to_proxy_input, uint8_image
 
 __all__ = ["CASS_INPUTS", "CASS_KEY_PRECISIONS", "CASSSettings", "check_cass_settings", "check_cass_spec",
@@ -217,6 +219,14 @@ class CASSEncoder(DenseCLIPEncoder):
     def second_backbones(self):
         return [self.proxy]
 
+    @property
+    def needs(self) -> Needs:
+        """The whole windows (``windows=``): the proxy sees the whole window, as upstream's DINO sees
+        the whole image while CLIP's stride-16 conv1 drops the remainder (``clip/model.py`` forward:
+        ``inv_image`` of the whole ``x``, ``conv1(x)``); under ``PATCH_REMAINDER truncate`` the crops
+        are only the window's top-left multiple of the patch."""
+        return Needs(whole_windows=True)
+
     def with_spec(self, spec: AttentionSpec) -> "CASSEncoder":
         """The same encoder (tower and proxy shared) with another attention spec."""
         return type(self)(self.visual, spec, self.proxy, cass=self.cass, pos_embed_interp=self.pos_embed_interp,
@@ -262,8 +272,12 @@ class CASSEncoder(DenseCLIPEncoder):
         pairs, mix = self._matching(clip_scores, g, k_eigen=c.k_eigen, scale_factor=c.scale_factor)
         out = torch.empty_like(clip_scores)
         devices = [clip_scores.device] if clip_scores.device.type == "cuda" else []
+        state = replayed_value("random state")  # the agreement driver's: upstream's generator (common/replay.py)
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(c.seed)
+            if state is None:
+                torch.manual_seed(c.seed)
+            else:
+                torch.set_rng_state(torch.tensor(state, dtype=torch.uint8))
             for i in range(clip_scores.shape[0]):
                 approx = low_rank_graph(g[int(pairs[i])], c.rank, method=c.svd, low=c.singular_low,
                                         high=c.singular_high)
@@ -272,8 +286,10 @@ class CASSEncoder(DenseCLIPEncoder):
         return out
 
     # -- the pass ------------------------------------------------------------------------
-    def forward_pass(self, images: torch.Tensor, tap_layers=()) -> EncoderPass:
+    def forward_pass(self, images: torch.Tensor, tap_layers=(), windows: Optional[torch.Tensor] = None) -> EncoderPass:
         """One pass: earlier blocks as ``DenseCLIPEncoder`` runs them, the CASS last block.
+        ``windows``: ``(B, 3, H', W')`` the whole windows the ``images`` are the top-left crops of
+        (:attr:`needs`), which the proxy sees; None: the ``images``.
 
         ``EncoderPass.tokens``: ``(B, P + h*w, C)``, the prefix from the unmodified last block;
         ``attn``: ``(B, heads, h*w, h*w)``; ``taps`` as ``DenseCLIPEncoder`` (index ``depth``:
@@ -302,7 +318,10 @@ class CASSEncoder(DenseCLIPEncoder):
         y = tower.norm1(blk, x)
         q, k, v = tower.qkv(blk, y, rope)
         q, k, v = q[:, :, P:], k[:, :, P:], v[:, :, P:]
-        keys = [self.proxy_keys(images[b], grid, k[b]) for b in range(B)]
+        if windows is not None and (windows.shape[0] != B or windows.shape[-2] < H or windows.shape[-1] < W):
+            raise ValueError(f"windows {tuple(windows.shape)} are not the whole windows of the crops {tuple(images.shape)}")
+        seen = images if windows is None else windows
+        keys = [self.proxy_keys(seen[b], grid, k[b]) for b in range(B)]
 
         def hook(s: torch.Tensor) -> torch.Tensor:
             return torch.stack([self.cass_scores(s[b], keys[b]) for b in range(B)])
@@ -322,16 +341,18 @@ class CASSEncoder(DenseCLIPEncoder):
             taps[self.depth] = x
         return EncoderPass(tower.final_norm(x), grid, weights, taps, {})
 
-    def forward_tokens(self, images: torch.Tensor, feedback=None):
+    def forward_tokens(self, images: torch.Tensor, feedback=None, windows: Optional[torch.Tensor] = None):
         """``(tokens (B, P + h*w, C), (h, w), attn (B, heads, h*w, h*w))``: see :meth:`forward_pass`."""
         if feedback is not None:
             raise ValueError("CASS has no feedback pass (FEEDBACK.ENABLED must be False)")
-        p = self.forward_pass(images)
+        p = self.forward_pass(images, windows=windows)
         return p.tokens, p.grid, p.attn
 
-    def forward(self, images: torch.Tensor, return_attention: bool = False, feedback=None):
+    def forward(self, images: torch.Tensor, return_attention: bool = False, feedback=None,
+                windows: Optional[torch.Tensor] = None):
         """Dense patch embeddings ``(B, D, h, w)`` (model dtype, not L2-normalised); with
-        ``return_attention`` also the ``(B, heads, h*w, h*w)`` float32 weights."""
-        tokens, grid, attn = self.forward_tokens(images, feedback)
+        ``return_attention`` also the ``(B, heads, h*w, h*w)`` float32 weights; ``windows``: see
+        :meth:`forward_pass`."""
+        tokens, grid, attn = self.forward_tokens(images, feedback, windows)
         feats = self.dense_embedding(tokens, grid)
         return (feats, attn) if return_attention else feats

@@ -28,6 +28,23 @@ class CASSUpstream(UpstreamEntry):
         return ["MODEL.SPARSECLIP.PROXY.WEIGHTS", cls.vfm_file(workdir) if drawn else "none"]
 
     @classmethod
+    def row_opts(cls, root, model):
+        # upstream builds DINO's key graph in fp16 (MICV-yonsei/CASS @ 228ecdd clip/model.py forward:
+        # dino_attn = dino_attn.half(), on the CPU too); the project's default is fp32 (cass_b16.yaml)
+        return ["MODEL.SPARSECLIP.PROXY.CASS.KEY_PRECISION", "fp16"]
+
+    @staticmethod
+    def _assignment(args, kwargs, out):
+        """What upstream's ``linear_sum_assignment(cost_matrix_cpu)`` chose: its columns (rows are
+        0..H-1) and the float32 cost matrix it was given (clip/model.py _apply_spectral_strategy)."""
+        import numpy as np
+
+        rows, cols = out
+        if list(rows) != list(range(len(rows))):
+            raise RuntimeError(f"upstream's assignment returned rows {list(rows)}, not 0..{len(rows) - 1}")
+        return {"cols": [int(c) for c in cols], "cost": np.asarray(args[0], dtype=np.float64).tolist()}
+
+    @classmethod
     def build(cls, spec, image, path, kit):
         import types
 
@@ -40,6 +57,13 @@ class CASSUpstream(UpstreamEntry):
         torch.hub.load_state_dict_from_url = lambda url, *a, **k: torch.load(dino_file, map_location="cpu")
         kit.tensor_cuda_standin()
         import cass_segmentor as seg_module
+        # the agreement driver replays upstream's head assignment where it ties with the project's
+        # (docs/agreement/cass.md): record it, as clip/model.py imported scipy's function
+        kit.record_returns(sys.modules["clip.model"], "linear_sum_assignment", "assignment", cls._assignment)
+        # and the random generator each window's torch.svd_lowrank draws start from (optimal_q, unseeded
+        # upstream; the project re-seeds per window with PROXY.CASS.SEED): the same draws on both sides
+        kit.record_returns(sys.modules["clip.model"].VisionTransformer, "_apply_spectral_strategy", "random state",
+                           lambda args, kwargs, out: torch.get_rng_state().tolist(), before=True)
         seg_module.openai_imagenet_template = kit.cut_templates(seg_module.openai_imagenet_template, spec)
         model = kit.upstream_config(path, cls.upstream_config_of(spec))
         for k in ("type", "clip_path", "name_path"):
