@@ -365,7 +365,7 @@ def near_ties(row: dict) -> str:
 
 def replay_summary(replay) -> str:
     """The stage column's text of a row's replayed choices (``row['replay']``, :mod:`~sparseclip_d2.common.replay`):
-    per choice, how many calls replayed upstream's, the largest cost difference ``|Δ|`` against the
+    per choice, how many calls replayed upstream's, the largest absolute cost difference against the
     tie tolerance, the costs; in bold, every call refused (not a tie) and every call the two sides
     did not both make. Empty when nothing was replayed."""
     if not replay:
@@ -382,7 +382,7 @@ def replay_summary(replay) -> str:
         elif done:
             costs = [e["own"] for e in done]
             text += (f"replayed upstream's in {len(done)} (differs from the project's own in {sum(e['differs'] > 0 for e in done)}), "
-                     f"cost tie |Δ| <= {max(abs(e['delta']) for e in done):.1e} (tol {min(e['tol'] for e in done):.1e}; "
+                     f"cost tie, abs. difference <= {max(abs(e['delta']) for e in done):.1e} (tol {min(e['tol'] for e in done):.1e}; "
                      f"cost {min(costs):.6f}-{max(costs):.6f})")
             diffs = [e["cost_diff"] for e in done if "cost_diff" in e]
             if diffs:
@@ -404,9 +404,10 @@ def format_row(row: dict, commit: str) -> str:
     px = f" [{row['differ']} px; {near_ties(row)}]" if row["differ"] else ""
     flat = f" **flat: {', '.join(row['flat'])}**" if row["flat"] else ""
     replay = replay_summary(row.get("replay"))
+    stages = f"{row['activity_summary']}{flat}{'; ' + replay if replay else ''}".replace("|", "/")  # one table cell
     return (f"| `{row['config']}`{force} | `{row['upstream_config']}` | {row['input']} "
             f"{row['resized'][0]} x {row['resized'][1]} | {row['percent']:.3f} ({row['classes_upstream']}){px} | "
-            f"{row['activity_summary']}{flat}{'; ' + replay if replay else ''} | {commit} |")
+            f"{stages} | {commit} |")
 
 
 def _parser(methods):

@@ -240,11 +240,11 @@ def test_replay_summary_says_what_was_replayed_refused_or_left_over():
     tie = dict(recorded={"assignment": 2}, unused={},
                log=[_log(1, 11.0, 11.0), _log(2, 11.5, 11.5 + 2e-7, cost_diff=3e-7)])
     assert replay_summary(tie) == ("assignment x2: replayed upstream's in 2 (differs from the project's own in 1), "
-                                   "cost tie |Δ| <= 2.0e-07 (tol 1.0e-05; cost 11.000000-11.500000), "
+                                   "cost tie, abs. difference <= 2.0e-07 (tol 1.0e-05; cost 11.000000-11.500000), "
                                    "cost matrices differ by <= 3.0e-07")
     refused = dict(recorded={"assignment": 3}, unused={"assignment": 1}, log=[_log(1, 11.0, 11.0), _log(2, 4.0, 19.0)])
     assert replay_summary(refused) == (
-        "assignment x2: replayed upstream's in 1 (differs from the project's own in 0), cost tie |Δ| <= 0.0e+00 "
+        "assignment x2: replayed upstream's in 1 (differs from the project's own in 0), cost tie, abs. difference <= 0.0e+00 "
         "(tol 1.0e-05; cost 11.000000-11.000000), cost matrices differ by <= 0.0e+00; **replay REFUSED in 1 "
         "(not a cost tie: call 2 own 4.0000000, upstream's 19.0000000, Δ=1.5e+01 > tol 1.0e-05); the project's "
         "own kept** **upstream made 1 more such calls than the project**")
@@ -256,4 +256,4 @@ def test_replay_summary_says_what_was_replayed_refused_or_left_over():
                classes_upstream=3, differ=0, activity_summary="windows: windows 1", flat=[], replay=tie)
     assert format_row(row, "o/r 1234567").endswith(
         "| windows: windows 1; assignment x2: replayed upstream's in 2 (differs from the project's own in 1), cost "
-        "tie |Δ| <= 2.0e-07 (tol 1.0e-05; cost 11.000000-11.500000), cost matrices differ by <= 3.0e-07 | o/r 1234567 |")
+        "tie, abs. difference <= 2.0e-07 (tol 1.0e-05; cost 11.000000-11.500000), cost matrices differ by <= 3.0e-07 | o/r 1234567 |")

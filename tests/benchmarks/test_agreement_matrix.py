@@ -21,13 +21,15 @@ def test_rows_printed_by_the_driver_are_read_back():
              format_row(_row(force=["prob0", "feedback0"], percent=99.99812, differ=3), "o/m abc1234"),
              format_row(_row(input_name="voc_odd", flat=["probability threshold"]), "o/m abc1234"),
              format_row(_row(input_name="voc@336x504", differ=40, margin=5e-3, percent=99.9), "o/m abc1234"),
+             format_row(dict(_row(input_name="arc2017"), activity_summary="cost |a - b| <= 1"), "o/m abc1234"),
              "| `configs/cfg_voc21.py` | `m_b16_voc21.yaml` | on | 0 | 100.0000 (5) | 99.9993 (2) |"]  # older format
     rows = parse_rows("\n".join(["# page", ""] + lines + ["text after"]))
     assert [(r["force"], r["input"], r["percent"], r["flat"], r["not_near_ties"]) for r in rows] == [
         ([], "voc_wide", 100.0, False, False),
         (["prob0", "feedback0"], "voc_wide", 99.998, False, False),
         ([], "voc_odd", 100.0, True, False),
-        ([], "voc@336x504", 99.9, False, True)]
+        ([], "voc@336x504", 99.9, False, True),
+        ([], "arc2017", 100.0, False, False)]  # a "|" in the stage text does not split the cell
     assert {r["config"] for r in rows} == {"m_b16_voc21.yaml"} and rows[0]["classes"] == 7
     assert rows[0]["commit"] == "o/m abc1234"
 
