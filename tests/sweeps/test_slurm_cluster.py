@@ -17,7 +17,8 @@ process a test starts (sweeps, train_net through them) is killed with the test p
 (train_net stops itself once after that image's checkpoint record), so that a test acts while
 a run evaluates, whatever the machine's load: every wait is on a state (squeue, a process
 state, a file), with deadlines that only a broken cluster reaches. Slurm holds a requeued job
-for 120 s (its begin time); the tests set ``StartTime=now`` to go on at once."""
+for 120 s (its begin time); the tests set ``StartTime=now`` once the previous attempt is over
+and its credential's second has passed (``_release_requeued_job``)."""
 import ctypes
 import importlib.util
 import json
@@ -125,6 +126,21 @@ class Cluster:
         """Cancel every job and wait until none is listed and no job process is left."""
         self.run("scancel", "--quiet", "--full", "--user", "root", check=False)
         _wait_for(lambda: self.queue() == [] and not self.job_processes(), "the jobs to end", timeout=300)
+
+
+def _release_requeued_job(cluster, job_id):
+    """Release Slurm's 120 s hold of a requeued job (its begin time) once its previous attempt is
+    over: no job process of the cluster left, and the clock two seconds on. At the requeue slurmd
+    revokes the job's credential and then refuses any credential of that job created in the same
+    second or before (Slurm's src/common/slurm_cred.c: revoked when ``cred->ctime <=
+    j->revoked``, whole seconds), so a launch at once fails the job with "Killing non-startable
+    batch JobId=N: Job credential revoked" (slurmctld.log; seen once, 68 ms after the requeue, at
+    load 4). Waiting longer is always safe: this is a lower bound, not a race."""
+    _wait_for(lambda: not cluster.job_processes(), "the requeued job's previous attempt to end", timeout=300)
+    gone = time.time()
+    while time.time() < int(gone) + 2:
+        time.sleep(0.1)
+    cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
 
 def _check_gone(folder, ports, runtime=None):
@@ -422,10 +438,10 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_metrics_of_an_uninter
         assert (folder / "inference" / "sparseclip_voc21_val" / "checkpoint" / "00000000.pt").is_file()
         (job_id,) = [v["job_id"] for v in _jobs(out).values()]
         cluster.run("scontrol", "requeue", job_id)
-        # Slurm holds a requeued job until now + 120 s (its begin time): release it now
+        # Slurm holds a requeued job until now + 120 s (its begin time): release it once it may start
         _wait_for(lambda: any(i == job_id and st == "PENDING" for i, st, _ in cluster.queue() or []),
                   "the job to be requeued")
-        cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        _release_requeued_job(cluster, job_id)
         assert driver.wait(DEADLINE_S) == 0
     finally:
         _end(driver)
@@ -528,7 +544,7 @@ def test_time_limit_shorter_than_the_run_requeues_and_resumes_or_records_why(clu
         deadline = time.time() + DEADLINE_S
         while driver.poll() is None and time.time() < deadline:
             if any(i == job_id and st == "PENDING" and r == "BeginTime" for i, st, r in cluster.queue() or []):
-                cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # skip Slurm's 120 s hold
+                _release_requeued_job(cluster, job_id)  # skip Slurm's 120 s hold
                 requeued += 1
             time.sleep(0.5)
     finally:
