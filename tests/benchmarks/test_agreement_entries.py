@@ -102,7 +102,7 @@ def test_a_folder_row_gives_the_project_side_its_configs_dataset(tmp_path, monke
         np.savez(spec["result"] + ".npz", labels=np.ones((336, 336), np.int64),
                  margin=np.full((336, 336), 0.5, np.float32))
         with open(spec["result"] + ".json", "w") as f:
-            json.dump(dict(activity={}, summary="", flat=[]), f)
+            json.dump(dict(activity={}, summary="", flat=[], replay=None), f)  # as the worker writes it
 
     monkeypatch.setattr(agreement, "_run_worker", fake_worker)
     monkeypatch.setattr(agreement, "random_clip_weights", lambda name, seed, path: path)

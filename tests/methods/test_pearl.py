@@ -328,7 +328,10 @@ def test_the_agreement_variant_tlp_off_builds_on_every_pearl_config():
     entry = UPSTREAM.get("pearl")
     opts = entry.forcing["tlp_off"][0]
     assert list(opts[:2]) == ["MODEL.SPARSECLIP.TLP.ENABLED", "False"]
-    assert dict(zip(opts[2::2], opts[3::2]))["MODEL.SPARSECLIP.TLP.GRID"] == "80"  # pearl_ovss.py grid=80
+    from sparseclip_d2.methods.pearl.propagation import TLPSettings
+
+    # the grid is put back at the settings' own default (pearl_ovss.py grid=80)
+    assert dict(zip(opts[2::2], opts[3::2]))["MODEL.SPARSECLIP.TLP.GRID"] == str(TLPSettings().grid) == "80"
     stage = STAGES.get("text_laplacian")
     assert stage.settings_from_config(project_cfg("pearl_b16_cityscapes.yaml", [])).grid == 224
     for config in entry.configs:

@@ -1,20 +1,7 @@
 """PEARL's entry in the upstream benchmark and the agreement driver (``tools/agreement.py --method
 pearl``): its segmentor (``pearl_ovss.py``, PGSmall/PEARL at c26062b) from ``configs/cfg_<dataset>.py``,
 the text-aware Laplacian propagation on (``use_prop="on"``, as its ``run.sh``) or off."""
-import dataclasses
-
 from ..registry import UPSTREAM, UpstreamEntry, mmseg_dataset_configs
-from .propagation import KEY as TLP_KEY, TLPSettings
-
-
-def _tlp_off_opts() -> tuple:
-    """TLP switched off, with every other TLP key back at its default: a config that sets one
-    (``pearl_b16_cityscapes.yaml``: ``GRID 224``) would otherwise be refused, since a key set
-    while the section is off changes nothing."""
-    opts = [f"{TLP_KEY}.ENABLED", "False"]
-    for f in dataclasses.fields(TLPSettings):
-        opts += [f"{TLP_KEY}.{f.metadata['key']}", repr(f.default)]
-    return tuple(opts)
 
 
 @UPSTREAM.register("pearl")
@@ -35,7 +22,10 @@ class PEARLUpstream(UpstreamEntry):
     # tlp_off: the other half of the TLP on / off pair on any config (eval.py's default --prop off,
     # PEARL(use_prop="off"); TLP.ENABLED False here), not a stage-forcing variant
     forcing = {"prob0": (("MODEL.SPARSECLIP.PROB_THRESHOLD", "0.0"), {"prob_thd": 0.0}),
-               "tlp_off": (_tlp_off_opts(), {"use_prop": "off"})}
+               # TLP.GRID back at its default (pearl_ovss.py grid=80; TLPSettings.grid, which the test checks):
+               # pearl_b16_cityscapes.yaml sets 224, a key that changes nothing once TLP is off, so refused
+               "tlp_off": (("MODEL.SPARSECLIP.TLP.ENABLED", "False", "MODEL.SPARSECLIP.TLP.GRID", "80"),
+                           {"use_prop": "off"})}
 
     @classmethod
     def build(cls, spec, image, path, kit):
