@@ -122,9 +122,3 @@ def tiny_clip():
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: end-to-end tests on a real local Slurm cluster")
 
-
-def pytest_collection_modifyitems(config, items):
-    """The Slurm file first (a stable sort: every other item keeps its order). It is the longest
-    file (3-5 min) and, collected late, it ran alone at the end of a 2-worker suite while the
-    other worker idled; first, ``--dist loadfile`` hands it to one worker at the start."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
