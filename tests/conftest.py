@@ -121,4 +121,3 @@ def tiny_clip():
 # marker ``slurm``; they run in the default suite (``-m "not slurm"`` leaves them out by hand).
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: end-to-end tests on a real local Slurm cluster")
-
