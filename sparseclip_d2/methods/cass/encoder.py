@@ -219,13 +219,11 @@ class CASSEncoder(DenseCLIPEncoder):
     def second_backbones(self):
         return [self.proxy]
 
-    @property
-    def needs(self) -> Needs:
-        """The whole windows (``windows=``): the proxy sees the whole window, as upstream's DINO sees
-        the whole image while CLIP's stride-16 conv1 drops the remainder (``clip/model.py`` forward:
-        ``inv_image`` of the whole ``x``, ``conv1(x)``); under ``PATCH_REMAINDER truncate`` the crops
-        are only the window's top-left multiple of the patch."""
-        return Needs(whole_windows=True)
+    #: the whole windows (``windows=``): the proxy sees the whole window, as upstream's DINO sees
+    #: the whole image while CLIP's stride-16 conv1 drops the remainder (``clip/model.py`` forward:
+    #: ``inv_image`` of the whole ``x``, ``conv1(x)``); under ``PATCH_REMAINDER truncate`` the crops
+    #: are only the window's top-left multiple of the patch
+    needs = Needs(whole_windows=True)
 
     def with_spec(self, spec: AttentionSpec) -> "CASSEncoder":
         """The same encoder (tower and proxy shared) with another attention spec."""

@@ -5,7 +5,6 @@ from typing import Optional
 
 from ...clip.spec import AttentionSpec
 from ...common.keys import Key, Section, switch_is_on
-from ...common.needs import Needs
 from ...proxy.keys import KEY as PROXY_KEY, proxy_node
 from ..proxyclip.keys import refuse_score_keys
 from ..registry import CONFIG_SECTIONS, ENCODERS, EncoderFamily
@@ -41,7 +40,7 @@ class CASSFamily(EncoderFamily):
     """MICV-yonsei/CASS: CLIP's and the proxy's attention graphs combined spectrally."""
 
     key = f"{KEY}.ENABLED"
-    needs = Needs(whole_windows=True)  # the proxy sees the whole window (CASSEncoder.needs)
+    needs = CASSEncoder.needs
 
     @classmethod
     def settings_from_config(cls, cfg):
