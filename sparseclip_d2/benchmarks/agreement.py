@@ -291,7 +291,7 @@ def measure(method: str, entry, checkout: str, config: str, input_name: str, arg
     up_spec = dict(side="upstream", mode="labels", method=method, entry=entry.__module__, path=checkout,
                    weights=weights, threads=args.threads, templates=args.templates, image=spec["image"],
                    template=TEMPLATE if args.templates == "single" else "",
-                   out_size=[h, w], dino=args.dino, vfm_weights=entry.vfm_file(workdir),
+                   out_size=[h, w], dino=args.hub_path, vfm_weights=entry.vfm_file(workdir),
                    folder=os.path.join(mdir, "folder"), mask_dir=os.path.join(mdir, "masks"),
                    image_file=spec.get("image_file"), upstream_config=up_config, class_file=class_file,
                    upstream_settings=upstream_settings, result=os.path.join(mdir, "upstream"))
@@ -411,6 +411,8 @@ def format_row(row: dict, commit: str) -> str:
 
 
 def _parser(methods):
+    from .entries import HUBS
+
     p = argparse.ArgumentParser(prog="tools/agreement.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", required=True, choices=sorted(methods), help="the method family (its upstream entry)")
@@ -422,8 +424,10 @@ def _parser(methods):
                    help=f"inputs: {', '.join(INPUTS)} or PHOTO@HxW (default: {' '.join(DEFAULT_INPUTS)})")
     p.add_argument("--force", nargs="+", default=[], metavar="VARIANT",
                    help="stage-forcing variants of the entry (e.g. ResCLIP's feedback0), applied to both sides")
-    p.add_argument("--dino", default=None, metavar="PATH",
-                   help="a facebookresearch/dino checkout (7c446df), for the methods whose upstream loads DINO")
+    for hub, checkout in HUBS.items():  # --dino, --dinov2
+        p.add_argument(f"--{hub}", default=None, metavar="PATH",
+                       help=f"a {checkout.repo} checkout ({checkout.commit}), for the methods whose upstream "
+                            f"loads it through torch.hub ({', '.join(m for m, e in methods.items() if e.needs_dino and e.hub == hub) or 'none'})")
     p.add_argument("--templates", choices=["single", "config"], default="single",
                    help="prompt templates of both sides: the project's one, a photo of a {}. (default), or each side's own list")
     p.add_argument("--seed", type=int, default=0, help="torch seed of the random CLIP weights")
@@ -441,7 +445,7 @@ def _parser(methods):
 def main(argv=None) -> list:
     """The command line of ``tools/agreement.py``: every (config, input) row printed and written
     to ``<workdir>/rows.jsonl``; returns the rows."""
-    from .entries import DINO, entries
+    from .entries import HUBS, entries, hub_of
 
     methods = entries()
     args = _parser(methods).parse_args(argv)
@@ -453,8 +457,10 @@ def main(argv=None) -> list:
         raise SystemExit(f"--force {' '.join(bad)}: not a stage-forcing variant of {args.method}; valid: "
                          f"{', '.join(entry.forcing) or 'none'}")
     checkout, _, note = check_checkout(args.method, args.upstream, entry)
+    args.hub_path = None
     if entry.needs_dino:
-        args.dino = check_upstream(args.method, args.dino, DINO, "dino")
+        hub = hub_of(args.method)
+        args.hub_path = check_upstream(args.method, getattr(args, hub), HUBS[hub], hub)
     args.workdir = os.path.abspath(args.workdir)
     os.makedirs(args.workdir, exist_ok=True)
     print(f"upstream: {note}", flush=True)

@@ -102,6 +102,8 @@ Upstream checkouts are not part of this project; fetch each yourself::
     git clone https://github.com/YuHengsss/Trident     && git -C Trident checkout a93b346
     git clone https://github.com/PGSmall/PEARL         && git -C PEARL checkout c26062b
     git clone https://github.com/chongzhou96/MaskCLIP  && git -C MaskCLIP checkout 245d31f
+    git clone https://github.com/lorebianchi98/Talk2DINO && git -C Talk2DINO checkout 4918c2d
+    git clone https://github.com/facebookresearch/dinov2 && git -C dinov2 checkout b8931f7   # --dinov2 (Talk2DINO)
 
 The upstream worker runs with ``--<method>-python`` (default: this interpreter). GEM pins
 ``open_clip_torch<=2.23.0`` (its ``requirements.txt``): give it an interpreter that has it;
@@ -123,7 +125,9 @@ the ``--dino`` checkout (``--proxyclip-dino`` is the same option), and their fp1
 module-level ``device = "cuda"`` is set to ``"cpu"``, its metric (``configs/metric.py`` over the
 one image) is not computed, its ``get_text_features`` is memoised (the text side is encoded
 before timing, as on the project side), and its ``dataset_info["VOC21"]`` paths point at the
-folder this tool writes. CASS, CorrCLIP, LPOSS and Trident need ``--dino`` too (their VFM
+folder this tool writes. Talk2DINO's hub call of ``dinov2_vitb14_reg`` is answered from the
+``--dinov2`` checkout, so one command can time the DINO and DINOv2 methods together.
+CASS, CorrCLIP, LPOSS and Trident need ``--dino`` too (their VFM
 weights are drawn by its hub code); their stand-ins are the agreement rows' (docs/upstream_agreement.md):
 ``Tensor.to('cuda')`` stays on the CPU (CASS's text encoder, LPOSS's loop), an empty ``requests``
 module (CASS's DINO wrapper imports it), a ``skimage`` module without functions (Trident's
@@ -145,7 +149,7 @@ import sys
 import tempfile
 
 from .checkouts import check_upstream
-from .entries import DINO, dino_aliases, dino_help, entries, entry, needs_dino, vfm_file
+from .entries import HUBS, dino_aliases, dino_help, entries, entry, hub_of, hubs, needs_dino, vfm_file
 from .flops import matmul_peak_gflops
 from .harness import time_sides
 from .project import prepare_project, random_weights
@@ -172,7 +176,9 @@ def _parser():
         p.add_argument(f"--{m}", default=None, metavar="PATH", help=f"a {meta.repo} checkout (commit {meta.commit})")
         p.add_argument(f"--{m}-python", default=sys.executable, metavar="PYTHON",
                        help=f"interpreter of the {m} upstream worker (default: this one)")
-    p.add_argument("--dino", *dino_aliases(), dest="dino", default=None, metavar="PATH", help=dino_help())
+    for hub in hubs():  # --dino (and its old aliases), --dinov2
+        p.add_argument(f"--{hub}", *(dino_aliases() if hub == "dino" else ()), dest=hub, default=None,
+                       metavar="PATH", help=dino_help(hub))
     p.add_argument("--weights", default=None,
                    help="an OpenAI-format ViT-B/16 state dict for both sides (default: random, seed 0)")
     p.add_argument("--reps", type=int, default=3, help="timed images per side after one warm-up (default 3)")
@@ -221,15 +227,17 @@ def parse_args(argv=None):
             p.error(f"--device cuda: torch.cuda.is_available() is False on this machine (torch {torch.__version__}, "
                     f"built for CUDA {torch.version.cuda}); run it on a GPU machine, or leave --device out for the CPU table")
     args.short_side = _short_sides(args.short_side)
-    args.paths, args.dino_path = {}, None
+    args.paths, args.hub_paths = {}, {}
     for m in args.methods:
         path = getattr(args, m)
         if args.project_only and not path:
             continue
         args.paths[m] = check_upstream(m, path, entry(m))
-    proxy = [m for m in needs_dino() if m in args.paths]
-    if proxy and not args.project_only:
-        args.dino_path = check_upstream(proxy[0], args.dino, DINO, "dino")
+    if not args.project_only:
+        for hub in hubs():  # each hub checkout the chosen methods' upstreams load, checked once
+            users = [m for m in needs_dino(hub) if m in args.paths]
+            if users:
+                args.hub_paths[hub] = check_upstream(users[0], getattr(args, hub), HUBS[hub], hub)
     return args
 
 
@@ -243,7 +251,7 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
                              path=args.paths[method], weights=weights,
                              threads=args.threads, templates=args.templates, device=args.device, dtype=args.dtype,
                              image=os.path.join(mdir, "image.npy"), out_size=info["out_size"],
-                             dino=args.dino_path, vfm_weights=vfm_file(method, mdir),
+                             dino=args.hub_paths.get(hub_of(method)) if entry(method).needs_dino else None, vfm_weights=vfm_file(method, mdir),
                              folder=os.path.join(mdir, "folder"), mask_dir=os.path.join(mdir, "masks"),
                              image_file=project_spec.get("image_file"))
     # the side whose build writes the other's input starts first: the project side of an

@@ -301,10 +301,12 @@ class UpstreamEntry:
     - the vocabulary of a segmentor: ``class_file`` (a ``cls_*.txt`` under ``subdir``) or
       ``class_tuple`` (``(file, class)`` whose ``CLASSES`` is it); ``upstream_config``: the
       checkout's config file its driver reads;
-    - ``needs_dino``: what of the ``--dino`` checkout its upstream uses, a phrase for the option's
-      help ("" when it needs none); ``vfm``: the DINO hub entry whose random weights (seed 0,
-      drawn by the upstream worker) both sides load (:meth:`vfm_file`); ``dino_aliases``: more
-      option strings meaning ``--dino``;
+    - ``needs_dino``: what of its torch.hub checkout its upstream uses, a phrase for the option's
+      help ("" when it needs none); ``hub``: which checkout that is, by its option's name
+      (``"dino"``: facebookresearch/dino, ``--dino``; ``"dinov2"``: facebookresearch/dinov2,
+      ``--dinov2``; ``sparseclip_d2.benchmarks.entries.HUBS``); ``vfm``: the hub entry whose random
+      weights (seed 0, drawn by the upstream worker) both sides load (:meth:`vfm_file`);
+      ``dino_aliases``: more option strings meaning ``--dino``;
     - ``sample_reads_file``: upstream's data sample reads the resized photo from a file
       (``spec['image_file']``, written by the harness);
     - ``cuda``: its ``build`` honours ``spec['device']`` (``"cuda"``: the GPU benchmark,
@@ -362,6 +364,7 @@ class UpstreamEntry:
     class_tuple: Optional[Tuple[str, str]] = None
     upstream_config = ""
     needs_dino = ""
+    hub = "dino"
     vfm = "dino_vitb8"
     dino_aliases: Tuple[str, ...] = ()
     sample_reads_file = False

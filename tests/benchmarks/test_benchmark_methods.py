@@ -52,7 +52,7 @@ def test_fsa_needs_the_dino_checkout_too(tmp_path, capsys):
     assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
     (tmp_path / "hubconf.py").write_text("")
     args = parse_args(["--methods", "fsa", "--fsa", str(tmp_path), "--dino", str(tmp_path)])
-    assert args.paths == {"fsa": str(tmp_path)} and args.dino_path == str(tmp_path)
+    assert args.paths == {"fsa": str(tmp_path)} and args.hub_paths == {"dino": str(tmp_path)}
 
 
 def test_sfp_is_found_in_its_sfp_iccv_folder(tmp_path, capsys):
@@ -170,7 +170,7 @@ def test_cass_corrclip_lposs_trident_need_their_checkout_and_dino(tmp_path, caps
     assert "--dino" in msg and "facebookresearch/dino" in msg and "7c446df" in msg
     (tmp_path / "hubconf.py").write_text("")
     args = parse_args(["--methods", method, f"--{method}", str(tmp_path), "--dino", str(tmp_path)])
-    assert args.paths == {method: str(tmp_path)} and args.dino_path == str(tmp_path)
+    assert args.paths == {method: str(tmp_path)} and args.hub_paths == {"dino": str(tmp_path)}
 
 
 def test_vfm_files_follow_the_dino_each_upstream_loads(tmp_path):
@@ -283,3 +283,28 @@ def test_the_upstream_worker_imports_an_entry_without_the_model_code():
                                                    "sparseclip_d2.dense", "sparseclip_d2.modeling"))], ours
     loaded = {m.rsplit(".", 1)[-1] for m in ours if m.startswith("sparseclip_d2.methods.") and m.count(".") == 3}
     assert loaded <= {"upstream"}, ours  # of the method folders, their upstream.py only
+
+
+def test_talk2dino_asks_for_the_dinov2_checkout_beside_the_dino_methods(tmp_path, capsys):
+    """Talk2DINO's upstream loads ``dinov2_vitb14_reg`` through torch.hub (facebookresearch/dinov2), the
+    DINO methods ``dino_vitb8`` (facebookresearch/dino): each hub has its own option, so one command times
+    both kinds, and a DINO checkout is not taken for DINOv2."""
+    t2d, fsa, dino, dinov2 = (tmp_path / n for n in ("t2d", "fsa", "dino", "dinov2"))
+    (t2d / "src/open_vocabulary_segmentation/models/dinotext").mkdir(parents=True)
+    (t2d / "src/open_vocabulary_segmentation/models/dinotext/dinotext.py").write_text("")
+    fsa.mkdir()
+    (fsa / "FSA_Proxy_segmentor.py").write_text("")
+    dino.mkdir()
+    (dino / "hubconf.py").write_text("")
+    msg = _refusal(capsys, ["--methods", "talk2dino", "--talk2dino", str(t2d)])
+    assert "--dinov2" in msg and "facebookresearch/dinov2" in msg and "b8931f7" in msg
+    msg = _refusal(capsys, ["--methods", "talk2dino", "--talk2dino", str(t2d), "--dinov2", str(dino)])
+    assert "not a checkout of facebookresearch/dinov2 (it has no dinov2/hub/backbones.py)" in msg
+    (dinov2 / "dinov2/hub").mkdir(parents=True)
+    (dinov2 / "dinov2/hub/backbones.py").write_text("")
+    args = parse_args(["--methods", "talk2dino", "fsa", "--talk2dino", str(t2d), "--fsa", str(fsa),
+                       "--dino", str(dino), "--dinov2", str(dinov2)])
+    assert args.hub_paths == {"dino": str(dino), "dinov2": str(dinov2)}
+    msg = _refusal(capsys, ["--methods", "talk2dino", "fsa", "--talk2dino", str(t2d), "--fsa", str(fsa),
+                            "--dinov2", str(dinov2)])
+    assert "--dino" in msg and "facebookresearch/dino " in msg

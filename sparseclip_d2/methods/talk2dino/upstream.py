@@ -232,7 +232,7 @@ class Talk2DINOUpstream(UpstreamEntry):
     upstream_config = f"{SEG}/configs/voc/dinotext_voc_vitb_mlp_infonce.yml"
     class_tuple = (f"{SEG}/segmentation/datasets/pascal_voc.py", "PascalVOCDataset20")
     # dinotext.py loads DINOv2 with torch.hub.load('facebookresearch/dinov2', 'dinov2_vitb14_reg')
-    needs_dino, vfm = "the torch.hub DINOv2 code (facebookresearch/dinov2) its upstream loads", HUB_ENTRY
+    needs_dino, hub, vfm = "the torch.hub DINOv2 code its upstream loads", "dinov2", HUB_ENTRY
 
     @classmethod
     def project_opts(cls, path, workdir, drawn):
