@@ -81,7 +81,7 @@ def test_a_checkout_with_the_marker_file_is_accepted(tmp_path):
     (["--project-only", "--reps", "0"], ["--reps", "at least 1"]),
     (["--project-only", "--threads", "0"], ["--threads", "at least 1"]),
     (["--project-only", "--short-side", "gem"], ["--short-side 'gem'", "METHOD=PIXELS"]),
-    (["--project-only", "--short-side", "nosuch=224"], ["--short-side 'nosuch=224'", "itaclip, cliptrase"]),
+    (["--project-only", "--short-side", "nosuch=224"], ["--short-side 'nosuch=224'", "itaclip, lposs"]),
     (["--project-only", "--dtype", "fp16"], ["--dtype fp16 needs --device cuda"]),
     (["--project-only", "--short-side", "gem=-4"], ["--short-side 'gem=-4'", "positive integer"]),
     (["--project-only", "--weights", "/nonexistent/w.pt"], ["--weights /nonexistent/w.pt", "no such file"]),

@@ -122,3 +122,24 @@ def test_the_model_runs_its_stages_in_kind_order_and_exposes_them():
     result = plain.predict(x)
     assert result.labels is None and torch.equal(result.label_map(), result.score_maps.labels())
     assert "sem_seg" in plain([x])[0]
+
+
+def test_family_folders_are_found_not_listed():
+    """Every sub-package of ``sparseclip_d2/methods`` is a family folder, imported in alphabetical
+    order; a folder on disk that the discovery misses would register nothing."""
+    import pathlib
+
+    import sparseclip_d2.methods as methods
+
+    root = pathlib.Path(methods.__file__).parent
+    on_disk = sorted(p.name for p in root.iterdir() if (p / "__init__.py").is_file())
+    assert methods.family_folders() == on_disk
+    assert {"pearl", "gla_clip", "talk2dino", "sclip"} <= set(on_disk)
+    import sys
+
+    assert all(f"sparseclip_d2.methods.{name}" in sys.modules for name in on_disk)
+    # two stages of one kind run in their folders' order (cliptrase/, corrclip/, itaclip/); no
+    # shipped config switches on two of one kind (every config's plan was compared before and
+    # after the folders were found instead of listed)
+    labels = [n for n, c in methods.STAGES if c.kind == "labels"]
+    assert labels == ["cluster_vote", "region_vote", "label_closing"]
