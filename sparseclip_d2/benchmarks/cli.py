@@ -196,6 +196,9 @@ def _parser():
                    help="fp16 (CUDA only): both sides under torch.autocast('cuda', float16) (default fp32)")
     p.add_argument("--no-flops", dest="flops", action="store_false",
                    help="skip the FLOP count (one more image per side, after the timed ones)")
+    p.add_argument("--profile", action="store_true",
+                   help="one more image per side under module hooks: where its time goes, by module class "
+                        "(inclusive, exclusive, outside any module; sparseclip_d2/benchmarks/stages.py)")
     p.add_argument("--doc", default=None, metavar="FILE",
                    help="write the table, the machine's matmul peak, the operators no FLOP handle counts "
                         "and this command line to FILE (Markdown; docs/efficiency.md)")
@@ -261,7 +264,7 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
     if not project_first:
         order.reverse()
     pythons = {"project": sys.executable, "upstream": getattr(args, f"{method}_python")}
-    workers, times, loads = time_sides(order, pythons, args.reps, flops=args.flops)
+    workers, times, loads = time_sides(order, pythons, args.reps, flops=args.flops, profile=args.profile)
     sp = statistics.median(times["project"])
     su = statistics.median(times["upstream"]) if times["upstream"] else None
     up = workers.get("upstream")
@@ -280,7 +283,9 @@ def time_method(method: str, args, weights, mdir: str) -> dict:
                 project_gpu_mib=workers["project"].gpu_mib, upstream_gpu_mib=up.gpu_mib if up else None,
                 upstream_skipped=(None if up or args.project_only else "its upstream entry drives the CPU only"),
                 project_flops=getattr(workers["project"], "counted", None),
-                upstream_flops=getattr(up, "counted", None) if up else None)
+                upstream_flops=getattr(up, "counted", None) if up else None,
+                project_profile=getattr(workers["project"], "profiled", None),
+                upstream_profile=getattr(up, "profiled", None) if up else None)
 
 
 def main(argv=None):

@@ -47,7 +47,8 @@ def worker_main(spec_json: str) -> None:
     and the FLOPs of one image per ``flops`` line (:func:`.flops.count_flops`, sent after the timed
     images so that the counter's own memory is in no peak RSS figure). Every ``run`` answer carries
     the process's peak RSS so far (``rss_mib``) and, on CUDA (``spec['device']``), the peak GPU memory
-    allocated by torch (``gpu_mib``); each timed image is bracketed by ``torch.cuda.synchronize``
+    allocated by torch (``gpu_mib``); one more image under module hooks per ``profile`` line
+    (:func:`.stages.profile_modules`, after the timed images too); each timed image is bracketed by ``torch.cuda.synchronize``
     there, and with ``spec['dtype'] == 'fp16'`` every image (warm-up, timed, counted) runs under
     ``torch.autocast('cuda', float16)``."""
     import torch
@@ -91,6 +92,13 @@ def worker_main(spec_json: str) -> None:
 
             with precision():
                 out.write(json.dumps(count_flops(run)) + "\n")
+            out.flush()
+            continue
+        if line.strip() == "profile":  # after the timed images: one more under module hooks (not timed)
+            from .stages import profile_modules
+
+            with precision():
+                out.write(json.dumps(profile_modules(run)) + "\n")
             out.flush()
             continue
         if line.strip() != "run":
@@ -141,13 +149,20 @@ class Worker:
         self.proc.stdin.flush()
         return self._read()
 
+    def profile(self) -> dict:
+        """Where the time of one more image goes, by module class (:func:`.stages.profile_modules`);
+        not timed, the peak RSS figure not updated."""
+        self.proc.stdin.write("profile\n")
+        self.proc.stdin.flush()
+        return self._read()
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
 
 
-def time_sides(order, pythons: dict, reps: int, flops: bool = False):
+def time_sides(order, pythons: dict, reps: int, flops: bool = False, profile: bool = False):
     """Start a :class:`Worker` for each ``(side, spec)`` of ``order`` (in that order: the side whose
     build writes the other's input first; a ``None`` spec is skipped) with the interpreter
     ``pythons[side]``, then time ``reps`` images per side, alternately (project, upstream, then
@@ -157,7 +172,8 @@ def time_sides(order, pythons: dict, reps: int, flops: bool = False):
     Returns:
         ``(workers, times, loads)``: the workers by side (their peak RSS figures), the seconds of
         each side's images and the 1-minute load average before each timed image. With ``flops``,
-        each worker's ``counted`` is its :meth:`Worker.flops` after the timed images (else None).
+        each worker's ``counted`` is its :meth:`Worker.flops` after the timed images (else None);
+        with ``profile``, its ``profiled`` its :meth:`Worker.profile` after those (else None).
     """
     workers = {}
     try:
@@ -173,6 +189,7 @@ def time_sides(order, pythons: dict, reps: int, flops: bool = False):
                     times[side].append(workers[side].run())
         for wk in workers.values():
             wk.counted = wk.flops() if flops else None
+            wk.profiled = wk.profile() if profile else None
     finally:
         for wk in workers.values():
             wk.close()

@@ -127,6 +127,31 @@ def uncounted_section(rows) -> str:
     return "\n".join(out)
 
 
+def _classes(entries, n: int = 5) -> str:
+    return ", ".join(f"{name} {sec:.2f} s (x{calls})" for name, sec, calls in entries[:n])
+
+
+def profile_section(rows) -> str:
+    """Per method and side, where one more image's time went (``--profile``;
+    :func:`.stages.profile_modules`): the total under hooks, the seconds outside any module, and the
+    module classes by exclusive and by inclusive seconds. "" when no row was profiled."""
+    out = []
+    for r in rows:
+        for side in ("project", "upstream"):
+            prof = r.get(f"{side}_profile")
+            if not prof:
+                continue
+            out.append(f"- **{r['method']}, {side}**: {prof['total_s']:.2f} s under hooks, "
+                       f"{prof['outside_s']:.2f} s outside any module. Exclusive: {_classes(prof['exclusive'])}. "
+                       f"Inclusive: {_classes(prof['inclusive'])}.")
+    if not out:
+        return ""
+    return ("\n## Where the time goes (`--profile`)\n\nOne more image per side after the timed ones, with torch's "
+            "global module hooks (`benchmarks/stages.py`): seconds by module class, exclusive (its own work, "
+            "children excluded) and inclusive (its outermost calls), and outside any module (plain functions: "
+            "window loops, resizes, post-processing, numpy / scipy work).\n\n" + "\n".join(out) + "\n")
+
+
 def command_line(argv=None) -> str:
     """The command that made the table, as it would be typed (``tools/benchmark_methods.py`` and its
     arguments, with ``OMP_NUM_THREADS`` where set)."""
@@ -195,7 +220,7 @@ under `torch.autocast('cuda', float16)`. Matmul peak: {' and '.join(f'{p:.0f}' f
 ## Operators no FLOP handle counts
 
 {uncounted_section(rows)}
-""" + notes
+{profile_section(rows)}""" + notes
         with open(path, "w") as f:
             f.write(text)
         return
@@ -233,6 +258,6 @@ against their upstream loops"):
 ## Operators no FLOP handle counts
 
 {uncounted_section(rows)}
-""" + notes
+{profile_section(rows)}""" + notes
     with open(path, "w") as f:
         f.write(text)
