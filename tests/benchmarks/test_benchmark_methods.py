@@ -308,3 +308,56 @@ def test_talk2dino_asks_for_the_dinov2_checkout_beside_the_dino_methods(tmp_path
     msg = _refusal(capsys, ["--methods", "talk2dino", "fsa", "--talk2dino", str(t2d), "--fsa", str(fsa),
                             "--dinov2", str(dinov2)])
     assert "--dino" in msg and "facebookresearch/dino " in msg
+
+
+def test_the_gpu_script_times_every_entry_whose_checkout_it_finds(tmp_path):
+    """``tools/benchmark_methods_gpu.sh`` on a machine with CUDA (a stand-in interpreter answers the
+    CUDA check and records the tool's command lines): every registered entry whose repository folder
+    is under UPSTREAM, the hub checkouts, and ``<METHOD>_PYTHON`` for the worker that needs another
+    environment; fp32 then fp16."""
+    import subprocess
+    import sys
+
+    up = tmp_path / "up"
+    for name in ("PEARL", "Talk2DINO", "MaskCLIP", "dino", "dinov2"):
+        (up / name).mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    shim = tmp_path / "python"
+    shim.write_text(f"""#!{sys.executable}
+import subprocess, sys
+if sys.argv[1:2] == ["-c"] and "cuda.is_available" in sys.argv[2]:
+    sys.exit(0)  # the stand-in machine has CUDA
+if sys.argv[1:2] == ["-c"]:
+    sys.exit(subprocess.call([{sys.executable!r}] + sys.argv[1:]))
+with open({str(calls)!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+""")
+    shim.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(shim), UPSTREAM=str(up), MASKCLIP_PYTHON="/opt/mc/bin/python")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "tools/benchmark_methods_gpu.sh"), "--reps", "2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and "--dtype fp32" in lines[0] and "--dtype fp16" in lines[1]
+    words = lines[0].split()
+    methods = words[words.index("--methods") + 1:words.index("--methods") + 4]
+    assert sorted(methods) == ["maskclip", "pearl", "talk2dino"]
+    for option, path in (("--pearl", up / "PEARL"), ("--talk2dino", up / "Talk2DINO"), ("--maskclip", up / "MaskCLIP"),
+                         ("--dino", up / "dino"), ("--dinov2", up / "dinov2"), ("--maskclip-python", "/opt/mc/bin/python")):
+        assert words[words.index(option) + 1] == str(path), option
+    assert "--pearl-python" not in words and words[-2:] == ["--reps", "2"]
+    assert "docs/efficiency_gpu_fp16.md" in lines[1]
+
+
+def test_the_gpu_script_stops_at_once_without_cuda(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "tools/benchmark_methods_gpu.sh")],
+                          env=dict(os.environ, PYTHON=sys.executable, UPSTREAM=str(tmp_path)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "torch.cuda.is_available() is False" in proc.stderr
