@@ -208,6 +208,16 @@ class _Tower:
         raise NotImplementedError
 
 
+def _plain_self_attention_block(blk: nn.Module) -> bool:
+    """An open_clip ``ResidualAttentionBlock`` that is the plain pre-norm self-attention block:
+    no attention mask, no cross-attention inputs, ``ln_1`` / ``ln_2`` / ``mlp`` / ``ls_1`` / ``ls_2``, and
+    an ``nn.MultiheadAttention`` without dropout, bias_k / bias_v or zero-attention."""
+    attn = blk.attn
+    return (all(hasattr(blk, name) for name in ("ln_1", "ln_2", "mlp", "ls_1", "ls_2"))
+            and not hasattr(blk, "ln_1_kv") and attn.bias_k is None and attn.bias_v is None
+            and not attn.add_zero_attn and attn.dropout == 0.0 and attn._qkv_same_embed_dim)
+
+
 # ----------------------------------------------------------------------------- open_clip ViT
 class OpenCLIPViTTower(_Tower):
     """open_clip ``VisionTransformer``: conv1 -> CLS -> interpolated position embeddings ->
@@ -251,9 +261,25 @@ class OpenCLIPViTTower(_Tower):
         return v.ln_pre(x), None
 
     def run_native(self, blk, x, rope):
-        if blk.attn.batch_first:
-            return blk(x)
-        return blk(x.transpose(0, 1)).transpose(0, 1)
+        """The unmodified block. Its attention is computed as ``nn.MultiheadAttention`` computes it
+        with ``need_weights=False`` outside its fused inference fast path (the packed in-projection,
+        ``F.scaled_dot_product_attention``, the out-projection): the path of OpenAI CLIP's
+        sequence-first blocks, which the upstream code of the field vendors (``clip/model.py``
+        ``ResidualAttentionBlock.attention``: ``self.attn(x, x, x, need_weights=False)``), so the
+        tokens here equal theirs bit for bit where ``blk(x)`` on open_clip's batch-first module would
+        take the fused kernel and differ by about 2e-6 (and be slower on long token sequences;
+        docs/efficiency.md). A block of another kind (open_clip's scaled-cosine ``Attention``, a
+        cross-attention block) runs as it is."""
+        attn = getattr(blk, "attn", None)
+        if not isinstance(attn, nn.MultiheadAttention) or not _plain_self_attention_block(blk):
+            if getattr(attn, "batch_first", True):
+                return blk(x)
+            return blk(x.transpose(0, 1)).transpose(0, 1)
+        y = self.norm1(blk, x)
+        q, k, v = self.qkv(blk, y, rope)
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        x = x + self.attn_out(blk, y, out)
+        return x + self.ffn(blk, x)
 
     def norm1(self, blk, x):
         return blk.ln_1(x)

@@ -147,6 +147,40 @@ def test_unmodified_spec_equals_open_clip_tokens(tiny_clip):
     assert enc.visual is model.visual
 
 
+def _sequence_first_block(blk, x):
+    """OpenAI CLIP's block as the upstream code of the field vendors it (``clip/model.py``
+    ``ResidualAttentionBlock``): sequence-first tokens, ``attn(x, x, x, need_weights=False)``,
+    written here with the block's own weights through ``F.multi_head_attention_forward``."""
+    x = x.transpose(0, 1)
+    y = blk.ln_1(x)
+    a = blk.attn
+    out = F.multi_head_attention_forward(y, y, y, a.embed_dim, a.num_heads, a.in_proj_weight, a.in_proj_bias,
+                                         None, None, False, 0.0, a.out_proj.weight, a.out_proj.bias,
+                                         training=False, need_weights=False)[0]
+    x = x + out
+    x = x + blk.mlp(blk.ln_2(x))
+    return x.transpose(0, 1)
+
+
+@pytest.mark.parametrize("shape", [(2, 17, 64), (3, 5, 64)])
+def test_unmodified_blocks_equal_the_sequence_first_block_bit_for_bit(tiny_clip, shape):
+    """The unmodified blocks run as upstream's vendored OpenAI CLIP runs them (the scaled-dot-product
+    attention path of ``nn.MultiheadAttention``), bit for bit, not through the module's fused
+    batch-first fast path, which differs in the last bits (docs/efficiency.md, "Where the time goes")."""
+    from sparseclip_d2.clip.towers import OpenCLIPViTTower
+
+    model = tiny_clip[0]
+    tower = OpenCLIPViTTower(model.visual, lambda pe, a, b: pe)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for blk in tower.blocks:
+            assert blk.attn.batch_first  # open_clip's module: blk(x) would take the fused fast path
+            ours = tower.run_native(blk, x, None)
+            assert torch.equal(ours, _sequence_first_block(blk, x))
+            torch.testing.assert_close(ours, blk(x), atol=1e-5, rtol=0)  # the module itself, to rounding
+            x = ours
+
+
 def test_unmodified_spec_depth_sweep_softmax_equals_open_clip(tiny_clip):
     model = tiny_clip[0]
     images = _images()
