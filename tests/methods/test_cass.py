@@ -421,7 +421,7 @@ def test_the_proxy_sees_the_whole_window_of_a_truncated_crop():
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.CASS.INPUT": "pil"}), r"CASS\.INPUT = 'pil' is invalid"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FEATURE": "tokens"}), r"FEATURE = 'tokens' .* valid: FEATURE keys"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.BETA": "1.0"}), r"PROXY\.BETA = 1\.0 changes nothing with"),
-    (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"FSA\.ENABLED and .*CASS\.ENABLED are two different last blocks"),
+    (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}), r"CASS\.ENABLED and .*FSA\.ENABLED are two different last blocks"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED": "True"}), r"CASS\.ENABLED and .*TRIDENT\.ENABLED"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.ATTENTION.SOURCE": "qq+kk"}), r"ATTENTION\.SOURCE 'qq\+kk'"),
     (dict(_CASS, **{"MODEL.SPARSECLIP.PROXY.WEIGHTS": "/no/such/dino.pth"}), r"PROXY\.WEIGHTS = '/no/such/dino\.pth'"),

@@ -319,7 +319,7 @@ def _cfg(mask_dir, **opts):
     ({"MODEL.SPARSECLIP.PROXY.CORRCLIP.NUM_SPATIAL": "0"}, ValueError, "NUM_SPATIAL = 0 is invalid"),
     ({"MODEL.SPARSECLIP.PROXY.CORRCLIP.DBSCAN_MIN_SAMPLES": "0"}, ValueError, "DBSCAN_MIN_SAMPLES = 0 is invalid"),
     ({"MODEL.SPARSECLIP.PROXY.FSA.ENABLED": "True"}, ValueError,
-     r"PROXY\.FSA\.ENABLED and MODEL\.SPARSECLIP\.PROXY\.CORRCLIP\.ENABLED are two different last blocks"),
+     r"PROXY\.CORRCLIP\.ENABLED and MODEL\.SPARSECLIP\.PROXY\.FSA\.ENABLED are two different last blocks"),
     ({"MODEL.SPARSECLIP.PROXY.TRIDENT.ENABLED": "True"}, ValueError, "TRIDENT"),
     ({"MODEL.SPARSECLIP.PROXY.CASS.ENABLED": "True"}, ValueError, "CASS"),
     ({"MODEL.SPARSECLIP.BLOCK.FFN": "True"}, ValueError, "cannot be combined with MODEL.SPARSECLIP.BLOCK.FFN"),
