@@ -106,7 +106,7 @@ def test_a_folder_row_gives_the_project_side_its_configs_dataset(tmp_path, monke
 
     monkeypatch.setattr(agreement, "_run_worker", fake_worker)
     monkeypatch.setattr(agreement, "random_clip_weights", lambda name, seed, path: path)
-    args = argparse.Namespace(force=[], templates="single", seed=0, threads=1, dino=None, opts=[],
+    args = argparse.Namespace(force=[], templates="single", seed=0, threads=1, hub_path=None, opts=[],
                               upstream_python="python")
     entry = UPSTREAM.get("cliptrase")
     row = agreement.measure("cliptrase", entry, str(tmp_path / "CLIPtrase"), "cliptrase_b16_336_voc20.yaml",
