@@ -87,18 +87,13 @@ def worker_main(spec_json: str) -> None:
     out.write(json.dumps({"ready": time.perf_counter() - t0, "rss_mib": peak_rss_mib(), "gpu_mib": gpu_mib()}) + "\n")
     out.flush()
     for line in sys.stdin:
-        if line.strip() == "flops":  # after the timed images: the FLOPs of one more (not timed)
-            from .flops import count_flops
-
+        if line.strip() in ("flops", "profile"):  # after the timed images: one more image, not timed
+            if line.strip() == "flops":
+                from .flops import count_flops as measure
+            else:
+                from .stages import profile_modules as measure
             with precision():
-                out.write(json.dumps(count_flops(run)) + "\n")
-            out.flush()
-            continue
-        if line.strip() == "profile":  # after the timed images: one more under module hooks (not timed)
-            from .stages import profile_modules
-
-            with precision():
-                out.write(json.dumps(profile_modules(run)) + "\n")
+                out.write(json.dumps(measure(run)) + "\n")
             out.flush()
             continue
         if line.strip() != "run":
@@ -135,26 +130,25 @@ class Worker:
         return json.loads(line)
 
     def run(self) -> float:
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        answer = self._read()
+        answer = self._ask("run")
         self.rss_mib = answer["rss_mib"]
         self.gpu_mib = answer.get("gpu_mib")
         return answer["s"]
 
+    def _ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
     def flops(self) -> dict:
         """The FLOPs of one more image (``{"gflops", "unsupported"}`` or ``{"error"}``), not timed;
         the peak RSS figure is not updated."""
-        self.proc.stdin.write("flops\n")
-        self.proc.stdin.flush()
-        return self._read()
+        return self._ask("flops")
 
     def profile(self) -> dict:
         """Where the time of one more image goes, by module class (:func:`.stages.profile_modules`);
         not timed, the peak RSS figure not updated."""
-        self.proc.stdin.write("profile\n")
-        self.proc.stdin.flush()
-        return self._read()
+        return self._ask("profile")
 
     def close(self) -> None:
         if self.proc.poll() is None:
