@@ -47,9 +47,12 @@ weights of the block whose output the patches are; a detector that reads it has 
 ``needs_attention = True``.
 """
 
-# Elements of the (rows, N, C) difference tensor built at a time by lof_scores (bounds memory
-# to about 128 MiB in float32 whatever the grid; the values do not depend on the chunking).
-_DIFF_ELEMENTS = 1 << 25
+# Elements of the (rows, N, C) difference tensor built at a time by lof_scores: 16 MiB in float32
+# whatever the grid. Each row's distances are computed alone, so the values do not depend on the
+# chunking (tests/clip/test_calibrated.py). 2 ** 22 rather than 2 ** 25 (128 MiB): the distances of
+# SC-CLIP's 6 windows of 196 tokens took 0.33 s a 448 x 336 image in one torch thread, 0.10 s
+# in chunks of this size (torch.profiler, aten::sub + linalg_vector_norm; scratch benchmark, 2 cores).
+_DIFF_ELEMENTS = 1 << 22
 
 
 def lof_scores(patches: torch.Tensor, neighbors: int = 30) -> torch.Tensor:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sparseclip_d2.attention import outliers
 from sparseclip_d2.attention import (cosine_similarity_map, detect_outliers, lof_scores, repair_outliers,
                                      similarity_aggregate, similarity_scores)
 from sparseclip_d2.clip import AttentionSpec, CalibrationOptions, DenseCLIPEncoder, describe_spec, parse_attention_spec
@@ -73,7 +74,7 @@ def _aggregate64(x, s, beta):
 
 
 # ----------------------------------------------------------------------------- layer 1
-def test_lof_scores_match_the_loop_definition_and_find_a_planted_outlier():
+def test_lof_scores_match_the_loop_definition_and_find_a_planted_outlier(monkeypatch):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 30, 8, generator=g, dtype=torch.float64)
     x[0, 7] += 12.0   # a far token in each image, at different places
@@ -91,6 +92,16 @@ def test_lof_scores_match_the_loop_definition_and_find_a_planted_outlier():
     m10 = detect_outliers("lof", x, neighbors=5, contamination=0.1)
     for b in range(2):
         assert m10[b].tolist() == _lof_mask64(x[b], 5, 0.1).tolist()
+    # float32 in chunks of 3 rows (and a remainder of 2): bit for bit SC-CLIP's one-shot
+    # expression (SuleBai/SC-CLIP @ 0417ba9 clip/model.py lof_pytorch: torch.norm of all
+    # differences at once, squared), then the same k-NN, reachability and ratio steps
+    x32 = torch.randn(1, 50, 16, generator=g)
+    monkeypatch.setattr(outliers, "_DIFF_ELEMENTS", 3 * 50 * 16)
+    dist = torch.norm(x32[0][:, None] - x32[0][None, :], dim=2, p=2) ** 2
+    knn_d, knn_i = torch.topk(dist, k=6, largest=False)
+    knn_d, knn_i = knn_d[:, 1:], knn_i[:, 1:]
+    lrd = 5 / torch.nan_to_num(torch.max(knn_d, knn_d[:, -1].unsqueeze(1).expand_as(knn_d)).mean(dim=1), nan=1e-6)
+    assert torch.equal(lof_scores(x32, neighbors=5)[0], (lrd[knn_i] / lrd.unsqueeze(1)).mean(dim=1))
     with pytest.raises(ValueError, match=r"outlier_neighbors=30 needs 1 <= k < N = 30"):
         lof_scores(x, neighbors=30)
     with pytest.raises(ValueError, match=r"outlier_contamination=1.5 is invalid; valid: a share in \(0, 1\)"):
