@@ -169,8 +169,20 @@ def count_flops(run: Callable[[], object]) -> Dict[str, object]:
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            out = func(*args, **kwargs)
             name = func._schema.name
+            if name not in handles:
+                # Under torch.inference_mode (CorrCLIP's upstream predict) the autograd keys are
+                # excluded, so a composite operator (aten::linear, aten::matmul, aten::layer_norm,
+                # aten::scaled_dot_product_attention, ...) reaches this mode whole, before the
+                # decomposition that autograd's key otherwise runs first; its kernel then ran
+                # below the mode, unseen. Run its decomposition (the composite kernel itself, so the
+                # same values) with the mode on, so its parts are counted (as torch's own
+                # torch/utils/flop_counter.py FlopCounterMode does).
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            out = func(*args, **kwargs)
             if name in handles:
                 handle, adapt = handles[name]
                 outs = list(out) if isinstance(out, (tuple, list)) else [out]

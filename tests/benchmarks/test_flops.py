@@ -49,6 +49,27 @@ def test_attention_kernels_by_hand():
     assert out["gflops"] * 1e9 == pytest.approx(2 * 3 * ((5 + 2 * 5) * 64 + 2 * 5 * 5 * 8 + 5 * 64), rel=1e-12)
 
 
+def test_composite_operators_under_inference_mode_are_counted_by_their_parts():
+    """Under torch.inference_mode (CorrCLIP's upstream predict) aten::linear, aten::matmul,
+    aten::layer_norm and SDPA reach the counter whole; their parts are counted as without it."""
+    lin, norm, x = torch.nn.Linear(8, 4), torch.nn.LayerNorm(8), torch.randn(3, 8)
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 6)
+
+    def run():
+        lin(norm(x))
+        a @ b
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    with torch.inference_mode():
+        out = F.count_flops(run)
+    # linear 3 * 8 * 4, layer norm fvcore's 5 per element (3 * 8), matmul 2 * 3 * 4 * 5, SDPA as above
+    expected = 2 * (3 * 8 * 4 + 5 * 3 * 8 + 2 * 3 * 4 * 5 + (2 * 3) * 5 * 7 * (4 + 6))
+    assert out["gflops"] * 1e9 == pytest.approx(expected, rel=1e-12)
+    assert not any(op in out["unsupported"] for op in ("aten::linear", "aten::matmul", "aten::layer_norm",
+                                                       "aten::scaled_dot_product_attention")), out
+
+
 def test_uncounted_operators_are_named_and_data_movement_is_not():
     x = torch.randn(3, 8)
     out = _count(lambda: (torch.softmax(x, -1) + torch.from_numpy(x.numpy().copy())).exp().t().contiguous())
