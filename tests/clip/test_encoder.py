@@ -166,7 +166,8 @@ def _sequence_first_block(blk, x):
 def test_unmodified_blocks_equal_the_sequence_first_block_bit_for_bit(tiny_clip, shape):
     """The unmodified blocks run as upstream's vendored OpenAI CLIP runs them (the scaled-dot-product
     attention path of ``nn.MultiheadAttention``), bit for bit, not through the module's fused
-    batch-first fast path, which differs in the last bits (docs/efficiency.md, "Where the time goes")."""
+    batch-first fast path, which differs in the last bits (docs/efficiency.md, "The change: the unmodified blocks
+    compute attention as upstream's do")."""
     from sparseclip_d2.clip.towers import OpenCLIPViTTower
 
     model = tiny_clip[0]
