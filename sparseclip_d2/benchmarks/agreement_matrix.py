@@ -155,9 +155,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     g.add_argument("--write", metavar="FILE", help="write the summary page to FILE")
     g.add_argument("--check", metavar="FILE", help="exit 1 when FILE is not the page the method pages give")
     g.add_argument("--print", action="store_true", help="print the summary page")
+    g.add_argument("--todo", action="store_true",
+                   help="print the rows left to run, one a line: METHOD CONFIG INPUT [VARIANT,...] (earlier rows "
+                        "not rerun at a later main first, then the cells with no row; agreement_pages.todo)")
+    g.add_argument("--merge", metavar="ROWS_JSONL",
+                   help="put the rows of a <workdir>/rows.jsonl of tools/agreement.py into their method pages, "
+                        "section 'Rows at main `--commit`' (then rerun with --write)")
+    p.add_argument("--methods", nargs="+", default=None, help="with --todo: only these methods")
+    p.add_argument("--commit", help="with --merge: the main commit the rows were measured at")
+    p.add_argument("--when", help="with --merge: when they were measured, e.g. '2026-12-08 02:00-04:00 UTC'")
     args = p.parse_args(argv)
     if not os.path.isdir(args.pages):
         p.error(f"--pages {args.pages}: no such folder")
+    if args.todo or args.merge:
+        from . import agreement_pages
+
+        try:
+            if args.todo:
+                for r in agreement_pages.todo(entries(), args.pages, args.methods):
+                    print(r["method"], r["config"], r["input"], ",".join(r["force"]))
+                return 0
+            if not args.commit or not args.when:
+                p.error("--merge needs --commit and --when")
+            if not os.path.isfile(args.merge):
+                p.error(f"--merge {args.merge}: no such file")
+            merged = agreement_pages.merge_jsonl(args.merge, args.pages, agreement_pages.check_commit(args.commit),
+                                                 args.when, entries())
+        except ValueError as e:
+            p.error(str(e))
+        for page, n in merged.items():
+            print(f"{page}: {n} row(s) merged")
+        return 0
     text = render(entries(), args.pages)
     if args.print:
         print(text, end="")
