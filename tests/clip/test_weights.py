@@ -336,3 +336,61 @@ def test_training_checkpoint_with_python_objects_names_the_fix(tmp_path):
     msg = str(e.value)
     assert "holds Python objects besides tensors" in msg and "torch.save(model.state_dict(), FILE)" in msg
     assert "weights_only=False" not in msg and "file an issue" not in msg.lower()
+
+
+# ------------------------------------------------------------------------------ open_clip state dict files
+def _spy_load_checkpoint(monkeypatch):
+    calls = []
+    real = open_clip.load_checkpoint
+
+    def spy(model, path, *a, **k):
+        calls.append(path)
+        return real(model, path, *a, **k)
+
+    monkeypatch.setattr(open_clip, "load_checkpoint", spy)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["plain", "wrapped_module_prefix", "fp16"])
+def test_state_dict_file_loads_in_place_with_the_values_open_clip_copies(tmp_path, monkeypatch, layout):
+    """A file whose keys and shapes are the model's own is assigned (one copy in memory, no
+    open_clip.load_checkpoint); every tensor equals what open_clip's copy into a model gives."""
+    sd = _random_model("sparseclip-tiny-vit", 3).state_dict()
+    if layout == "fp16":
+        sd = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
+    saved = {"state_dict": {"module." + k: v for k, v in sd.items()}} if layout == "wrapped_module_prefix" else sd
+    path = str(tmp_path / f"{layout}.pt")
+    torch.save(saved, path)
+    calls = _spy_load_checkpoint(monkeypatch)
+    ours = build_clip("sparseclip-tiny-vit", path)
+    assert calls == []
+    reference = _random_model("sparseclip-tiny-vit", 5)
+    open_clip.load_checkpoint(reference, path)  # open_clip's own reading and copy
+    mine, theirs = ours.state_dict(), reference.state_dict()
+    assert mine.keys() == theirs.keys()
+    for k in theirs:
+        assert mine[k].dtype == theirs[k].dtype == torch.float32 and torch.equal(mine[k], theirs[k]), k
+    # buffers a state dict does not hold (the text tower's causal mask) are kept as built
+    saved_names = set(theirs)
+    built = dict(_random_model("sparseclip-tiny-vit", 7).named_buffers())
+    extra = {n: b for n, b in ours.named_buffers() if n not in saved_names}
+    assert extra and extra.keys() == {n for n in built if n not in saved_names}
+    for n, b in extra.items():
+        assert b.device.type == "cpu" and torch.equal(b, built[n]), n
+    assert all(p.device.type == "cpu" and not p.requires_grad for p in ours.parameters())
+    a, b = _features(ours, _images(), get_tokenizer("sparseclip-tiny-vit")(TEXTS)), \
+        _features(reference.eval(), _images(), get_tokenizer("sparseclip-tiny-vit")(TEXTS))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_state_dict_file_that_needs_open_clip_conversion_goes_through_open_clip(tmp_path, monkeypatch):
+    sd = dict(_random_model("sparseclip-tiny-vit", 3).state_dict())
+    assert sd["logit_scale"].ndim == 0
+    sd["logit_scale"] = sd["logit_scale"].reshape(1)  # an older layout open_clip reshapes on load
+    path = str(tmp_path / "old_layout.pt")
+    torch.save(sd, path)
+    calls = _spy_load_checkpoint(monkeypatch)
+    ours = build_clip("sparseclip-tiny-vit", path)
+    assert calls == [path]
+    assert ours.logit_scale.shape == () and torch.equal(ours.logit_scale, sd["logit_scale"][0])
+    assert torch.equal(ours.visual.conv1.weight, sd["visual.conv1.weight"])
