@@ -118,6 +118,16 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
+# torch's x86_64 wheel is the CUDA build: with everything else the venv holds 6.8 GiB (measured
+# 2026-12-08, `du -sh .venv`). A disk that fills half-way leaves pip's "No space left on device"
+# after minutes (a CI run stopped so); say it first, with the figures.
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  NEED_KB=$((7 * 1024 * 1024))
+  FREE_KB="$(df -Pk "$VENV" | awk 'NR == 2 {print $4}')"
+  if [[ -n "$FREE_KB" && "$FREE_KB" -lt "$NEED_KB" ]]; then
+    fail "installing torch needs about 7 GiB free on the file system of $VENV; it has $((FREE_KB / 1024)) MiB ($(df -Ph "$VENV" | awk 'NR == 2 {print $6}')). Free space there, or set SPARSECLIP_VENV to a path on another disk"
+  fi
+fi
 log "installing $TORCH_SPEC"
 "${PIP[@]}" install -q $TORCH_SPEC
 
