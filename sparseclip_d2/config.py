@@ -105,6 +105,11 @@ def add_sparseclip_config(cfg):
     _C.MODEL.SPARSECLIP.ATTENTION.SUM_MODE = "normalize_then_sum"
     # Seed of the random_matched control's generator.
     _C.MODEL.SPARSECLIP.ATTENTION.SEED = 0
+    # How the blocks before the modified ones compute their attention (AttentionSpec.unmodified_blocks):
+    # "sdpa" as nn.MultiheadAttention outside its fused path (OpenAI CLIP's sequence-first blocks, the
+    # upstream code of SCLIP, NACLIP, ClearCLIP, ...); "explicit": softmax((q d^-1/2) k^T), then x v
+    # (ResCLIP's custom_attn for its blocks before the last). Equal up to float rounding.
+    _C.MODEL.SPARSECLIP.ATTENTION.UNMODIFIED_BLOCKS = "sdpa"
     # Attention mixed across layers (ITACLIP, ResCLIP's RCS; AttentionSpec.mix_*): the last
     # block's weights W become SCALE * ((1 - WEIGHT) * W + WEIGHT * mean_l W_l), W_l computed
     # with SOURCE and NORMALIZER from the input of block l (0-based index) in the same forward.

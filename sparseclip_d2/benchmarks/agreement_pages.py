@@ -19,7 +19,25 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .agreement_matrix import COLUMNS, ROW, page_of
+
+#: a row as :func:`sparseclip_d2.benchmarks.agreement.format_row` prints it
+ROW = re.compile(
+    r"^\| `(?P<config>[^`]+\.yaml)`(?: \+ (?P<force>[^|]+?))? \| `[^`]*` \| (?P<input>\S+) (?P<h>\d+) x (?P<w>\d+) \| "
+    r"(?P<percent>\d+\.\d+) \((?P<classes>\d+)\)(?P<differ>[^|]*)\| (?P<stages>[^|]*)\| (?P<repo>\S+) (?P<commit>\w+) \|\s*$")
+
+#: the inputs of the columns, in order (``sparseclip_d2.benchmarks.agreement.DEFAULT_INPUTS``); any
+#: other (``PHOTO@HxW``) goes to the last column
+COLUMNS = ("voc", "arc2017", "voc_odd", "voc_wide")
+
+
+def page_of(method: str, pages_dir: str) -> str:
+    """The page of ``method`` in ``pages_dir``: ``<method>.md``, else the page whose name is the
+    method's with underscores (``clip_surgery.md`` for ``clipsurgery``)."""
+    if not os.path.isfile(os.path.join(pages_dir, method + ".md")) and os.path.isdir(pages_dir):
+        for name in sorted(os.listdir(pages_dir)):
+            if name.endswith(".md") and name[:-3].replace("_", "") == method:
+                return name
+    return method + ".md"
 
 CURRENT = "## Rows at main `{commit}` (`tools/agreement.py`)"
 CURRENT_PREFIX = "## Rows at main `"

@@ -257,6 +257,21 @@ class DenseCLIPEncoder(nn.Module):
                                  alpha=spec.alpha, sum_mode=spec.sum_mode, generator=generator,
                                  source_options=spec.source_options(self.num_prefix_tokens))
 
+    def _run_explicit(self, blk: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
+        """An unmodified block (``unmodified_blocks='explicit'``) whose attention is computed one
+        product after the other: ``softmax((q d^-1/2) k^T)``, then the product with ``v``, as
+        ResCLIP's ``custom_attn`` computes its blocks before the last (yvhangyang/ResCLIP @ 0e085f7
+        ``clip/model.py``: ``torch.bmm(q * scale, k.transpose(1, 2))``, ``F.softmax``,
+        ``torch.bmm(attn_weights, v)``, ``out_proj``; then ``x + mlp(ln_2(x))``)."""
+        tower = self._tower
+        y = tower.norm1(blk, x)
+        q, k, v = tower.qkv(blk, y, rope)
+        B, _, L, d = q.shape
+        weights = torch.softmax(torch.matmul(q * d ** -0.5, k.transpose(-2, -1)), dim=-1)
+        out = torch.matmul(weights, v).transpose(1, 2).reshape(B, L, -1)
+        x = x + tower.attn_out(blk, y, out)
+        return x + tower.ffn(blk, x)
+
     def _run_modified(self, blk: nn.Module, x: torch.Tensor, rope, last: bool, grid: Tuple[int, int],
                       generator: Optional[torch.Generator], mixed: Sequence[torch.Tensor] = (),
                       feedback_prior: Optional[torch.Tensor] = None):
@@ -353,6 +368,7 @@ class DenseCLIPEncoder(nn.Module):
             x, attn, taps = run_calibrated(tower, self.spec, tower.blocks, x, rope, grid, generator, want)
             return EncoderPass(tower.final_norm(x), grid, attn, taps, {})
         first_modified = self.depth - self.spec.num_layers
+        explicit = self.spec.unmodified_blocks == "explicit"
         mix_layers = set(self.spec.mix.layers)
         taps: Dict[int, torch.Tensor] = {}
         tap_attention: Dict[int, torch.Tensor] = {}
@@ -363,7 +379,7 @@ class DenseCLIPEncoder(nn.Module):
             if i in mix_layers:
                 tap_attention[i] = self._tap_attention(blk, x, rope, generator)
             if i < first_modified:
-                x = tower.run_native(blk, x, rope)
+                x = self._run_explicit(blk, x, rope) if explicit else tower.run_native(blk, x, rope)
             else:
                 last = i == self.depth - 1
                 mixed: List[torch.Tensor] = [tap_attention[j] for j in self.spec.mix.layers] if last else []

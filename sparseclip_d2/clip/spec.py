@@ -180,6 +180,9 @@ class MixOptions:
         return []
 
 
+#: How the blocks before the modified ones compute their attention (``AttentionSpec.unmodified_blocks``).
+UNMODIFIED_BLOCKS = ("sdpa", "explicit")
+
 #: Where a parallel path's output prefix (CLS) tokens come from (``ParallelOptions.cls``).
 PARALLEL_CLS = ("parallel", "main")
 
@@ -542,6 +545,7 @@ SETTINGS: Dict[str, Tuple[Optional[str], str, str]] = {
     "mix_weight": ("mix", "weight", "float"),
     "mix_scale": ("mix", "scale", "float"),
     "cls_weight": (None, "cls_weight", "float"),
+    "unmodified_blocks": (None, "unmodified_blocks", "str"),
     "parallel_layers": ("parallel", "layers", "int"),
     "parallel_cls": ("parallel", "cls", "str"),
     "qkv_norm": ("parallel", "qkv_norm", "str"),
@@ -601,6 +605,15 @@ class AttentionSpec:
         cls_weight: CLS-token residual weight: ``cls_weight`` times the last block's input
             CLS token is added to every output token of the last block (SC-CLIP's ``res_cls``,
             0.3); 0 disables. Needs a tower with a CLS token.
+        unmodified_blocks: how the blocks before the modified ones compute their attention:
+            ``sdpa`` (default) as ``nn.MultiheadAttention`` does outside its fused fast path
+            (packed in-projection, ``F.scaled_dot_product_attention``, out-projection: the
+            sequence-first OpenAI CLIP blocks that SCLIP, NACLIP, ClearCLIP and others run), or
+            ``explicit``: ``softmax((q d^-1/2) k^T)``, then the product with ``v``, one product
+            after the other (ResCLIP's ``custom_attn`` for its blocks before the last,
+            yvhangyang/ResCLIP ``clip/model.py``). The two differ only in float rounding, which
+            matters where a later stage takes a discrete decision (ResCLIP's first segmentation).
+            Not with a parallel path or the calibrated last block, which run their own blocks.
 
     Option groups (each frozen and validated; see its class):
         mix: :class:`MixOptions` (attention of earlier blocks mixed into the last one).
@@ -627,6 +640,7 @@ class AttentionSpec:
     sum_mode: str = "normalize_then_sum"
     seed: int = 0
     cls_weight: float = 0.0
+    unmodified_blocks: str = "sdpa"
     mix: MixOptions = MixOptions()
     parallel: ParallelOptions = ParallelOptions()
     feedback: FeedbackOptions = FeedbackOptions()
@@ -669,6 +683,9 @@ class AttentionSpec:
         set_("cls_weight", _number("cls_weight", self.cls_weight))
         if not math.isfinite(self.cls_weight):
             raise ValueError(f"cls_weight must be a finite number, got {self.cls_weight!r}")
+        if self.unmodified_blocks not in UNMODIFIED_BLOCKS:
+            raise ValueError(f"unknown unmodified_blocks {self.unmodified_blocks!r}; valid: "
+                             f"{', '.join(UNMODIFIED_BLOCKS)}")
 
     def _check_combinations(self) -> None:
         """The checks that read the core and a group, or two groups."""
@@ -686,6 +703,10 @@ class AttentionSpec:
             if self.cls_weight:
                 raise ValueError(f"cls_weight={self.cls_weight:g} cannot be combined with a parallel path "
                                  f"(parallel_layers={par.layers}); use cls_weight 0")
+        if self.unmodified_blocks != "sdpa" and (par.layers or cal.active):
+            raise ValueError(f"unmodified_blocks={self.unmodified_blocks!r} applies to the standard forward only; "
+                             "a parallel path (parallel_layers) or the calibrated last block (MODEL.SPARSECLIP."
+                             "CALIBRATION) runs its own blocks: use unmodified_blocks 'sdpa'")
         if self.feedback.enabled and par.layers:
             raise ValueError(f"feedback (ResCLIP's SFR: a second run of the last block) cannot be combined with a "
                              f"parallel path (parallel_layers={par.layers}); use one or the other")
@@ -902,7 +923,7 @@ def _config_settings(s) -> Dict[str, Any]:
     return dict(
         source=a.SOURCE, normalizer=a.NORMALIZER, alpha=a.ALPHA, temperature=a.TEMPERATURE,
         num_layers=a.NUM_LAYERS, prior=a.PRIOR, prior_std=a.PRIOR_STD, sum_mode=a.SUM_MODE,
-        seed=a.SEED, residual=b.RESIDUAL, ffn=b.FFN, cls_weight=b.CLS_WEIGHT,
+        seed=a.SEED, residual=b.RESIDUAL, ffn=b.FFN, cls_weight=b.CLS_WEIGHT, unmodified_blocks=a.UNMODIFIED_BLOCKS,
         mix_layers=a.MIX.LAYERS, mix_source=a.MIX.SOURCE, mix_normalizer=a.MIX.NORMALIZER,
         mix_weight=a.MIX.WEIGHT, mix_scale=a.MIX.SCALE,
         parallel_layers=p.LAYERS, parallel_cls=p.CLS, qkv_norm=a.QKV_NORM,
@@ -1049,9 +1070,11 @@ PRESETS: Dict[str, AttentionSpec] = {
     "itaclip": AttentionSpec(source="qq+kk", normalizer="softmax", residual=True, ffn=False,
                              mix=MixOptions(layers=(6, 7, 9), source="qq+kk", weight=0.5, scale=1.0)),
     "resclip_rcs": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
+                                 unmodified_blocks="explicit",
                                  residual=False, ffn=False,
                                  mix=MixOptions(layers=(5, 6, 7, 8), source="qk", weight=0.3, scale=2.0)),
     "resclip": AttentionSpec(source="kk", normalizer="softmax", prior="gaussian", prior_std=5.0,
+                             unmodified_blocks="explicit",
                              residual=False, ffn=False,
                              mix=MixOptions(layers=(5, 6, 7, 8), source="qk", weight=0.3, scale=2.0),
                              feedback=FeedbackOptions(enabled=True, weight=0.7, scale=2.2, precision="float16")),

@@ -182,6 +182,54 @@ def test_unmodified_blocks_equal_the_sequence_first_block_bit_for_bit(tiny_clip,
             x = ours
 
 
+def _resclip_block(blk, x):
+    """ResCLIP's blocks before the last as its upstream writes them (yvhangyang/ResCLIP @ 0e085f7
+    ``clip/model.py`` ``custom_attn`` without ``use_custom_attn``, then ``x + mlp(ln_2(x))``), on
+    one image's sequence-first tokens: the in-projection chunked, heads folded into the batch,
+    ``bmm(q * scale, k^T)``, softmax, ``bmm(., v)``, ``out_proj``."""
+    x = x.transpose(0, 1)
+    a = blk.attn
+    L, bsz, D = x.shape
+    h, d = a.num_heads, D // a.num_heads
+    q, k, v = F.linear(blk.ln_1(x), a.in_proj_weight, a.in_proj_bias).chunk(3, dim=-1)
+    q, k, v = (t.contiguous().view(-1, bsz * h, d).transpose(0, 1) for t in (q, k, v))
+    w = F.softmax(torch.bmm(q * d ** -0.5, k.transpose(1, 2)), dim=-1)
+    out = a.out_proj(torch.bmm(w, v).transpose(0, 1).contiguous().view(-1, bsz, D))
+    x = x + out
+    x = x + blk.mlp(blk.ln_2(x))
+    return x.transpose(0, 1)
+
+
+def test_explicit_unmodified_blocks_equal_resclips_blocks_bit_for_bit(tiny_clip):
+    """``unmodified_blocks='explicit'`` (ResCLIP's configs): the blocks before the last give the
+    tokens of ResCLIP's own explicit attention bit for bit, image by image as its window loop runs
+    them; the default ``sdpa`` path gives them only to rounding (a first segmentation taken from
+    them can then flip a near-tie: docs/agreement/resclip.md)."""
+    model = tiny_clip[0]
+    images = _images(B=3)
+    depth = len(model.visual.transformer.resblocks)
+    blocks = model.visual.transformer.resblocks
+    with torch.no_grad():
+        explicit = DenseCLIPEncoder(model.visual, AttentionSpec(unmodified_blocks="explicit"))
+        sdpa = DenseCLIPEncoder(model.visual, AttentionSpec())
+        for b in range(3):
+            one = images[b:b + 1]
+            p = explicit.forward_pass(one, tap_layers=[0, depth - 1])
+            x = p.taps[0]
+            for blk in blocks[:-1]:
+                x = _resclip_block(blk, x)
+            assert torch.equal(p.taps[depth - 1], x)
+            s = sdpa.forward_pass(one, tap_layers=[depth - 1]).taps[depth - 1]
+            torch.testing.assert_close(s, x, atol=1e-5, rtol=0)
+        batched = explicit.forward_pass(images, tap_layers=[depth - 1]).taps[depth - 1]
+        singles = torch.cat([explicit.forward_pass(images[b:b + 1], tap_layers=[depth - 1]).taps[depth - 1]
+                             for b in range(3)])
+        torch.testing.assert_close(batched, singles, atol=1e-6, rtol=0)
+    assert AttentionSpec.preset("resclip").unmodified_blocks == "explicit"
+    with pytest.raises(ValueError, match="unknown unmodified_blocks 'fast'; valid: sdpa, explicit"):
+        AttentionSpec(unmodified_blocks="fast")
+
+
 def test_unmodified_spec_depth_sweep_softmax_equals_open_clip(tiny_clip):
     model = tiny_clip[0]
     images = _images()

@@ -116,7 +116,8 @@ def test_groups_are_frozen_hashable_and_validate_their_own_fields():
 def test_flat_settings_name_every_group_field_once_and_round_trip():
     fields = {(g, f) for g, f, _ in SETTINGS.values()}
     want = {(None, f) for f in ("source", "normalizer", "alpha", "temperature", "num_layers", "residual", "ffn",
-                                 "prior", "prior_std", "sum_mode", "seed", "cls_weight")}
+                                 "prior", "prior_std", "sum_mode", "seed", "cls_weight",
+                                 "unmodified_blocks")}
     for name, cls in GROUPS.items():
         want |= {(name, f.name) for f in dataclasses.fields(cls)}
     assert fields == want and len(SETTINGS) == len(want)
