@@ -13,7 +13,7 @@ with their pages.
 import os
 from typing import Dict, List, Optional, Sequence
 
-from .agreement_pages import COLUMNS, ROW, page_of  # noqa: F401  (the row format and the pages)
+from .agreement_pages import COLUMNS, ROW, page_of, row_force  # noqa: F401  (the row format and the pages)
 
 #: the last column: any input not in COLUMNS (``PHOTO@HxW``)
 OTHER = "other"
@@ -27,7 +27,7 @@ def parse_rows(text: str) -> List[dict]:
         m = ROW.match(line)
         if not m:
             continue
-        force = [f.strip() for f in (m["force"] or "").split(",") if f.strip()]
+        force = list(row_force(m))
         rows.append({"config": m["config"], "force": force, "input": m["input"], "percent": float(m["percent"]),
                      "classes": int(m["classes"]), "flat": "**flat:" in m["stages"],
                      "not_near_ties": "NOT near-ties" in m["differ"], "commit": f"{m['repo']} {m['commit']}"})

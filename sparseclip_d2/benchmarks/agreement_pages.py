@@ -30,6 +30,11 @@ ROW = re.compile(
 COLUMNS = ("voc", "arc2017", "voc_odd", "voc_wide")
 
 
+def row_force(match: "re.Match") -> Tuple[str, ...]:
+    """The stage-forcing variants of a :data:`ROW` match (``+ prob0, feedback0``), in page order."""
+    return tuple(f.strip() for f in (match["force"] or "").split(",") if f.strip())
+
+
 def page_of(method: str, pages_dir: str) -> str:
     """The page of ``method`` in ``pages_dir``: ``<method>.md``, else the page whose name is the
     method's with underscores (``clip_surgery.md`` for ``clipsurgery``)."""
@@ -63,8 +68,7 @@ def page_rows(text: str) -> List[dict]:
             heading = line
         m = ROW.match(line)
         if m:
-            force = tuple(f.strip() for f in (m["force"] or "").split(",") if f.strip())
-            rows.append({"line": i, "heading": heading, "key": _key(m["config"], force, m["input"]),
+            rows.append({"line": i, "heading": heading, "key": _key(m["config"], row_force(m), m["input"]),
                          "flat": "**flat:" in m["stages"]})
     return rows
 
@@ -128,8 +132,7 @@ def merge(text: str, method: str, lines: Sequence[str], commit: str, when: str) 
         m = ROW.match(line)
         if not m:
             raise ValueError(f"not a row of tools/agreement.py: {line!r}")
-        force = tuple(f.strip() for f in (m["force"] or "").split(",") if f.strip())
-        new[_key(m["config"], force, m["input"])] = line
+        new[_key(m["config"], row_force(m), m["input"])] = line
     heading = CURRENT.format(commit=commit)
     rows = page_rows(text)
     out = text.splitlines()
